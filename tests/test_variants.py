@@ -1,0 +1,87 @@
+"""config.env parsing and validation (no vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts.common import paths
+from scripts.common.variants import PLATFORM_DEFAULTS, VariantError, list_variants, load_variant, parse_config_env
+
+
+def write_variant(root, name, text):
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.env").write_text(text)
+    return d / "config.env"
+
+
+def test_every_committed_variant_loads_on_both_targets():
+    names = list_variants()
+    assert paths.DEFAULT_VARIANT in names
+    for name in names:
+        for target in PLATFORM_DEFAULTS:
+            v = load_variant(name, target=target)
+            assert v.settings["BASE"] == name.split("-")[0] or name.startswith(v.settings["BASE"])
+            assert (paths.EXPERIMENTS / name / "README.md").exists(), f"{name} has no README.md"
+
+
+def test_layering_platform_then_file_then_override(tmp_path):
+    write_variant(tmp_path, "x-bf16", "MODEL=weights/x\nBASE=x\nSERVE_ENFORCE_EAGER=0\n")
+    v = load_variant("x-bf16", root=tmp_path, target="cpu", overrides={"SERVE_MAX_NUM_SEQS": "4"})
+    assert v.resolved["SERVE_ENFORCE_EAGER"] == "0"  # file beats platform default
+    assert v.resolved["ENV_VLLM_CPU_KVCACHE_SPACE"] == PLATFORM_DEFAULTS["cpu"]["ENV_VLLM_CPU_KVCACHE_SPACE"]
+    assert v.serve_settings()["max-num-seqs"] == "4"
+    assert v.env() == {"VLLM_CPU_KVCACHE_SPACE": PLATFORM_DEFAULTS["cpu"]["ENV_VLLM_CPU_KVCACHE_SPACE"]}
+    assert "ENV_VLLM_CPU_KVCACHE_SPACE" not in load_variant("x-bf16", root=tmp_path, target="cuda").resolved
+
+
+def test_comments_blank_lines_and_json_values(tmp_path):
+    p = write_variant(tmp_path, "x", '# c\n\nMODEL=weights/x\nBASE=x\nSERVE_SPECULATIVE_CONFIG={"method": "ngram", "x": "#"}\n')
+    assert parse_config_env(p)["SERVE_SPECULATIVE_CONFIG"] == '{"method": "ngram", "x": "#"}'
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("MODEL=weights/x\nBASE=x\nFOO=1\n", "config.env:3: unknown key 'FOO'; valid keys: MODEL"),
+        ("MODEL=weights/x\nBASE x\n", "config.env:2: malformed line"),
+        ("MODEL=weights/x\nbase=x\n", "config.env:2: malformed key"),
+        ("MODEL=weights/x\nBASE=x\nBASE=y\n", "config.env:3: BASE is set twice"),
+        ("MODEL=weights/x\nBASE=\n", "config.env:2: BASE has an empty value"),
+        ("MODEL=weights/x\nBASE=x\nSERVE_COMPILATION_CONFIG={bad\n", "config.env:3: SERVE_COMPILATION_CONFIG is not valid JSON"),
+        ("MODEL=weights/x\nBASE=x\nSHAPE_PROXY=yes\n", "SHAPE_PROXY must be 0 or 1"),
+        ("MODEL=weights/x\n", "missing required key(s) BASE"),
+        ("MODEL=weights/x\nBASE=x\nPARENT=nope\n", "PARENT='nope' is not a variant"),
+    ],
+)
+def test_bad_config_fails_with_file_and_line(tmp_path, text, message):
+    write_variant(tmp_path, "x", text)
+    with pytest.raises(VariantError) as e:
+        load_variant("x", root=tmp_path, target="cpu")
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["nope", "../smollm2-bf16", "", "Smollm2-BF16"])
+def test_bad_variant_name_lists_valid_variants(name):
+    with pytest.raises(VariantError, match=r"unknown variant .*valid variants: .*smollm2-bf16"):
+        load_variant(name)
+
+
+def test_bad_override_key(tmp_path):
+    write_variant(tmp_path, "x", "MODEL=weights/x\nBASE=x\n")
+    with pytest.raises(VariantError, match="override NOPE: unknown key"):
+        load_variant("x", root=tmp_path, target="cpu", overrides={"NOPE": "1"})
+
+
+def test_serving_target(monkeypatch):
+    from scripts.common import variants
+
+    monkeypatch.setenv("VLLM_TARGET", "cuda")
+    assert variants.serving_target() == "cuda"
+    monkeypatch.setenv("VLLM_TARGET", "tpu")
+    with pytest.raises(VariantError, match="VLLM_TARGET='tpu'"):
+        variants.serving_target()
+    monkeypatch.delenv("VLLM_TARGET")
+    monkeypatch.setattr(variants.shutil, "which", lambda _: None)
+    assert variants.serving_target() == "cpu"
