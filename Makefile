@@ -2,6 +2,8 @@
 # Setup is two commands:  make serve   and   make test   (each installs what it needs on first use).
 
 VARIANT ?= smollm2-bf16
+BASE ?= smollm2
+BENCH_ARGS ?=
 # cpu | cuda: vLLM's CPU build where no nvidia-smi is found (scripts/common/variants.py::serving_target, same rule)
 VLLM_TARGET ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
 export VLLM_TARGET
@@ -16,7 +18,7 @@ BROKEN_ON_CPU := torchvision torchaudio torchcodec
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock download weights serve verify shape-proxy test test-fast lint clean
+.PHONY: help install lock download weights serve verify shape-proxy eval-latency eval-latency-ladder compare check test test-fast lint clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -54,6 +56,18 @@ verify: weights ## check VARIANT's checkpoint (files, shapes, dtypes, tokenizer)
 
 shape-proxy: $(STAMP) ## write the random-weight Qwen3.5-4B shape proxy to weights/qwen35-4b-proxy
 	$(PY) -m scripts.download_weights shape-proxy:qwen35-4b
+
+eval-latency: weights ## measure VARIANT's latency/throughput (c=1,4,8; fixed+natural) -> experiments/VARIANT/latency_*.json
+	$(PY) -m scripts.bench_latency $(VARIANT) $(BENCH_ARGS)
+
+eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2) back to back, one ladder id
+	$(PY) -m scripts.bench_latency --ladder $(BASE) $(BENCH_ARGS)
+
+compare: $(STAMP) ## newest records -> results/compare_<date>.md and .png (speedups vs parent and BF16)
+	$(PY) -m scripts.compare
+
+check: $(STAMP) ## validate every record under experiments/ and results/ against schemas/
+	$(PY) -m scripts.check_schemas
 
 test: $(STAMP) ## all tests, the real vLLM server included (< 20 min on 2 cores)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -41,14 +41,14 @@ def check_model_present(variant: Variant) -> None:
         return
     path = paths.ROOT / model
     if not path.exists():
-        raise CheckpointError(f"{model} does not exist: run `make download VARIANT={variant.name}` "
+        raise CheckpointError(f"{model} does not exist: run `make weights VARIANT={variant.name}` "
                               f"(or `make calibrate VARIANT={variant.name}` for a lever-built variant)")
     read_checkpoint(path)  # files present, config parses, shards whole; full checks: scripts.verify_checkpoint
 
 
 def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, log_path: Path | None = None) -> Server:
-    check_model_present(variant)
     argv = build_serve_argv(variant, vllm_flag_table(), host=host, port=port, api_key=api_key)
+    check_model_present(variant)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     return Server(argv=argv, base_url=f"http://{url_host}:{port}", env=variant.env(), log_path=log_path)
 

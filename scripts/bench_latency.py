@@ -1,0 +1,227 @@
+"""Latency and throughput of a variant's server: TTFT, ITL, TPOT, E2E at several concurrencies; writes a record.
+
+    python -m scripts.bench_latency smollm2-bf16                          # starts the server, measures, stops it
+    python -m scripts.bench_latency smollm2-bf16 --base-url http://127.0.0.1:8000   # a server already running
+    python -m scripts.bench_latency smollm2-bf16 --concurrency 1,8 --modes fixed --limit 8
+
+Replays a fixed, versioned prompt set (eval/prompts/latency-v1.jsonl) with streamed greedy chat requests, after a
+warm-up, at each concurrency (at most N requests in flight). Modes: `fixed` (ignore_eos: every request generates
+exactly its max_tokens, the fair speed comparison) and `natural` (stops at EOS). Scrapes /metrics before and after
+(KV capacity, KV usage, preemptions, prefix-cache hits, speculative acceptance). Writes
+experiments/<variant>/latency_<YYYYMMDD-HHMMSS>.json atomically; a run with failed requests is recorded as failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError
+from scripts.common.metrics import RequestSample, summarize
+from scripts.common.prom import scrape, server_counters
+from scripts.common.records import envelope, now_utc, write_record
+from scripts.common.server import Server, ServerError, is_healthy
+from scripts.common.variants import VariantError, list_variants, load_variant
+
+DEFAULT_PROMPTS = paths.EVAL / "prompts" / "latency-v1.jsonl"
+DEFAULT_CONCURRENCY = "1,4,8"
+MODES = ("fixed", "natural")
+WARMUP_REQUESTS = 2
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def load_prompts(path: Path, limit: int | None = None) -> tuple[list[dict], dict]:
+    if not path.exists():
+        raise BenchError(f"prompt set {path} does not exist")
+    raw = path.read_bytes()
+    rows = [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
+    if limit:
+        rows = rows[:limit]
+    if not rows:
+        raise BenchError(f"prompt set {path} is empty")
+    for r in rows:
+        if not r.get("messages") or not isinstance(r.get("max_tokens"), int):
+            raise BenchError(f"{path}: row {r.get('id')!r} needs messages and an integer max_tokens")
+    info = {"prompt_set": path.name, "prompt_set_sha256": hashlib.sha256(raw).hexdigest(), "num_prompts": len(rows)}
+    return rows, info
+
+
+def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_cap: int | None) -> RequestSample:
+    max_tokens = min(row["max_tokens"], max_tokens_cap) if max_tokens_cap else row["max_tokens"]
+    start = time.perf_counter()
+    sample = RequestSample(prompt_id=row["id"], ok=False, start_s=start - t0, end_s=start - t0)
+    last = None
+    try:
+        stream = client.chat.completions.create(
+            model=model, messages=row["messages"], max_tokens=max_tokens, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": mode == "fixed"},
+        )
+        for chunk in stream:
+            now = time.perf_counter()
+            if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].finish_reason is None):
+                if sample.ttft_s is None:
+                    sample.ttft_s = now - start
+                elif last is not None:
+                    sample.itl_s.append(now - last)
+                last = now
+            if chunk.usage:
+                sample.prompt_tokens = chunk.usage.prompt_tokens
+                sample.output_tokens = chunk.usage.completion_tokens
+        sample.ok = sample.output_tokens > 0
+        if not sample.ok:
+            sample.error = "no output tokens"
+    except Exception as e:  # noqa: BLE001 - every failure is recorded, never dropped
+        sample.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    sample.end_s = time.perf_counter() - t0
+    return sample
+
+
+def run_level(client, model: str, rows: list[dict], mode: str, concurrency: int, cap: int | None) -> tuple[list, float]:
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(concurrency) as ex:
+        samples = list(ex.map(lambda r: stream_one(client, model, r, mode, t0, cap), rows))
+    return samples, time.perf_counter() - t0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variant", help="variant name (with --ladder: a base model, e.g. smollm2)")
+    p.add_argument("--ladder", action="store_true", help="measure every variant of this base back to back")
+    p.add_argument("--base-url", help="measure a running server instead of starting one")
+    p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated levels (default %(default)s)")
+    p.add_argument("--modes", default=",".join(MODES), help="fixed,natural")
+    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
+    p.add_argument("--limit", type=int, help="use the first N prompts only")
+    p.add_argument("--max-tokens-cap", type=int, help="cap every request's max_tokens (short smoke runs)")
+    p.add_argument("--port", type=int, default=8123, help="port of the server this script starts")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
+    p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
+    return p
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BenchError(f"--concurrency {text!r}: expected comma-separated integers") from None
+    if not levels or min(levels) < 1:
+        raise BenchError(f"--concurrency {text!r}: levels must be >= 1")
+    return levels
+
+
+def measure(args, variant, base_url: str, server: Server | None) -> dict:
+    from openai import OpenAI
+
+    rows, info = load_prompts(args.prompts, args.limit)
+    modes = [m for m in args.modes.split(",") if m]
+    if bad := [m for m in modes if m not in MODES]:
+        raise BenchError(f"--modes: unknown {bad}; valid: {', '.join(MODES)}")
+    levels = parse_levels(args.concurrency)
+    record = envelope("latency", variant, command=[sys.executable, "-m", "scripts.bench_latency", *sys.argv[1:]],
+                      server_command=server.argv if server else None)
+    record["inputs"] = {**info, "modes": modes, "concurrency": levels, "max_tokens_cap": args.max_tokens_cap,
+                        "temperature": 0, "warmup_requests": WARMUP_REQUESTS, "base_url": base_url}
+    record["startup_s"] = server.startup_s if server else None
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600)
+    t_run = time.monotonic()
+    model = args.served_model
+    for row in rows[:WARMUP_REQUESTS]:
+        stream_one(client, model, row, "fixed", time.perf_counter(), 8)
+    before = scrape(base_url)
+    failure = None
+    for mode in modes:
+        for c in levels:
+            samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap)
+            summary = summarize(samples, duration)
+            record["samples"].append({"mode": mode, "concurrency": c, "requests": [s.to_json() for s in samples]})
+            record["summary"].setdefault(mode, {})[str(c)] = summary
+            print(f"{mode:7s} c={c:<3d} ok {summary['completed']}/{len(samples)}  out {summary['output_throughput'] or 0:7.1f} tok/s"
+                  f"  ttft p50 {summary['median_ttft_ms'] or 0:7.1f} ms  tpot p50 {summary['median_tpot_ms'] or 0:6.1f} ms",
+                  flush=True)
+            if summary["failed"]:
+                first = next(s.error for s in samples if not s.ok)
+                failure = f"{summary['failed']} of {len(samples)} requests failed ({mode}, c={c}); first: {first}"
+                if not is_healthy(base_url):
+                    failure += "; server no longer healthy"
+                    break
+        if failure and not is_healthy(base_url):
+            break
+    record["server_metrics"] = server_counters(before, scrape(base_url) if is_healthy(base_url) else None)
+    record["duration_s"] = round(time.monotonic() - t_run, 2)
+    if failure:
+        record["status"], record["failure"] = "failed", failure
+    return record
+
+
+def run_variant(name: str, args, ladder_id: str | None = None) -> int:
+    """Measure one variant (starting its server unless --base-url) and write its record. Returns an exit code."""
+    from scripts.serve import make_server, parse_overrides
+
+    server = None
+    try:
+        variant = load_variant(name, overrides=parse_overrides(args.set))
+        args.served_model = variant.resolved.get("SERVE_SERVED_MODEL_NAME", variant.name)
+        if args.base_url:
+            base_url = args.base_url.rstrip("/")
+            if not is_healthy(base_url):
+                raise BenchError(f"no healthy server at {base_url} (GET /health failed)")
+        else:
+            log = paths.ROOT / ".cache" / f"bench-{variant.name}.log"
+            log.parent.mkdir(exist_ok=True)
+            server = make_server(variant, host="127.0.0.1", port=args.port, api_key=None, log_path=log)
+            print(f"starting {variant.name}; server log {log}", flush=True)
+            server.start()
+            server.wait_healthy()
+            base_url = server.base_url
+            print(f"healthy after {server.startup_s:.1f} s", flush=True)
+        record = measure(args, variant, base_url, server)
+        record["inputs"]["ladder_id"] = ladder_id
+    except (BenchError, VariantError, ServerError, CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if server:
+            server.stop()
+    path = write_record(record, args.out_dir or variant.path, "latency")
+    print(f"wrote {path.relative_to(paths.ROOT) if path.is_relative_to(paths.ROOT) else path} (status {record['status']})")
+    if record["status"] != "ok":
+        print(f"error: {record['failure']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def ladder(base: str) -> list[str]:
+    """Variants of one base model whose weights are present, reference (no PARENT) first."""
+    names = []
+    for name in list_variants():
+        v = load_variant(name)
+        model = v.resolved["MODEL"]
+        if v.resolved["BASE"] == base and (not model.startswith("weights/") or (paths.ROOT / model).exists()):
+            names.append((bool(v.resolved.get("PARENT")), name))
+    return [n for _, n in sorted(names)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.ladder:
+        return run_variant(args.variant, args)
+    names = ladder(args.variant)
+    if not names:
+        print(f"error: no variant of base {args.variant!r} has its weights present", file=sys.stderr)
+        return 1
+    ladder_id = f"{args.variant}-{now_utc():%Y%m%d-%H%M%S}"
+    print(f"ladder {ladder_id}: {', '.join(names)} (back to back)", flush=True)
+    return max(run_variant(n, args, ladder_id) for n in names)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Read vLLM's Prometheus /metrics: KV capacity, KV usage, preemptions, prefix-cache and speculative counters."""
+
+from __future__ import annotations
+
+from scripts.common.server import http_get
+
+Samples = dict[str, float]
+
+
+def parse(text: str) -> tuple[Samples, dict[str, dict[str, str]]]:
+    """Sum every sample of a metric over its labels; keep the labels of *_info gauges (e.g. cache_config_info)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: Samples = {}
+    infos: dict[str, dict[str, str]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            values[s.name] = values.get(s.name, 0.0) + float(s.value)
+            if s.name.endswith("_info"):
+                infos[s.name] = dict(s.labels)
+    return values, infos
+
+
+def scrape(base_url: str) -> tuple[Samples, dict[str, dict[str, str]]] | None:
+    try:
+        status, body = http_get(f"{base_url}/metrics", timeout=10)
+    except OSError:
+        return None
+    return parse(body.decode()) if status == 200 else None
+
+
+def _delta(before: Samples, after: Samples, name: str) -> float | None:
+    if name not in after:
+        return None
+    return after[name] - before.get(name, 0.0)
+
+
+def server_counters(before, after) -> dict:
+    """What the server says about a run: counter deltas between two scrapes plus KV capacity."""
+    if before is None or after is None:
+        return {"available": False}
+    (b, _), (a, infos) = before, after
+    cache = infos.get("vllm:cache_config_info", {})
+    blocks = cache.get("num_gpu_blocks")
+    block_size = cache.get("block_size")
+    out = {
+        "available": True,
+        "kv_cache_blocks": int(blocks) if blocks not in (None, "None") else None,
+        "kv_block_size": int(block_size) if block_size not in (None, "None") else None,
+        "kv_cache_usage_perc_end": a.get("vllm:kv_cache_usage_perc"),
+        "preemptions": _delta(b, a, "vllm:num_preemptions_total"),
+        "prefix_cache_queries": _delta(b, a, "vllm:prefix_cache_queries_total"),
+        "prefix_cache_hits": _delta(b, a, "vllm:prefix_cache_hits_total"),
+        "prompt_tokens": _delta(b, a, "vllm:prompt_tokens_total"),
+        "generation_tokens": _delta(b, a, "vllm:generation_tokens_total"),
+        "spec_decode_drafts": _delta(b, a, "vllm:spec_decode_num_drafts_total"),
+        "spec_decode_draft_tokens": _delta(b, a, "vllm:spec_decode_num_draft_tokens_total"),
+        "spec_decode_accepted_tokens": _delta(b, a, "vllm:spec_decode_num_accepted_tokens_total"),
+    }
+    out["kv_cache_tokens"] = (out["kv_cache_blocks"] * out["kv_block_size"]
+                              if out["kv_cache_blocks"] and out["kv_block_size"] else None)
+    q, h = out["prefix_cache_queries"], out["prefix_cache_hits"]
+    out["prefix_cache_hit_rate"] = h / q if q else None
+    drafts, dtoks, acc = out["spec_decode_drafts"], out["spec_decode_draft_tokens"], out["spec_decode_accepted_tokens"]
+    out["spec_decode_acceptance_rate"] = acc / dtoks if dtoks else None
+    out["spec_decode_mean_acceptance_length"] = 1 + acc / drafts if drafts else None
+    return out

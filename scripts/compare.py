@@ -1,0 +1,130 @@
+"""Compare variants from their newest latency records: speedup vs parent and vs the base model's BF16 variant.
+
+    python -m scripts.compare                      # writes results/compare_<YYYYMMDD>.md and .png
+
+Only records with status ok, taken on the same hardware and the same prompt set, are compared; the rest are listed as
+not comparable. A ratio is marked back-to-back only when both records come from one ladder run
+(`make eval-latency-ladder`, same inputs.ladder_id); anything else is labelled as measured in separate runs.
+Variants without a quality record are never ranked as winners.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.metrics import ratio
+from scripts.common.records import hardware_key, latest_records, now_utc
+
+MODE = "fixed"  # speed is compared at fixed output length (ignore_eos)
+
+
+def group_key(rec: dict) -> tuple[str, str]:
+    return hardware_key(rec["hardware"]), rec["inputs"]["prompt_set_sha256"][:12]
+
+
+def baseline_of(variant: str, rec: dict, available: set[str]) -> str | None:
+    base = f"{rec['config']['BASE']}-bf16"
+    return base if base in available and base != variant else None
+
+
+def speedups(rec: dict, ref: dict | None) -> dict[str, float | None]:
+    if ref is None:
+        return {}
+    out = {}
+    for c, level in rec["summary"].get(MODE, {}).items():
+        ref_level = ref["summary"].get(MODE, {}).get(c)
+        out[c] = ratio(level["output_throughput"], ref_level["output_throughput"]) if ref_level else None
+    return out
+
+
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def build_report(records: dict[str, tuple[Path, dict]], quality: set[str]) -> tuple[str, list[dict]]:
+    ok = {v: r for v, (_, r) in records.items() if r["status"] == "ok" and MODE in r["summary"]}
+    excluded = [(v, r.get("failure") or f"no {MODE}-mode results") for v, (_, r) in records.items() if v not in ok]
+    groups: dict[tuple[str, str], dict[str, dict]] = {}
+    for v, r in ok.items():
+        groups.setdefault(group_key(r), {})[v] = r
+    lines = [f"# Variant comparison ({now_utc():%Y-%m-%d})", "",
+             f"Newest latency record per variant; mode `{MODE}` (every request generates exactly its max_tokens).",
+             "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency.", ""]
+    rows = []
+    for (hw, prompts), members in sorted(groups.items()):
+        levels = sorted({int(c) for r in members.values() for c in r["summary"][MODE]})
+        lines += [f"## {hw} — prompt set {prompts}", "",
+                  "| variant | parent | " + " | ".join(f"tok/s c={c}" for c in levels)
+                  + " | " + " | ".join(f"× parent c={c}" for c in levels) + " | × BF16 c=1 | back-to-back | quality |",
+                  "|" + " --- |" * (3 + 2 * len(levels) + 3)]
+        for v, r in sorted(members.items()):
+            parent = r["config"].get("PARENT")
+            pref = members.get(parent) if parent else None
+            base = baseline_of(v, r, set(members))
+            vs_parent, vs_base = speedups(r, pref), speedups(r, members.get(base) if base else None)
+            ladder = r["inputs"].get("ladder_id")
+            refs = [x for x in (pref, members.get(base) if base else None) if x]
+            b2b = "yes" if refs and ladder and all(x["inputs"].get("ladder_id") == ladder for x in refs) else (
+                "—" if not refs else "no (separate runs)")
+            q = "yes" if v in quality else "none (not rankable)"
+            tput = [r["summary"][MODE].get(str(c), {}).get("output_throughput") for c in levels]
+            lines.append(f"| {v}{' (shape proxy)' if r.get('shape_proxy') else ''} | {parent or '—'} | "
+                         + " | ".join(fmt(t, '.1f') for t in tput) + " | "
+                         + " | ".join(fmt(vs_parent.get(str(c))) for c in levels)
+                         + f" | {fmt(vs_base.get('1'))} | {b2b} | {q} |")
+            rows.append({"group": (hw, prompts), "variant": v, "levels": levels, "throughput": tput})
+        lines.append("")
+    if excluded:
+        lines += ["## Not comparable", ""] + [f"- {v}: {why}" for v, why in excluded] + [""]
+    return "\n".join(lines), rows
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({r["group"] for r in rows})
+    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3.5 * len(groups)), squeeze=False)
+    for ax, g in zip(axes[:, 0], groups, strict=True):
+        for r in (r for r in rows if r["group"] == g):
+            ax.plot(r["levels"], [t or 0 for t in r["throughput"]], marker="o", label=r["variant"])
+        ax.set(title=f"{g[0]} — prompt set {g[1]}", xlabel="concurrency", ylabel=f"output tok/s ({MODE})")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experiments", type=Path, default=paths.EXPERIMENTS)
+    p.add_argument("--out-dir", type=Path, default=paths.RESULTS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    records = latest_records("latency", args.experiments)
+    if not records:
+        print(f"error: no latency records under {args.experiments}; run `make eval-latency` first", file=sys.stderr)
+        return 1
+    quality = set(latest_records("quality", args.experiments))
+    text, rows = build_report(records, quality)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.out_dir / f"compare_{now_utc():%Y%m%d}"
+    stem.with_suffix(".md").write_text(text + "\n")
+    if rows:
+        plot(rows, stem.with_suffix(".png"))
+    print(text)
+    print(f"wrote {stem}.md" + (f" and {stem}.png" if rows else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

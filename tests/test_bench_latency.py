@@ -1,0 +1,58 @@
+"""bench_latency against the real embedded server (shared session fixture) and its bad-input paths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts import bench_latency, check_schemas
+from tests.conftest import free_port
+
+
+def test_unreachable_server_is_one_clear_error(capsys):
+    code = bench_latency.main(["smollm2-bf16", "--base-url", f"http://127.0.0.1:{free_port()}"])
+    err = capsys.readouterr().err
+    assert code == 1 and "error: no healthy server at" in err
+
+
+def test_empty_prompt_set(tmp_path):
+    (tmp_path / "p.jsonl").write_text("\n")
+    with pytest.raises(bench_latency.BenchError, match="is empty"):
+        bench_latency.load_prompts(tmp_path / "p.jsonl")
+
+
+def test_bad_concurrency():
+    with pytest.raises(bench_latency.BenchError, match="levels must be >= 1"):
+        bench_latency.parse_levels("1,0")
+
+
+@pytest.mark.slow
+def test_short_real_run_writes_valid_record(embedded_server, tmp_path):
+    code = bench_latency.main(["smollm2-bf16", "--base-url", embedded_server.base_url, "--limit", "4",
+                               "--concurrency", "1,2", "--modes", "fixed,natural", "--max-tokens-cap", "8",
+                               "--out-dir", str(tmp_path)])
+    assert code == 0
+    (path,) = tmp_path.glob("latency_*.json")
+    assert check_schemas.check_file(path) == []
+    rec = json.loads(path.read_text())
+    fixed = rec["summary"]["fixed"]
+    assert fixed["1"]["completed"] == 4 and fixed["1"]["failed"] == 0
+    assert fixed["2"]["total_output_tokens"] == 4 * 8, "fixed mode must generate exactly max_tokens"
+    assert all(r["ttft_s"] > 0 for lvl in rec["samples"] for r in lvl["requests"])
+    assert rec["server_metrics"]["kv_cache_tokens"] > 0
+    assert rec["server_metrics"]["prefix_cache_queries"] is not None
+
+
+@pytest.mark.slow
+def test_failed_requests_are_counted_not_dropped(embedded_server, tmp_path):
+    prompts = tmp_path / "beyond-context.jsonl"
+    row = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000}  # > the 8192-token context
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", **row}) + "\n" for i in range(4)))
+    code = bench_latency.main(["smollm2-bf16", "--base-url", embedded_server.base_url, "--prompts", str(prompts),
+                               "--concurrency", "1", "--modes", "fixed", "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("latency_*.json")
+    rec = json.loads(path.read_text())
+    assert code == 1 and rec["status"] == "failed" and "requests failed" in rec["failure"]
+    assert rec["summary"]["fixed"]["1"]["failed"] == 4
+    assert check_schemas.check_file(path) == []

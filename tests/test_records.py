@@ -1,0 +1,94 @@
+"""The atomic record writer, the schema checker and the comparison report (no server)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+
+from scripts import check_schemas, compare
+from scripts.common import records
+from scripts.common.metrics import RequestSample, summarize
+from scripts.common.variants import load_variant
+
+
+def make_record(variant="smollm2-bf16", tput_scale=1.0, ladder=None) -> dict:
+    v = load_variant(variant, target="cpu")
+    rec = records.envelope("latency", v, command=["python", "-m", "scripts.bench_latency", variant], server_command=["vllm"])
+    s = RequestSample("p0", ok=True, start_s=0, end_s=1.0 / tput_scale, prompt_tokens=5, output_tokens=10, ttft_s=0.1,
+                      itl_s=[0.1] * 9)
+    rec["inputs"] = {"prompt_set": "latency-v1.jsonl", "prompt_set_sha256": "a" * 64, "num_prompts": 1,
+                     "modes": ["fixed"], "concurrency": [1], "ladder_id": ladder}
+    rec["samples"] = [{"mode": "fixed", "concurrency": 1, "requests": [s.to_json()]}]
+    rec["summary"] = {"fixed": {"1": summarize([s])}}
+    rec["startup_s"], rec["server_metrics"], rec["duration_s"] = 1.0, {"available": False}, 1.0
+    return rec
+
+
+def test_atomic_writer_names_and_never_overwrites(tmp_path):
+    when = records.now_utc()
+    p1 = records.write_record({"a": 1}, tmp_path, "latency", when=when)
+    p2 = records.write_record({"a": 2}, tmp_path, "latency", when=when)
+    assert p1.name == f"latency_{when:%Y%m%d-%H%M%S}.json" and p2 != p1
+    assert json.loads(p1.read_text()) == {"a": 1}
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+
+
+def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
+    def boom(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(KeyboardInterrupt):
+        records.write_record({"a": 1}, tmp_path, "latency")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_valid_record_passes_schema(tmp_path):
+    path = records.write_record(make_record(), tmp_path, "latency")
+    assert check_schemas.check_file(path) == []
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda r: r["summary"]["fixed"]["1"].pop("median_ttft_ms"), "summary/fixed/1"),
+    (lambda r: r["git"].update(commit="abc"), "git/commit"),
+    (lambda r: r.update(status="failed"), "failure"),
+    (lambda r: r["summary"]["fixed"]["1"].update(output_throughput=-1), "summary/fixed/1/output_throughput"),
+    (lambda r: r["inputs"].update(modes=["turbo"]), "inputs/modes/0"),
+    (lambda r: r.pop("hardware"), "(top level)"),
+])
+def test_hand_edited_record_fails_with_file_and_field(tmp_path, edit, field):
+    rec = copy.deepcopy(make_record())
+    edit(rec)
+    path = records.write_record(rec, tmp_path, "latency")
+    errors = check_schemas.check_file(path)
+    assert errors and str(path) in errors[0] and field in " ".join(errors), errors
+
+
+def test_not_json(tmp_path):
+    p = tmp_path / "latency_20260101-000000.json"
+    p.write_text("{")
+    assert "not valid JSON" in check_schemas.check_file(p)[0]
+
+
+def test_committed_records_are_valid():
+    assert check_schemas.main([]) == 0
+
+
+def test_compare_ratio_back_to_back_and_excludes_failed(tmp_path):
+    exp = tmp_path / "experiments"
+    base = make_record("smollm2-bf16", 1.0, ladder="L1")
+    fast = make_record("smollm2-bf16", 2.0, ladder="L1")
+    fast["variant"], fast["config"]["PARENT"] = "smollm2-fast", "smollm2-bf16"
+    bad = make_record("smollm2-bf16", 3.0)
+    bad["variant"], bad["status"], bad["failure"] = "smollm2-broken", "failed", "2 of 16 requests failed"
+    for rec in (base, fast, bad):
+        records.write_record(rec, exp / rec["variant"], "latency")
+    text, rows = compare.build_report(records.latest_records("latency", exp), quality={"smollm2-bf16"})
+    line = next(x for x in text.splitlines() if x.startswith("| smollm2-fast"))
+    assert "| 2.00 |" in line and "| yes |" in line and "none (not rankable)" in line
+    assert "smollm2-broken: 2 of 16 requests failed" in text
+    assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out")]) == 0
+    assert list((tmp_path / "out").glob("compare_*.png"))
