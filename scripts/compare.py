@@ -5,7 +5,8 @@
 Only records with status ok, taken on the same hardware and the same prompt set, are compared; the rest are listed as
 not comparable. A ratio is marked back-to-back only when both records come from one ladder run
 (`make eval-latency-ladder`, same inputs.ladder_id); anything else is labelled as measured in separate runs.
-Variants without a quality record are never ranked as winners.
+The quality column is the parity gate's verdict (scripts/common/gate.py): a variant that fails it or lacks the
+records to judge it is marked and never ranked as a winner.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.gate import gate_for, verdict
 from scripts.common.metrics import ratio
 from scripts.common.records import hardware_key, latest_records, now_utc
 
@@ -44,7 +46,17 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
     return "—" if x is None else format(x, spec)
 
 
-def build_report(records: dict[str, tuple[Path, dict]], quality: set[str]) -> tuple[str, list[dict]]:
+def quality_status(variant: str, config: dict[str, str], root: Path | None = None) -> str:
+    """reference | pass | fail (…) | missing (…): the parity gate's verdict, for the quality column."""
+    reference, criteria = gate_for(variant, config, root)
+    if reference is None:
+        return "reference"
+    v = verdict(criteria)
+    bad = [c.name for c in criteria if c.status != "pass"]
+    return v if v == "pass" else f"{v}: {', '.join(bad)}"
+
+
+def build_report(records: dict[str, tuple[Path, dict]], quality: dict[str, str]) -> tuple[str, list[dict]]:
     ok = {v: r for v, (_, r) in records.items() if r["status"] == "ok" and MODE in r["summary"]}
     excluded = [(v, r.get("failure") or f"no {MODE}-mode results") for v, (_, r) in records.items() if v not in ok]
     groups: dict[tuple[str, str], dict[str, dict]] = {}
@@ -56,10 +68,11 @@ def build_report(records: dict[str, tuple[Path, dict]], quality: set[str]) -> tu
     rows = []
     for (hw, prompts), members in sorted(groups.items()):
         levels = sorted({int(c) for r in members.values() for c in r["summary"][MODE]})
+        winners: list[tuple[float, str]] = []
         lines += [f"## {hw} — prompt set {prompts}", "",
                   "| variant | parent | " + " | ".join(f"tok/s c={c}" for c in levels)
                   + " | " + " | ".join(f"× parent c={c}" for c in levels) + " | × BF16 c=1 | back-to-back | quality |",
-                  "|" + " --- |" * (3 + 2 * len(levels) + 3)]
+                  "|" + " --- |" * (2 + 2 * len(levels) + 3)]
         for v, r in sorted(members.items()):
             parent = r["config"].get("PARENT")
             pref = members.get(parent) if parent else None
@@ -69,14 +82,19 @@ def build_report(records: dict[str, tuple[Path, dict]], quality: set[str]) -> tu
             refs = [x for x in (pref, members.get(base) if base else None) if x]
             b2b = "yes" if refs and ladder and all(x["inputs"].get("ladder_id") == ladder for x in refs) else (
                 "—" if not refs else "no (separate runs)")
-            q = "yes" if v in quality else "none (not rankable)"
+            q = quality.get(v, "missing")
+            q = q if q in ("pass", "reference") else f"{q} (not rankable)"
             tput = [r["summary"][MODE].get(str(c), {}).get("output_throughput") for c in levels]
             lines.append(f"| {v}{' (shape proxy)' if r.get('shape_proxy') else ''} | {parent or '—'} | "
                          + " | ".join(fmt(t, '.1f') for t in tput) + " | "
                          + " | ".join(fmt(vs_parent.get(str(c))) for c in levels)
                          + f" | {fmt(vs_base.get('1'))} | {b2b} | {q} |")
             rows.append({"group": (hw, prompts), "variant": v, "levels": levels, "throughput": tput})
-        lines.append("")
+            if q == "pass" and vs_base.get("1") is not None:
+                winners.append((vs_base["1"], v))
+        best = max(winners, default=None)
+        lines += ["", f"Fastest at parity (c=1, vs BF16): **{best[1]}** ({best[0]:.2f}×)" if best else
+                  "Fastest at parity: none yet (no variant passes its gate with a BF16 reference in this group)", ""]
     if excluded:
         lines += ["## Not comparable", ""] + [f"- {v}: {why}" for v, why in excluded] + [""]
     return "\n".join(lines), rows
@@ -114,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"error: no latency records under {args.experiments}; run `make eval-latency` first", file=sys.stderr)
         return 1
-    quality = set(latest_records("quality", args.experiments))
+    quality = {v: quality_status(v, r["config"], args.experiments) for v, (_, r) in records.items()}
     text, rows = build_report(records, quality)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / f"compare_{now_utc():%Y%m%d}"

@@ -86,9 +86,9 @@ def test_compare_ratio_back_to_back_and_excludes_failed(tmp_path):
     bad["variant"], bad["status"], bad["failure"] = "smollm2-broken", "failed", "2 of 16 requests failed"
     for rec in (base, fast, bad):
         records.write_record(rec, exp / rec["variant"], "latency")
-    text, rows = compare.build_report(records.latest_records("latency", exp), quality={"smollm2-bf16"})
+    text, rows = compare.build_report(records.latest_records("latency", exp), quality={"smollm2-bf16": "reference", "smollm2-fast": "missing: GATE_MAX_MEAN_KLD"})
     line = next(x for x in text.splitlines() if x.startswith("| smollm2-fast"))
-    assert "| 2.00 |" in line and "| yes |" in line and "none (not rankable)" in line
+    assert "| 2.00 |" in line and "| yes |" in line and "missing: GATE_MAX_MEAN_KLD (not rankable)" in line
     assert "smollm2-broken: 2 of 16 requests failed" in text
     assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out")]) == 0
     assert list((tmp_path / "out").glob("compare_*.png"))

@@ -91,3 +91,40 @@ def ratio(new: float | None, old: float | None) -> float | None:
     if new is None or old in (None, 0):
         return None
     return new / old
+
+
+def mean_sem(values: list[float]) -> tuple[float, float]:
+    """Mean and its standard error (sample standard deviation / sqrt(n))."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mu = sum(values) / n
+    if n == 1:
+        return mu, math.nan
+    var = sum((v - mu) ** 2 for v in values) / (n - 1)
+    return mu, math.sqrt(var / n)
+
+
+def parity_stats(kld: list[float], top1_agree: list[bool], nll_ref: list[float], nll_var: list[float]) -> dict:
+    """Parity of a variant against its reference over the same scored tokens (llama.cpp --kl-divergence style).
+
+    kld: per-token KL(P_ref || P_var) in nats; top1_agree: argmax equal; nll_*: -log p(actual next token).
+    PPL = exp(mean NLL); its standard error by the delta method (PPL x SEM of NLL).
+    """
+    n = len(kld)
+    if not (n == len(top1_agree) == len(nll_ref) == len(nll_var)) or n == 0:
+        raise ValueError("parity_stats needs equal, non-empty per-token lists")
+    k_mean, k_sem = mean_sem(kld)
+    agree = sum(top1_agree) / n
+    r_mean, r_sem = mean_sem(nll_ref)
+    v_mean, v_sem = mean_sem(nll_var)
+    ppl_ref, ppl_var = math.exp(r_mean), math.exp(v_mean)
+    return {
+        "tokens": n,
+        "mean_kld": k_mean, "mean_kld_se": k_sem,
+        "median_kld": percentile(kld, 50), "p99_kld": percentile(kld, 99), "max_kld": max(kld),
+        "top1_agreement": agree, "top1_agreement_se": math.sqrt(agree * (1 - agree) / n),
+        "ppl_ref": ppl_ref, "ppl_ref_se": ppl_ref * r_sem if n > 1 else None,
+        "ppl_var": ppl_var, "ppl_var_se": ppl_var * v_sem if n > 1 else None,
+        "ppl_ratio": ppl_var / ppl_ref,
+    }

@@ -33,8 +33,14 @@ def vllm_flag_table() -> FlagTable:
     cache = CACHE / f"vllm-serve-flags-{vllm_version()}.json"
     if cache.exists():
         return json.loads(cache.read_text())
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    try:  # the module moved between vLLM releases
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
 
     table: FlagTable = {}
     for action in make_arg_parser(FlexibleArgumentParser())._actions:
@@ -60,7 +66,9 @@ def vllm_serve_prefix() -> list[str]:
     except importlib.metadata.PackageNotFoundError:
         return [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model"]
     exe = Path(sys.executable).parent / "vllm"
-    return [str(exe) if exe.exists() else "vllm", "serve"]
+    # `python -m vllm.entrypoints.cli.main serve` is `vllm serve` where the console script is not on this venv
+    # (e.g. vLLM installed with pip --target)
+    return [str(exe), "serve"] if exe.exists() else [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 
 
 def serve_flags(variant: Variant, table: FlagTable) -> list[str]:

@@ -1,0 +1,92 @@
+"""Calibration samples for llm-compressor: chat-formatted with the model's own template, deterministic, hashed.
+
+    python -m scripts.build_calibration_corpus weights/SmolLM2-135M-Instruct --samples 256 --seq-len 512 --out cal.jsonl
+    python -m scripts.build_calibration_corpus weights/Qwen3.5-4B --dataset HuggingFaceH4/ultrachat_200k
+
+Offline (default) the text is the project's cpython-docs corpus (scripts/common/corpus.py): passages are cut at
+paragraph boundaries, shuffled with the seed, and each becomes a two-turn chat (the first part as the user's message,
+the rest as the assistant's) rendered by the tokenizer's chat template. With --dataset, conversations of an HF chat
+dataset (a `messages` column, e.g. ultrachat) are used instead. The corpus name, sample count, length, seed and the
+SHA-256 of the rendered samples go into every quantized checkpoint's PROVENANCE.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+from pathlib import Path
+
+from scripts.common.corpus import cpython_docs
+
+
+def passages(text: str, min_chars: int) -> list[str]:
+    out, cur = [], ""
+    for para in text.split("\n\n"):
+        cur = f"{cur}\n\n{para}" if cur else para
+        if len(cur) >= min_chars:
+            out.append(cur)
+            cur = ""
+    return out
+
+
+def build_samples(tokenizer, n: int, seq_len: int, *, seed: int = 0, dataset: str | None = None):
+    """(datasets.Dataset with a `text` column, provenance dict)."""
+    import datasets
+
+    rng = random.Random(seed)
+    if dataset:
+        rows = datasets.load_dataset(dataset, split="train_sft" if "ultrachat" in dataset else "train")
+        idx = rng.sample(range(len(rows)), n)
+        chats = [rows[i]["messages"] for i in idx]
+        name = dataset
+    else:
+        corpus = cpython_docs()
+        pool = passages(corpus.text, min_chars=seq_len * 3)  # ~4 chars per token: enough text to fill seq_len
+        if len(pool) < n:
+            pool = pool * (n // len(pool) + 1)
+        rng.shuffle(pool)
+        chats = []
+        for p in pool[:n]:
+            cut = len(p) // 3
+            chats.append([{"role": "user", "content": p[:cut]}, {"role": "assistant", "content": p[cut:]}])
+        name = f"{corpus.name} ({corpus.sha256[:12]})"
+    texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in chats]
+    digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
+    info = {"corpus": name, "samples": n, "seq_len": seq_len, "seed": seed, "sha256": digest}
+    return datasets.Dataset.from_dict({"text": texts}), info
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", type=Path, help="checkpoint whose tokenizer and chat template render the samples")
+    p.add_argument("--samples", type=int, default=256)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dataset", help="HF chat dataset with a messages column (needs the hub or a cache)")
+    p.add_argument("--out", type=Path, help="write the rendered samples as JSONL")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import AutoTokenizer
+
+    args = build_parser().parse_args(argv)
+    if not (args.model / "config.json").exists():
+        print(f"error: {args.model} is not a checkpoint directory", file=sys.stderr)
+        return 1
+    tok = AutoTokenizer.from_pretrained(args.model)
+    if not tok.chat_template:
+        print(f"error: {args.model} has no chat template", file=sys.stderr)
+        return 1
+    ds, info = build_samples(tok, args.samples, args.seq_len, seed=args.seed, dataset=args.dataset)
+    if args.out:
+        args.out.write_text("".join(json.dumps({"text": t}) + "\n" for t in ds["text"]))
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Text corpora for parity metrics and calibration, each with a name and a SHA-256 of its exact text.
+
+- `wikitext2`: the Wikitext-2 raw test split, when `make datasets` has cached it (HF datasets, offline read).
+- `cpython-docs`: an offline corpus this project assembles from the running CPython's own documentation strings of a
+  fixed list of standard-library modules, plus its license text. Real English technical prose, available everywhere;
+  its hash depends on the Python version, which is part of its name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import platform
+import sys
+from dataclasses import dataclass
+
+# Fixed order: the corpus must be the same text every time on the same Python.
+DOC_MODULES = (
+    "abc", "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "copy", "csv",
+    "dataclasses", "datetime", "decimal", "difflib", "email", "enum", "fractions", "functools", "gzip", "hashlib",
+    "heapq", "html", "http.client", "inspect", "io", "itertools", "json", "logging", "math", "os", "pathlib",
+    "pickle", "queue", "random", "re", "shutil", "socket", "sqlite3", "statistics", "string", "subprocess",
+    "tarfile", "tempfile", "textwrap", "threading", "time", "typing", "unittest", "urllib.parse", "uuid", "zipfile",
+)
+
+
+class CorpusError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str
+    text: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def describe(self) -> dict:
+        return {"corpus": self.name, "corpus_sha256": self.sha256, "corpus_chars": len(self.text)}
+
+
+def cpython_docs() -> Corpus:
+    import importlib
+
+    parts = []
+    for modname in DOC_MODULES:
+        mod = importlib.import_module(modname)
+        if doc := inspect.getdoc(mod):
+            parts.append(doc)
+        for name, obj in sorted(vars(mod).items()):
+            if name.startswith("_") or getattr(obj, "__module__", None) != mod.__name__:
+                continue
+            if (inspect.isfunction(obj) or inspect.isclass(obj)) and (doc := inspect.getdoc(obj)) and len(doc) > 200:
+                parts.append(doc)
+    import builtins
+
+    parts.append(str(builtins.license))  # the license's repr tells how to show it; the text is what we want
+    license_text = getattr(builtins.license, "_Printer__lines", None)
+    if license_text:
+        parts[-1] = "\n".join(license_text)
+    return Corpus(name=f"cpython-{platform.python_version()}-docs", text="\n\n".join(parts))
+
+
+def wikitext2() -> Corpus:
+    try:
+        import datasets
+
+        ds = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split="test", download_mode="reuse_cache_if_exists")
+    except Exception as e:  # noqa: BLE001 - any failure means "not cached"
+        raise CorpusError(f"wikitext2 is not cached ({type(e).__name__}); run `make datasets` where the hub is "
+                          f"reachable, or use --corpus cpython-docs") from None
+    return Corpus(name="wikitext-2-raw-v1/test", text="".join(ds["text"]))
+
+
+CORPORA = {"wikitext2": wikitext2, "cpython-docs": cpython_docs}
+
+
+def load_corpus(name: str) -> Corpus:
+    """`auto` takes wikitext2 when cached, else the offline cpython-docs corpus."""
+    if name == "auto":
+        try:
+            return wikitext2()
+        except CorpusError as e:
+            print(f"note: {e}; using cpython-docs", file=sys.stderr)
+            return cpython_docs()
+    if name not in CORPORA:
+        raise CorpusError(f"unknown corpus {name!r}; choose auto, {', '.join(CORPORA)}")
+    return CORPORA[name]()

@@ -1,0 +1,228 @@
+"""Parity of a variant with its reference, without labels: KL divergence, top-1 agreement and perplexity.
+
+    python -m scripts.eval_parity smollm2-int8                        # `make eval-parity VARIANT=smollm2-int8`
+    python -m scripts.eval_parity smollm2-int8 --tokens 8192 --ctx 512 --corpus cpython-docs
+    python -m scripts.eval_parity qwen35-4b-awq-ref --backend vllm    # kernels that exist only in vLLM
+
+Both models score the same token sequences: the corpus (Wikitext-2 when cached, else the offline cpython-docs corpus)
+tokenized once, cut into chunks of --ctx tokens; as llama.cpp's --kl-divergence does, only the second half of each
+chunk is scored (every scored token sees at least ctx/2 tokens of context). Per scored token: KL(P_ref || P_var) of
+the next-token distributions, whether their argmax agree, and -log p(actual next token) under each (perplexity).
+
+Backends: `transformers` (full distributions; BF16 and any checkpoint transformers loads, compressed-tensors
+included) and `vllm` (each model's server returns its top-K prompt logprobs; KL is then computed over the reference's
+top-K tokens plus one bucket for the rest of the mass, an approximation the record names). The reference is the
+variant's GATE_REFERENCE, else its PARENT. Writes experiments/<variant>/quality_<YYYYMMDD-HHMMSS>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import sys
+import time
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError
+from scripts.common.corpus import CorpusError, load_corpus
+from scripts.common.metrics import parity_stats
+from scripts.common.records import envelope, write_record
+from scripts.common.server import ServerError
+from scripts.common.variants import Variant, VariantError, load_variant
+
+DEFAULT_TOKENS = 8192
+DEFAULT_CTX = 512
+TOP_K = 20  # vLLM's default max_logprobs
+
+
+class ParityError(RuntimeError):
+    pass
+
+
+def reference_of(variant: Variant) -> str:
+    ref = variant.resolved.get("GATE_REFERENCE") or variant.resolved.get("PARENT")
+    if not ref:
+        raise ParityError(f"{variant.name} has no PARENT or GATE_REFERENCE: nothing to compare it with")
+    return ref
+
+
+def tokenizer_fingerprint(model_dir: str) -> str:
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(model_dir).get_vocab()
+    return hashlib.sha256(repr(sorted(vocab.items())).encode()).hexdigest()
+
+
+def check_same_tokenizer(var: Variant, ref: Variant) -> None:
+    a = tokenizer_fingerprint(var.resolved.get("TOKENIZER", var.model))
+    b = tokenizer_fingerprint(ref.resolved.get("TOKENIZER", ref.model))
+    if a != b:
+        raise ParityError(f"{var.name} and {ref.name} have different tokenizers: KL divergence across vocabularies is "
+                          f"meaningless without a declared token-id mapping")
+
+
+def make_chunks(token_ids: list[int], n_tokens: int, ctx: int) -> list[list[int]]:
+    """Enough whole chunks of ctx tokens to score about n_tokens (ctx/2 scored per chunk)."""
+    if ctx < 4:
+        raise ParityError(f"--ctx {ctx}: too small")
+    n_chunks = max(1, math.ceil(n_tokens / (ctx // 2)))
+    available = len(token_ids) // ctx
+    if available == 0:
+        raise ParityError(f"corpus has {len(token_ids)} tokens, shorter than one context of {ctx}")
+    if available < n_chunks:
+        raise ParityError(f"corpus has {len(token_ids)} tokens: {available} chunks of {ctx}, need {n_chunks} to score "
+                          f"{n_tokens} tokens; lower --tokens or --ctx")
+    return [token_ids[i * ctx:(i + 1) * ctx] for i in range(n_chunks)]
+
+
+def per_token_transformers(ref_dir: str, var_dir: str, chunks: list[list[int]]):
+    """Yield per-chunk (kld, agree, nll_ref, nll_var) lists from both models' full distributions."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    models = [AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval() for d in (ref_dir, var_dir)]
+    for chunk in chunks:
+        x = torch.tensor([chunk])
+        half = len(chunk) // 2
+        with torch.no_grad():
+            lps = [torch.log_softmax(m(x).logits[0, half - 1:-1].float(), -1) for m in models]
+        lp_r, lp_v = lps
+        target = x[0, half:]
+        kld = (lp_r.exp() * (lp_r - lp_v)).sum(-1).clamp_min(0)
+        agree = lp_r.argmax(-1) == lp_v.argmax(-1)
+        nll_r = -lp_r.gather(-1, target[:, None])[:, 0]
+        nll_v = -lp_v.gather(-1, target[:, None])[:, 0]
+        yield kld.tolist(), agree.tolist(), nll_r.tolist(), nll_v.tolist()
+
+
+def prompt_logprobs(base_url: str, model: str, chunks: list[list[int]]) -> list[list[dict[int, float]]]:
+    """vLLM's top-K prompt logprobs (plus the actual token) for every position of every chunk."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600)
+    out = []
+    for chunk in chunks:
+        r = client.completions.create(model=model, prompt=chunk, max_tokens=1, temperature=0,
+                                      extra_body={"prompt_logprobs": TOP_K})
+        plp = r.model_dump()["choices"][0]["prompt_logprobs"]
+        out.append([{int(k): v["logprob"] for k, v in (pos or {}).items()} for pos in plp])
+    return out
+
+
+def topk_kl(ref: dict[int, float], var: dict[int, float]) -> float:
+    """KL over the reference's top-K tokens plus one bucket for the remaining mass (vLLM path approximation).
+
+    A token in the reference's top-K but not in the variant's list gets the variant's smallest listed probability
+    (an upper bound on its true probability)."""
+    floor = min(var.values())
+    keys = sorted(ref, key=ref.get, reverse=True)[:TOP_K]
+    pr = [math.exp(ref[k]) for k in keys]
+    pv = [math.exp(var.get(k, floor)) for k in keys]
+    kl = sum(p * (math.log(p) - math.log(q)) for p, q in zip(pr, pv, strict=True) if p > 0)
+    tail_r, tail_v = max(1 - sum(pr), 1e-12), max(1 - sum(pv), 1e-12)
+    return max(kl + tail_r * (math.log(tail_r) - math.log(tail_v)), 0.0)
+
+
+def per_token_vllm(ref: Variant, var: Variant, chunks: list[list[int]], urls: dict[str, str | None], port: int):
+    from scripts.serve import make_server
+
+    logprobs = {}
+    for role, v in (("ref", ref), ("var", var)):
+        server = None
+        url = urls[role]
+        try:
+            if url is None:
+                log = paths.ROOT / ".cache" / f"parity-{v.name}.log"
+                log.parent.mkdir(exist_ok=True)
+                server = make_server(v, host="127.0.0.1", port=port, api_key=None, log_path=log)
+                server.start()
+                server.wait_healthy()
+                url = server.base_url
+            logprobs[role] = prompt_logprobs(url, v.resolved.get("SERVE_SERVED_MODEL_NAME", v.name), chunks)
+        finally:
+            if server:
+                server.stop()
+    for chunk, lr, lv in zip(chunks, logprobs["ref"], logprobs["var"], strict=True):
+        half = len(chunk) // 2
+        kld, agree, nll_r, nll_v = [], [], [], []
+        for pos in range(half, len(chunk)):  # logprobs at position pos are for token chunk[pos] given chunk[:pos]
+            r, v, tok = lr[pos], lv[pos], chunk[pos]
+            kld.append(topk_kl(r, v))
+            agree.append(max(r, key=r.get) == max(v, key=v.get))
+            nll_r.append(-r[tok])
+            nll_v.append(-v[tok])
+        yield kld, agree, nll_r, nll_v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variant")
+    p.add_argument("--reference", help="reference variant (default: GATE_REFERENCE, else PARENT)")
+    p.add_argument("--corpus", default="auto", help="auto | wikitext2 | cpython-docs")
+    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="tokens to score (default %(default)s)")
+    p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context per chunk (default %(default)s)")
+    p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers")
+    p.add_argument("--ref-url", help="vllm backend: the reference's running server")
+    p.add_argument("--var-url", help="vllm backend: the variant's running server")
+    p.add_argument("--port", type=int, default=8125)
+    p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    t0 = time.monotonic()
+    try:
+        var = load_variant(args.variant)
+        ref = load_variant(args.reference or reference_of(var))
+        for v in (var, ref):
+            if v.is_shape_proxy:
+                raise ParityError(f"{v.name} is a shape proxy (random weights): quality is never measured on it")
+            if v.resolved["MODEL"].startswith("weights/") and not Path(v.model).exists():
+                raise ParityError(f"{v.resolved['MODEL']} does not exist: build {v.name} first")
+        check_same_tokenizer(var, ref)
+        corpus = load_corpus(args.corpus)
+        from transformers import AutoTokenizer
+
+        ids = AutoTokenizer.from_pretrained(ref.resolved.get("TOKENIZER", ref.model)).encode(
+            corpus.text, add_special_tokens=False)
+        chunks = make_chunks(ids, args.tokens, args.ctx)
+        if args.backend == "transformers":
+            per_chunk = per_token_transformers(ref.model, var.model, chunks)
+        else:
+            per_chunk = per_token_vllm(ref, var, chunks, {"ref": args.ref_url, "var": args.var_url}, args.port)
+        kld, agree, nll_r, nll_v, samples = [], [], [], [], []
+        for i, (k, a, r, v) in enumerate(per_chunk):
+            kld += k
+            agree += a
+            nll_r += r
+            nll_v += v
+            samples.append({"chunk": i, "tokens": len(k), "mean_kld": sum(k) / len(k), "top1_agreement": sum(a) / len(a),
+                            "nll_ref_sum": sum(r), "nll_var_sum": sum(v)})
+        stats = parity_stats(kld, agree, nll_r, nll_v)
+    except (ParityError, VariantError, CorpusError, CheckpointError, ServerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    record = envelope("quality", var, command=[sys.executable, "-m", "scripts.eval_parity", *sys.argv[1:]],
+                      server_command=None)
+    record["duration_s"] = round(time.monotonic() - t0, 1)
+    record["inputs"] = {"kind": "parity", "reference": ref.name, "reference_model": ref.resolved["MODEL"],
+                        "backend": args.backend, "kl_method": "full distribution" if args.backend == "transformers"
+                        else f"top-{TOP_K} + tail bucket (approximation)", **corpus.describe(),
+                        "ctx": args.ctx, "chunks": len(chunks), "scored": "second half of each chunk"}
+    record["summary"] = {"parity": stats}
+    record["samples"] = samples
+    path = write_record(record, args.out_dir or var.path, "quality")
+    print(f"{var.name} vs {ref.name} ({args.backend}, {stats['tokens']} tokens of {corpus.name}):")
+    print(f"  mean KLD {stats['mean_kld']:.4f} ± {stats['mean_kld_se']:.4f}  median {stats['median_kld']:.4f}  "
+          f"p99 {stats['p99_kld']:.4f}")
+    print(f"  top-1 agreement {stats['top1_agreement']:.1%} ± {stats['top1_agreement_se']:.1%}")
+    print(f"  PPL ref {stats['ppl_ref']:.3f}  var {stats['ppl_var']:.3f}  ratio {stats['ppl_ratio']:.4f}")
+    print(f"wrote {path.relative_to(paths.ROOT) if path.is_relative_to(paths.ROOT) else path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Task scores with the real lm-evaluation-harness against a variant's running vLLM server; writes a quality record.
+
+    python -m scripts.eval_quality smollm2-bf16 --profile fast        # `make eval-quality`
+    python -m scripts.eval_quality smollm2-bf16 --profile smoke       # a handful of items (`make eval-smoke`)
+    python -m scripts.eval_quality qwen35-4b-awq-ref --profile full --base-url http://127.0.0.1:8000
+    python -m scripts.eval_quality --download-datasets                # `make datasets`: cache task data for offline use
+
+Tasks come from --tasks, else the variant's EVAL_TASKS, else MMLU-Pro, IFEval and GPQA-Diamond. Generation tasks go
+through `local-chat-completions` (the server applies the chat template; thinking options are the server's
+SERVE_DEFAULT_CHAT_TEMPLATE_KWARGS), log-likelihood tasks through `local-completions`. Profiles set the sample size:
+smoke = 5 items per task, fast = 10% of each task, full = everything. Writes
+experiments/<variant>/quality_<YYYYMMDD-HHMMSS>.json only when the whole evaluation succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError
+from scripts.common.records import envelope, write_record
+from scripts.common.server import ServerError, is_healthy
+from scripts.common.variants import VariantError, load_variant
+
+DEFAULT_TASKS = ("mmlu_pro", "ifeval", "gpqa_diamond_cot_zeroshot")
+# task -> (HF dataset, config): what `make datasets` caches. GPQA is gated on the hub: accept its terms, set HF_TOKEN.
+TASK_DATASETS = {
+    "mmlu_pro": ("TIGER-Lab/MMLU-Pro", None),
+    "ifeval": ("google/IFEval", None),
+    "gpqa_diamond_cot_zeroshot": ("Idavidrein/gpqa", "gpqa_diamond"),
+}
+CORPUS_DATASETS = {"wikitext2": ("wikitext", "wikitext-2-raw-v1")}
+LOGLIKELIHOOD_TASKS = {"lab_arith_mc"}  # need prompt logprobs: local-completions
+PLUMBING_TAG = "lab_"
+PROFILES = {"smoke": 5, "fast": 0.1, "full": None}
+CONCURRENT = 4
+
+
+class EvalError(RuntimeError):
+    pass
+
+
+def missing_datasets(tasks: list[str]) -> list[str]:
+    """Known task datasets that are not in the local HF datasets cache."""
+    import datasets
+
+    missing = []
+    for task in tasks:
+        if task not in TASK_DATASETS:
+            continue
+        path, name = TASK_DATASETS[task]
+        try:
+            datasets.load_dataset_builder(path, name, download_mode="reuse_cache_if_exists")
+        except Exception:  # noqa: BLE001 - any failure means "not usable offline"
+            missing.append(f"{task} needs {path}{'/' + name if name else ''}")
+    return missing
+
+
+def download_datasets() -> int:
+    import datasets
+
+    failures = []
+    for what, (path, name) in {**TASK_DATASETS, **CORPUS_DATASETS}.items():
+        try:
+            datasets.load_dataset(path, name)
+            print(f"cached {path} ({what})")
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"{path}{'/' + name if name else ''} for {what}: {type(e).__name__}")
+    for f in failures:
+        print(f"error: cannot download {f}; run where the Hugging Face hub is reachable (GPQA is gated: accept its "
+              f"terms on the hub and export HF_TOKEN)", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def lm_eval_run(model_type: str, model_args: dict, tasks: list[str], limit, chat: bool) -> dict:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    return lm_eval.simple_evaluate(
+        model=model_type, model_args=model_args, tasks=tasks, limit=limit, log_samples=True,
+        apply_chat_template=chat, task_manager=TaskManager(include_path=str(paths.EVAL / "tasks")),
+        bootstrap_iters=1000,
+    )
+
+
+def scores(results: dict) -> tuple[dict, list]:
+    """lm-eval's results → {task: {metric: value, metric_stderr: se, n: samples}} and trimmed per-item samples."""
+    summary, samples = {}, []
+    for task, metrics in results["results"].items():
+        entry = {}
+        for key, value in metrics.items():
+            if "," not in key or not isinstance(value, (int, float)):
+                continue
+            metric, _filter = key.split(",", 1)
+            entry[metric.replace("_stderr", "_stderr")] = value if value == value else None  # NaN -> None
+        entry["n"] = results.get("n-samples", {}).get(task, {}).get("effective")
+        summary[task] = entry
+    for task, items in results.get("samples", {}).items():
+        for it in items:
+            samples.append({"task": task, "doc_id": it.get("doc_id"), "target": str(it.get("target"))[:200],
+                            "response": str(it.get("filtered_resps"))[:500],
+                            "metrics": {m: it[m] for m in it.get("metrics", []) if m in it}})
+    return summary, samples
+
+
+def evaluate(variant, base_url: str, tasks: list[str], limit) -> tuple[dict, list]:
+    served = variant.resolved.get("SERVE_SERVED_MODEL_NAME", variant.name)
+    tokenizer = variant.resolved.get("TOKENIZER", variant.model)
+    common = {"model": served, "num_concurrent": CONCURRENT, "max_retries": 2, "timeout": 600}
+    max_gen = variant.resolved.get("EVAL_MAX_GEN_TOKS")
+    if max_gen:
+        common["max_gen_toks"] = int(max_gen)
+    summary, samples = {}, []
+    ll = [t for t in tasks if t in LOGLIKELIHOOD_TASKS]
+    gen = [t for t in tasks if t not in LOGLIKELIHOOD_TASKS]
+    if ll:
+        args = {**common, "base_url": f"{base_url}/v1/completions", "tokenizer_backend": "huggingface",
+                "tokenizer": tokenizer, "max_length": int(variant.resolved.get("SERVE_MAX_MODEL_LEN", 2048))}
+        s, x = scores(lm_eval_run("local-completions", args, ll, limit, chat=False))
+        summary.update(s)
+        samples += x
+    if gen:
+        args = {**common, "base_url": f"{base_url}/v1/chat/completions", "tokenizer_backend": "none",
+                "tokenized_requests": False}
+        s, x = scores(lm_eval_run("local-chat-completions", args, gen, limit, chat=True))
+        summary.update(s)
+        samples += x
+    return summary, samples
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variant", nargs="?", default=paths.DEFAULT_VARIANT)
+    p.add_argument("--profile", choices=sorted(PROFILES), default="fast")
+    p.add_argument("--tasks", help="comma-separated lm-eval tasks (default: the variant's EVAL_TASKS, else "
+                                   + ",".join(DEFAULT_TASKS) + ")")
+    p.add_argument("--limit", type=float, help="override the profile's sample size (int: items, <1: fraction)")
+    p.add_argument("--base-url", help="evaluate a running server instead of starting one")
+    p.add_argument("--port", type=int, default=8124)
+    p.add_argument("--download-datasets", action="store_true", help="cache every task dataset, then exit")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.download_datasets:
+        return download_datasets()
+    from scripts.serve import make_server
+
+    server = None
+    try:
+        variant = load_variant(args.variant)
+        if variant.is_shape_proxy:
+            raise EvalError(f"{variant.name} is a shape proxy (random weights): quality is never measured on it")
+        tasks = [t for t in (args.tasks or variant.resolved.get("EVAL_TASKS") or ",".join(DEFAULT_TASKS)).split(",") if t]
+        if missing := missing_datasets(tasks):
+            raise EvalError(f"task data not cached: {'; '.join(missing)}. Run `make datasets` where the hub is "
+                            f"reachable, or pick offline tasks (--tasks lab_arith_mc,lab_arith_gen,lab_ifeval)")
+        limit = args.limit if args.limit is not None else PROFILES[args.profile]
+        if isinstance(limit, float) and limit >= 1:
+            limit = int(limit)
+        if args.base_url:
+            base_url = args.base_url.rstrip("/")
+            if not is_healthy(base_url):
+                raise EvalError(f"no healthy server at {base_url} (GET /health failed)")
+        else:
+            log = paths.ROOT / ".cache" / f"eval-{variant.name}.log"
+            log.parent.mkdir(exist_ok=True)
+            server = make_server(variant, host="127.0.0.1", port=args.port, api_key=None, log_path=log)
+            print(f"starting {variant.name}; server log {log}", flush=True)
+            server.start()
+            server.wait_healthy()
+            base_url = server.base_url
+        record = envelope("quality", variant, command=[sys.executable, "-m", "scripts.eval_quality", *sys.argv[1:]],
+                          server_command=server.argv if server else None)
+        t0 = time.monotonic()
+        try:
+            summary, samples = evaluate(variant, base_url, tasks, limit)
+        except Exception as e:  # noqa: BLE001 - lm-eval raises many types; the run failed as a whole
+            healthy = is_healthy(base_url)
+            raise EvalError(f"lm-eval failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+                            + ("" if healthy else "; the server is no longer healthy")) from None
+    except (EvalError, VariantError, ServerError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if server:
+            server.stop()
+    import lm_eval
+
+    record["duration_s"] = round(time.monotonic() - t0, 1)
+    record["inputs"] = {"kind": "lm-eval", "tasks": tasks, "profile": args.profile, "limit": limit,
+                        "plumbing": all(t.startswith(PLUMBING_TAG) for t in tasks), "lm_eval": lm_eval.__version__,
+                        "base_url": base_url, "offline": os.environ.get("HF_DATASETS_OFFLINE") == "1"}
+    record["summary"] = {"tasks": summary}
+    record["samples"] = samples
+    path = write_record(record, variant.path, "quality")
+    for task, m in summary.items():
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in m.items() if isinstance(v, float) and not k.endswith("_stderr"))
+        print(f"{task}: {shown} (n={m.get('n')})")
+    print(f"wrote {path.relative_to(paths.ROOT)}" + ("  [plumbing tasks: not a benchmark]" if record["inputs"]["plumbing"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
