@@ -192,7 +192,7 @@ def run_variant(name: str, args, ladder_id: str | None = None) -> int:
         if server:
             server.stop()
     path = write_record(record, args.out_dir or variant.path, "latency")
-    print(f"wrote {path.relative_to(paths.ROOT) if path.is_relative_to(paths.ROOT) else path} (status {record['status']})")
+    print(f"wrote {paths.shown(path)} (status {record['status']})")
     if record["status"] != "ok":
         print(f"error: {record['failure']}", file=sys.stderr)
         return 1

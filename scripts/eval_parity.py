@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
           f"p99 {stats['p99_kld']:.4f}")
     print(f"  top-1 agreement {stats['top1_agreement']:.1%} ± {stats['top1_agreement_se']:.1%}")
     print(f"  PPL ref {stats['ppl_ref']:.3f}  var {stats['ppl_var']:.3f}  ratio {stats['ppl_ratio']:.4f}")
-    print(f"wrote {path.relative_to(paths.ROOT) if path.is_relative_to(paths.ROOT) else path}")
+    print(f"wrote {paths.shown(path)}")
     return 0
 
 

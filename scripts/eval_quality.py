@@ -21,6 +21,7 @@ import time
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
+from scripts.common.corpus import dataset_cached
 from scripts.common.records import envelope, write_record
 from scripts.common.server import ServerError, is_healthy
 from scripts.common.variants import VariantError, load_variant
@@ -45,18 +46,8 @@ class EvalError(RuntimeError):
 
 def missing_datasets(tasks: list[str]) -> list[str]:
     """Known task datasets that are not in the local HF datasets cache."""
-    import datasets
-
-    missing = []
-    for task in tasks:
-        if task not in TASK_DATASETS:
-            continue
-        path, name = TASK_DATASETS[task]
-        try:
-            datasets.load_dataset_builder(path, name, download_mode="reuse_cache_if_exists")
-        except Exception:  # noqa: BLE001 - any failure means "not usable offline"
-            missing.append(f"{task} needs {path}{'/' + name if name else ''}")
-    return missing
+    return [f"{t} needs {TASK_DATASETS[t][0]}{'/' + TASK_DATASETS[t][1] if TASK_DATASETS[t][1] else ''}"
+            for t in tasks if t in TASK_DATASETS and not dataset_cached(*TASK_DATASETS[t])]
 
 
 def download_datasets() -> int:
@@ -201,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     for task, m in summary.items():
         shown = ", ".join(f"{k} {v:.3f}" for k, v in m.items() if isinstance(v, float) and not k.endswith("_stderr"))
         print(f"{task}: {shown} (n={m.get('n')})")
-    print(f"wrote {path.relative_to(paths.ROOT)}" + ("  [plumbing tasks: not a benchmark]" if record["inputs"]["plumbing"] else ""))
+    print(f"wrote {paths.shown(path)}" + ("  [plumbing tasks: not a benchmark]" if record["inputs"]["plumbing"] else ""))
     return 0
 
 

@@ -93,35 +93,43 @@ def group_size_for(width: int, wanted: int, layer: str) -> int:
     raise CalibrateError(f"layer {layer}: input width {width} has no power-of-two group size <= {wanted} (>= 16)")
 
 
-def config_groups(recipe: dict, layers: dict[str, int]) -> dict:
-    """compressed-tensors config groups: one per distinct group size, targets named exactly."""
+def config_groups(recipe: dict, layers: dict[str, int]) -> tuple[dict, list[str]]:
+    """compressed-tensors config groups and ignore list. With one group size the group targets Linear (or the MLP
+    projections) and lists the exclusions in `ignore`; with several, each group names its layers exactly."""
     weights = dict(recipe["weights"])
     by_size: dict[int | None, list[str]] = {}
     for name, width in layers.items():
         g = group_size_for(width, weights["group_size"], name) if weights.get("strategy") == "group" else None
         by_size.setdefault(g, []).append(name)
+    acts = recipe.get("input_activations")
+    if len(by_size) == 1:
+        (g,) = by_size
+        targets = [f"re:{MLP_TARGET.pattern}"] if recipe.get("scope", "all") == "mlp" else ["Linear"]
+        ignore = [p for p in DEFAULT_IGNORE + recipe.get("ignore", [])
+                  if not (recipe.get("quantize_lm_head") and "lm_head" in p)]
+        w = {**weights, **({"group_size": g} if g else {})}
+        return {"group_0": {"targets": targets, "weights": w, "input_activations": acts}}, ignore
     groups = {}
     for i, (g, names) in enumerate(sorted(by_size.items(), key=lambda kv: -(kv[0] or 0))):
-        w = {**weights, **({"group_size": g} if g else {})}
-        groups[f"group_{i}"] = {"targets": [f"re:^{re.escape(n)}$" for n in names], "weights": w,
-                                "input_activations": recipe.get("input_activations")}
-    return groups
+        groups[f"group_{i}"] = {"targets": [f"re:^{re.escape(n)}$" for n in names],
+                                "weights": {**weights, "group_size": g}, "input_activations": acts}
+    return groups, []
 
 
-def modifiers(recipe: dict, groups: dict) -> list:
+def modifiers(recipe: dict, groups: dict, ignore: list[str]) -> list:
     from llmcompressor.modifiers.awq import AWQModifier
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
     from llmcompressor.modifiers.smoothquant import SmoothQuantModifier
 
     algo = recipe["algorithm"]
     if algo == "rtn":
-        return [QuantizationModifier(config_groups=groups)]
+        return [QuantizationModifier(config_groups=groups, ignore=ignore)]
     if algo == "awq":
-        return [AWQModifier(config_groups=groups, duo_scaling=recipe.get("duo_scaling", True))]
+        return [AWQModifier(config_groups=groups, ignore=ignore, duo_scaling=recipe.get("duo_scaling", True))]
+    gptq = GPTQModifier(config_groups=groups, ignore=ignore, dampening_frac=recipe.get("dampening_frac", 0.01))
     if algo == "gptq":
-        return [GPTQModifier(config_groups=groups, dampening_frac=recipe.get("dampening_frac", 0.01))]
-    return [SmoothQuantModifier(smoothing_strength=recipe.get("smoothing_strength", 0.8)),
-            GPTQModifier(config_groups=groups, dampening_frac=recipe.get("dampening_frac", 0.01))]
+        return [gptq]
+    return [SmoothQuantModifier(smoothing_strength=recipe.get("smoothing_strength", 0.8), ignore=ignore), gptq]
 
 
 def calibrate(recipe_name: str, model_dir: Path, out: Path, *, samples: int | None = None,
@@ -140,7 +148,7 @@ def calibrate(recipe_name: str, model_dir: Path, out: Path, *, samples: int | No
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     layers = linear_layers(model, recipe)
-    groups = config_groups(recipe, layers)
+    groups, ignore = config_groups(recipe, layers)
     cal = recipe.get("calibration", {})
     n = samples or cal.get("samples", 0)
     length = seq_len or cal.get("seq_len", 512)
@@ -150,16 +158,16 @@ def calibrate(recipe_name: str, model_dir: Path, out: Path, *, samples: int | No
         ds, corpus_info = build_samples(tok, n, length, seed=cal.get("seed", 0))
         kwargs = {"dataset": ds, "num_calibration_samples": n, "max_seq_length": length}
     t0 = time.monotonic()
-    oneshot(model=model, tokenizer=tok, recipe=modifiers(recipe, groups), output_dir=None, **kwargs)
+    oneshot(model=model, tokenizer=tok, recipe=modifiers(recipe, groups, ignore), output_dir=None, **kwargs)
     model.save_pretrained(out, save_compressed=True)
     tok.save_pretrained(out)
     for extra in ("generation_config.json", "chat_template.jinja"):
         if (model_dir / extra).exists() and not (out / extra).exists():
             shutil.copy(model_dir / extra, out / extra)
-    provenance = {"source": str(model_dir.relative_to(paths.ROOT) if model_dir.is_relative_to(paths.ROOT) else model_dir),
+    provenance = {"source": paths.shown(model_dir),
                   "recipe": recipe_name, "recipe_sha256": recipe_sha, "calibration": corpus_info,
-                  "quantized_layers": len(layers), "group_sizes": sorted({g["weights"].get("group_size") or 0
-                                                                          for g in groups.values()}),
+                  "quantized_layers": len(layers), "group_sizes": sorted({g["weights"]["group_size"]
+                                                                          for g in groups.values() if g["weights"].get("group_size")}),
                   "seconds": round(time.monotonic() - t0, 1), "device": "cuda" if torch.cuda.is_available() else "cpu"}
     (out / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
     check_dropped(read_checkpoint(out), source)

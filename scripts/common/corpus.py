@@ -13,6 +13,7 @@ import inspect
 import platform
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 # Fixed order: the corpus must be the same text every time on the same Python.
 DOC_MODULES = (
@@ -63,14 +64,21 @@ def cpython_docs() -> Corpus:
     return Corpus(name=f"cpython-{platform.python_version()}-docs", text="\n\n".join(parts))
 
 
-def wikitext2() -> Corpus:
-    try:
-        import datasets
+def dataset_cached(path: str, name: str | None = None) -> bool:
+    """Whether `make datasets` left this HF dataset in the local datasets cache (checked without the network)."""
+    import datasets
 
-        ds = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split="test", download_mode="reuse_cache_if_exists")
-    except Exception as e:  # noqa: BLE001 - any failure means "not cached"
-        raise CorpusError(f"wikitext2 is not cached ({type(e).__name__}); run `make datasets` where the hub is "
-                          f"reachable, or use --corpus cpython-docs") from None
+    d = Path(datasets.config.HF_DATASETS_CACHE) / path.replace("/", "___")
+    return (d / name).is_dir() if name else d.is_dir()
+
+
+def wikitext2() -> Corpus:
+    import datasets
+
+    if not dataset_cached("wikitext", "wikitext-2-raw-v1"):
+        raise CorpusError("wikitext2 is not cached; run `make datasets` where the hub is reachable, "
+                          "or use --corpus cpython-docs")
+    ds = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split="test")
     return Corpus(name="wikitext-2-raw-v1/test", text="".join(ds["text"]))
 
 

@@ -27,3 +27,9 @@ def resolve_model(model: str) -> str:
     if model.startswith(("weights/", "./", "/")):
         return str((ROOT / model).resolve()) if not model.startswith("/") else model
     return model
+
+
+def shown(path: Path) -> str:
+    """A path as printed to the user: relative to the repo root when inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)

@@ -30,7 +30,9 @@ def git_state(root: Path = paths.ROOT) -> dict[str, Any]:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
 
-    commit = git("rev-parse", "HEAD") or "unknown"
+    commit = git("rev-parse", "HEAD")
+    if not commit:  # a copy of the tree without .git (the GPU machine): the caller passes the commit it copied
+        return {"commit": os.environ.get("LAB_GIT_COMMIT", "unknown"), "dirty": os.environ.get("LAB_GIT_DIRTY") == "1"}
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     return {"commit": commit, "dirty": dirty}
 
