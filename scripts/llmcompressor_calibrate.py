@@ -132,11 +132,50 @@ def modifiers(recipe: dict, groups: dict, ignore: list[str]) -> list:
     return [SmoothQuantModifier(smoothing_strength=recipe.get("smoothing_strength", 0.8), ignore=ignore), gptq]
 
 
+def load_model(model_dir: Path):
+    """The checkpoint's own architecture class (AutoModelForCausalLM would load only the text part of a multimodal
+    model such as Qwen3.5 and drop its vision tower)."""
+    import torch
+    import transformers
+
+    arch = (json.loads((model_dir / "config.json").read_text()).get("architectures") or [None])[0]
+    cls = getattr(transformers, arch, None) if arch else None
+    return (cls or transformers.AutoModelForCausalLM).from_pretrained(model_dir, dtype=torch.bfloat16)
+
+
+def carry_over(source: Path, out: Path) -> list[str]:
+    """Copy, unchanged, every source tensor the saved model lacks (e.g. Qwen3.5's mtp.* layers, which transformers
+    does not load): an extra shard plus the index entries. Returns the names copied."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    have = read_checkpoint(out)
+    src = read_checkpoint(source)
+    have_modules = {n.rsplit(".", 1)[0] for n in have.tensors}
+    missing = [n for n in src.tensors if n not in have.tensors and n.rsplit(".", 1)[0] not in have_modules]
+    if not missing:
+        return []
+    tensors = {}
+    for name in missing:
+        with safe_open(source / src.tensors[name].file, "pt") as f:
+            tensors[name] = f.get_tensor(name)
+    extra = "model-carried-over.safetensors"
+    save_file(tensors, out / extra, metadata={"format": "pt"})
+    index_path = out / "model.safetensors.index.json"
+    if index_path.exists():
+        index = json.loads(index_path.read_text())
+    else:
+        index = {"metadata": {}, "weight_map": {n: t.file for n, t in have.tensors.items()}}
+    index["weight_map"].update(dict.fromkeys(missing, extra))
+    index_path.write_text(json.dumps(index, indent=2))
+    return missing
+
+
 def calibrate(recipe_name: str, model_dir: Path, out: Path, *, samples: int | None = None,
               seq_len: int | None = None) -> dict:
     import torch
     from llmcompressor import oneshot
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from scripts.build_calibration_corpus import build_samples
 
@@ -146,7 +185,7 @@ def calibrate(recipe_name: str, model_dir: Path, out: Path, *, samples: int | No
         raise CalibrateError(f"{model_dir} is already quantized ({source.quantization.get('quant_method')})")
     disable_pin_memory_without_cuda()
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    model = load_model(model_dir)
     layers = linear_layers(model, recipe)
     groups, ignore = config_groups(recipe, layers)
     cal = recipe.get("calibration", {})
@@ -169,6 +208,7 @@ def calibrate(recipe_name: str, model_dir: Path, out: Path, *, samples: int | No
                   "quantized_layers": len(layers), "group_sizes": sorted({g["weights"]["group_size"]
                                                                           for g in groups.values() if g["weights"].get("group_size")}),
                   "seconds": round(time.monotonic() - t0, 1), "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    provenance["carried_over_unquantized"] = len(carry_over(model_dir, out))
     (out / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
     check_dropped(read_checkpoint(out), source)
     return provenance

@@ -24,6 +24,7 @@ def make_record(variant="smollm2-bf16", tput_scale=1.0, ladder=None) -> dict:
     rec["samples"] = [{"mode": "fixed", "concurrency": 1, "requests": [s.to_json()]}]
     rec["summary"] = {"fixed": {"1": summarize([s])}}
     rec["startup_s"], rec["server_metrics"], rec["duration_s"] = 1.0, {"available": False}, 1.0
+    rec["model"] = {"model": "weights/x", "weight_bytes": 1000, "quantization": None}
     return rec
 
 

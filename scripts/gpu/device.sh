@@ -15,19 +15,23 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage
 case $step in
   stage)
-    mkdir -p $STAGE && cp -rv .gpu/part* .gpu/quant $STAGE/ 2>/dev/null; ls -la $STAGE; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    mkdir -p $STAGE && cp -rv .gpu/part* .gpu/quant .gpu/whl .gpu/gguf $STAGE/ 2>/dev/null; ls -la $STAGE; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
     python3 -c "import datasets; print('datasets', datasets.__version__)" 2>&1 | tail -1 ;;
   setup)
     t0=$(date +%s)
     mkdir -p $SITE && cat $STAGE/part? | xz -dc -T16 | (cd $SITE && tar xf -) || exit 1
-    mkdir -p $EXTRA && python3 -m pip install -q --no-index --no-deps --no-compile --target $EXTRA .gpu/whl/*.whl || exit 1
+    mkdir -p $EXTRA && python3 -m pip install -q --no-index --no-deps --no-compile --target $EXTRA $STAGE/whl/*.whl || exit 1
     # llm-compressor pins compressed-tensors 0.19, vLLM 0.17: its own folder, never on vLLM's path
     mkdir -p $QUANT && python3 -m pip install -q --no-index --no-deps --no-compile --target $QUANT $STAGE/quant/*.whl || exit 1
     PYTHONPATH=$SITE:$EXTRA python3 -c "import vllm; print('vllm', vllm.__version__)"
     echo "setup $(( $(date +%s) - t0 )) s" ;;
   bench)
-    export PYTHONPATH=$SITE:$EXTRA
+    export PYTHONPATH=$SITE:$EXTRA PYTHONFAULTHANDLER=1
+    if ls $STAGE/gguf/smollm2.gguf.part* >/dev/null 2>&1 && [ ! -f $STAGE/smollm2.gguf ]; then
+      cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
+    fi
+    export LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
     for v in "$@"; do
       echo "== $v $(date +%T)"
       if grep -q "^SOURCE=lever" "experiments/$v/config.env" && [ ! -d "$(sed -n 's/^MODEL=//p' experiments/$v/config.env)" ]; then
@@ -35,8 +39,11 @@ case $step in
       fi
       timeout 150 python3 -m scripts.download_weights --for-variant "$v" || { echo "weights for $v failed"; continue; }
       mkdir -p "$OUT/$v"
-      timeout 420 python3 -m scripts.bench_latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v" \
-        || echo "bench $v failed"
+      timeout 420 python3 -m scripts.bench_latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v"
+      rc=$?
+      if [ $rc = 124 ]; then  # hung: make every vLLM process dump its Python stacks (faulthandler) into the log
+        echo "bench $v timed out: stack dump in server.log"; pkill -ABRT -f "vllm.entrypoints" ; sleep 5
+      elif [ $rc != 0 ]; then echo "bench $v failed ($rc)"; fi
       { grep -hiE "marlin|machete|cutlass|kernel|quantiz|took|compil" .cache/bench-"$v".log | grep -v Route | tail -30
         echo "--- tail"; tail -30 .cache/bench-"$v".log; } > "$OUT/$v/server.log"
     done ;;
