@@ -37,7 +37,7 @@ case $step in
       if grep -q "^SOURCE=lever" "experiments/$v/config.env" && [ ! -d "$(sed -n 's/^MODEL=//p' experiments/$v/config.env)" ]; then
         PYTHONPATH=$QUANT:$EXTRA timeout 400 python3 -m scripts.llmcompressor_calibrate --variant "$v" 2>&1 | tail -5
       fi
-      timeout 150 python3 -m scripts.download_weights --for-variant "$v" || { echo "weights for $v failed"; continue; }
+      timeout 300 python3 -m scripts.download_weights --for-variant "$v" || { echo "weights for $v failed"; continue; }
       mkdir -p "$OUT/$v"
       timeout 420 python3 -m scripts.bench_latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v"
       rc=$?
