@@ -17,6 +17,7 @@ import argparse
 import concurrent.futures as cf
 import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,16 @@ def load_prompts(path: Path, limit: int | None = None) -> tuple[list[dict], dict
             raise BenchError(f"{path}: row {r.get('id')!r} needs messages and an integer max_tokens")
     info = {"prompt_set": path.name, "prompt_set_sha256": hashlib.sha256(raw).hexdigest(), "num_prompts": len(rows)}
     return rows, info
+
+
+KERNEL_LINE = re.compile(r"(Using \S+Kernel for \S+|Selected \S+Kernel for \S+|Using \S+ GDN prefill kernel)")
+
+
+def kernels_from_log(log: Path | None) -> list[str]:
+    """Kernel choices vLLM logged at start (e.g. 'Using MacheteLinearKernel for CompressedTensorsWNA16')."""
+    if not log or not log.exists():
+        return []
+    return sorted({m.group(1) for m in KERNEL_LINE.finditer(log.read_text(errors="replace"))})
 
 
 def model_facts(variant) -> dict:
@@ -144,6 +155,7 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
                         "temperature": 0, "warmup_requests": WARMUP_REQUESTS, "base_url": base_url}
     record["startup_s"] = server.startup_s if server else None
     record["model"] = model_facts(variant)
+    record["kernels"] = kernels_from_log(server.log_path if server else None)
     client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600)
     t_run = time.monotonic()
     model = args.served_model

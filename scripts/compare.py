@@ -27,9 +27,15 @@ def group_key(rec: dict) -> tuple[str, str]:
     return hardware_key(rec["hardware"]), rec["inputs"]["prompt_set_sha256"][:12]
 
 
-def baseline_of(variant: str, rec: dict, available: set[str]) -> str | None:
-    base = f"{rec['config']['BASE']}-bf16"
-    return base if base in available and base != variant else None
+def baseline_of(variant: str, members: dict[str, dict]) -> str | None:
+    """The BF16 root of the variant's PARENT chain within this comparable group (its reference variant)."""
+    seen, current = {variant}, members[variant]["config"].get("PARENT")
+    root = None
+    while current and current in members and current not in seen:
+        seen.add(current)
+        root = current
+        current = members[current]["config"].get("PARENT")
+    return root
 
 
 def speedups(rec: dict, ref: dict | None) -> dict[str, float | None]:
@@ -51,6 +57,8 @@ def quality_status(variant: str, config: dict[str, str], root: Path | None = Non
     reference, criteria = gate_for(variant, config, root)
     if reference is None:
         return "reference"
+    if config.get("SHAPE_PROXY") == "1":
+        return "n/a: shape proxy, speed only"
     v = verdict(criteria)
     bad = [c.name for c in criteria if c.status != "pass"]
     return v if v == "pass" else f"{v}: {', '.join(bad)}"
@@ -76,7 +84,7 @@ def build_report(records: dict[str, tuple[Path, dict]], quality: dict[str, str])
         for v, r in sorted(members.items()):
             parent = r["config"].get("PARENT")
             pref = members.get(parent) if parent else None
-            base = baseline_of(v, r, set(members))
+            base = baseline_of(v, members)
             vs_parent, vs_base = speedups(r, pref), speedups(r, members.get(base) if base else None)
             ladder = r["inputs"].get("ladder_id")
             refs = [x for x in (pref, members.get(base) if base else None) if x]

