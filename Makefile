@@ -109,8 +109,9 @@ compare: $(STAMP) ## newest records -> results/compare_<date>.md and .png (speed
 check: $(STAMP) ## validate every record under experiments/ and results/ against schemas/
 	$(PY) -m scripts.check_schemas
 
-test: $(STAMP) ## all tests, the real vLLM server included (< 20 min on 2 cores)
+test: $(STAMP) $(QSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor (< 20 min on 2 cores)
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(QPY) -m pytest tests/quant $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## unit tests only (seconds; no vLLM server)
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
