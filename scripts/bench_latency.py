@@ -119,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variant", help="variant name (with --ladder: a base model, e.g. smollm2)")
     p.add_argument("--ladder", action="store_true", help="measure every variant of this base back to back")
+    p.add_argument("--only", help="with --ladder: comma-separated variants to keep (the reference always stays)")
     p.add_argument("--base-url", help="measure a running server instead of starting one")
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated levels (default %(default)s)")
     p.add_argument("--modes", default=",".join(MODES), help="fixed,natural")
@@ -240,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.ladder:
         return run_variant(args.variant, args)
     names = ladder(args.variant)
+    if args.only:
+        keep = set(args.only.split(","))
+        names = [n for i, n in enumerate(names) if i == 0 or n in keep]
     if not names:
         print(f"error: no variant of base {args.variant!r} has its weights present", file=sys.stderr)
         return 1
