@@ -14,9 +14,6 @@ experiments/<variant>/latency_<YYYYMMDD-HHMMSS>.json atomically; a run with fail
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
-import hashlib
-import json
 import re
 import sys
 import time
@@ -24,13 +21,14 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
-from scripts.common.metrics import RequestSample, summarize
+from scripts.common.launch import parse_overrides, variant_server
+from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, run_level, stream_one
+from scripts.common.metrics import summarize
 from scripts.common.prom import scrape, server_counters
 from scripts.common.records import envelope, now_utc, write_record
 from scripts.common.server import Server, ServerError, is_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant
 
-DEFAULT_PROMPTS = paths.EVAL / "prompts" / "latency-v1.jsonl"
 DEFAULT_CONCURRENCY = "1,4,8"
 MODES = ("fixed", "natural")
 WARMUP_REQUESTS = 2
@@ -38,22 +36,6 @@ WARMUP_REQUESTS = 2
 
 class BenchError(RuntimeError):
     pass
-
-
-def load_prompts(path: Path, limit: int | None = None) -> tuple[list[dict], dict]:
-    if not path.exists():
-        raise BenchError(f"prompt set {path} does not exist")
-    raw = path.read_bytes()
-    rows = [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
-    if limit:
-        rows = rows[:limit]
-    if not rows:
-        raise BenchError(f"prompt set {path} is empty")
-    for r in rows:
-        if not r.get("messages") or not isinstance(r.get("max_tokens"), int):
-            raise BenchError(f"{path}: row {r.get('id')!r} needs messages and an integer max_tokens")
-    info = {"prompt_set": path.name, "prompt_set_sha256": hashlib.sha256(raw).hexdigest(), "num_prompts": len(rows)}
-    return rows, info
 
 
 KERNEL_LINE = re.compile(r"(Using \S+Kernel for \S+|Selected \S+Kernel for \S+|Using \S+ GDN prefill kernel)")
@@ -76,43 +58,6 @@ def model_facts(variant) -> dict:
     quant = report.quantization
     return {"model": model, "weight_bytes": report.total_bytes,
             "quantization": quant.get("quant_method") if quant else variant.resolved.get("SERVE_QUANTIZATION")}
-
-
-def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_cap: int | None) -> RequestSample:
-    max_tokens = min(row["max_tokens"], max_tokens_cap) if max_tokens_cap else row["max_tokens"]
-    start = time.perf_counter()
-    sample = RequestSample(prompt_id=row["id"], ok=False, start_s=start - t0, end_s=start - t0)
-    last = None
-    try:
-        stream = client.chat.completions.create(
-            model=model, messages=row["messages"], max_tokens=max_tokens, temperature=0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": mode == "fixed"},
-        )
-        for chunk in stream:
-            now = time.perf_counter()
-            if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].finish_reason is None):
-                if sample.ttft_s is None:
-                    sample.ttft_s = now - start
-                elif last is not None:
-                    sample.itl_s.append(now - last)
-                last = now
-            if chunk.usage:
-                sample.prompt_tokens = chunk.usage.prompt_tokens
-                sample.output_tokens = chunk.usage.completion_tokens
-        sample.ok = sample.output_tokens > 0
-        if not sample.ok:
-            sample.error = "no output tokens"
-    except Exception as e:  # noqa: BLE001 - every failure is recorded, never dropped
-        sample.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-    sample.end_s = time.perf_counter() - t0
-    return sample
-
-
-def run_level(client, model: str, rows: list[dict], mode: str, concurrency: int, cap: int | None) -> tuple[list, float]:
-    t0 = time.perf_counter()
-    with cf.ThreadPoolExecutor(concurrency) as ex:
-        samples = list(ex.map(lambda r: stream_one(client, model, r, mode, t0, cap), rows))
-    return samples, time.perf_counter() - t0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,33 +135,15 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
 
 def run_variant(name: str, args, ladder_id: str | None = None) -> int:
     """Measure one variant (starting its server unless --base-url) and write its record. Returns an exit code."""
-    from scripts.serve import make_server, parse_overrides
-
-    server = None
     try:
         variant = load_variant(name, overrides=parse_overrides(args.set))
         args.served_model = variant.resolved.get("SERVE_SERVED_MODEL_NAME", variant.name)
-        if args.base_url:
-            base_url = args.base_url.rstrip("/")
-            if not is_healthy(base_url):
-                raise BenchError(f"no healthy server at {base_url} (GET /health failed)")
-        else:
-            log = paths.ROOT / ".cache" / f"bench-{variant.name}.log"
-            log.parent.mkdir(exist_ok=True)
-            server = make_server(variant, host="127.0.0.1", port=args.port, api_key=None, log_path=log)
-            print(f"starting {variant.name}; server log {log}", flush=True)
-            server.start()
-            server.wait_healthy()
-            base_url = server.base_url
-            print(f"healthy after {server.startup_s:.1f} s", flush=True)
-        record = measure(args, variant, base_url, server)
+        with variant_server(variant, base_url=args.base_url, port=args.port, purpose="bench") as (base_url, server):
+            record = measure(args, variant, base_url, server)
         record["inputs"]["ladder_id"] = ladder_id
-    except (BenchError, VariantError, ServerError, CheckpointError, ValueError) as e:
+    except (BenchError, PromptSetError, VariantError, ServerError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    finally:
-        if server:
-            server.stop()
     path = write_record(record, args.out_dir or variant.path, "latency")
     print(f"wrote {paths.shown(path)} (status {record['status']})")
     if record["status"] != "ok":

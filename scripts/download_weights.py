@@ -105,7 +105,7 @@ def snapshot(repo_id: str, out: Path, partial: Path) -> dict:
 
 def materialize(source: str, name: str, *, force: bool = False) -> Path:
     """Build weights/<name> from `source` unless it is already there. Returns its path."""
-    from scripts.verify_checkpoint import verify
+    from scripts.common.checkpoint import verify
 
     dest = paths.WEIGHTS / name
     if dest.exists() and not force:

@@ -27,6 +27,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.corpus import CorpusError, load_corpus
+from scripts.common.launch import variant_server
 from scripts.common.metrics import parity_stats
 from scripts.common.records import envelope, write_record
 from scripts.common.server import ServerError
@@ -126,24 +127,10 @@ def topk_kl(ref: dict[int, float], var: dict[int, float]) -> float:
 
 
 def per_token_vllm(ref: Variant, var: Variant, chunks: list[list[int]], urls: dict[str, str | None], port: int):
-    from scripts.serve import make_server
-
     logprobs = {}
     for role, v in (("ref", ref), ("var", var)):
-        server = None
-        url = urls[role]
-        try:
-            if url is None:
-                log = paths.ROOT / ".cache" / f"parity-{v.name}.log"
-                log.parent.mkdir(exist_ok=True)
-                server = make_server(v, host="127.0.0.1", port=port, api_key=None, log_path=log)
-                server.start()
-                server.wait_healthy()
-                url = server.base_url
+        with variant_server(v, base_url=urls[role], port=port, purpose="parity") as (url, _):
             logprobs[role] = prompt_logprobs(url, v.resolved.get("SERVE_SERVED_MODEL_NAME", v.name), chunks)
-        finally:
-            if server:
-                server.stop()
     for chunk, lr, lv in zip(chunks, logprobs["ref"], logprobs["var"], strict=True):
         half = len(chunk) // 2
         kld, agree, nll_r, nll_v = [], [], [], []

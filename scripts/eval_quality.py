@@ -22,6 +22,7 @@ import time
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.corpus import dataset_cached
+from scripts.common.launch import variant_server
 from scripts.common.records import envelope, write_record
 from scripts.common.server import ServerError, is_healthy
 from scripts.common.variants import VariantError, load_variant
@@ -139,9 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.download_datasets:
         return download_datasets()
-    from scripts.serve import make_server
-
-    server = None
     try:
         variant = load_variant(args.variant)
         if variant.is_shape_proxy:
@@ -153,33 +151,19 @@ def main(argv: list[str] | None = None) -> int:
         limit = args.limit if args.limit is not None else PROFILES[args.profile]
         if isinstance(limit, float) and limit >= 1:
             limit = int(limit)
-        if args.base_url:
-            base_url = args.base_url.rstrip("/")
-            if not is_healthy(base_url):
-                raise EvalError(f"no healthy server at {base_url} (GET /health failed)")
-        else:
-            log = paths.ROOT / ".cache" / f"eval-{variant.name}.log"
-            log.parent.mkdir(exist_ok=True)
-            server = make_server(variant, host="127.0.0.1", port=args.port, api_key=None, log_path=log)
-            print(f"starting {variant.name}; server log {log}", flush=True)
-            server.start()
-            server.wait_healthy()
-            base_url = server.base_url
-        record = envelope("quality", variant, command=[sys.executable, "-m", "scripts.eval_quality", *sys.argv[1:]],
-                          server_command=server.argv if server else None)
-        t0 = time.monotonic()
-        try:
-            summary, samples = evaluate(variant, base_url, tasks, limit)
-        except Exception as e:  # noqa: BLE001 - lm-eval raises many types; the run failed as a whole
-            healthy = is_healthy(base_url)
-            raise EvalError(f"lm-eval failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
-                            + ("" if healthy else "; the server is no longer healthy")) from None
+        with variant_server(variant, base_url=args.base_url, port=args.port, purpose="eval") as (base_url, server):
+            record = envelope("quality", variant, command=[sys.executable, "-m", "scripts.eval_quality", *sys.argv[1:]],
+                              server_command=server.argv if server else None)
+            t0 = time.monotonic()
+            try:
+                summary, samples = evaluate(variant, base_url, tasks, limit)
+            except Exception as e:  # noqa: BLE001 - lm-eval raises many types; the run failed as a whole
+                healthy = is_healthy(base_url)
+                raise EvalError(f"lm-eval failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+                                + ("" if healthy else "; the server is no longer healthy")) from None
     except (EvalError, VariantError, ServerError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    finally:
-        if server:
-            server.stop()
     import lm_eval
 
     record["duration_s"] = round(time.monotonic() - t0, 1)

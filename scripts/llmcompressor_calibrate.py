@@ -177,7 +177,7 @@ def calibrate(recipe_name: str, model_dir: Path, out: Path, *, samples: int | No
     from llmcompressor import oneshot
     from transformers import AutoTokenizer
 
-    from scripts.build_calibration_corpus import build_samples
+    from scripts.common.corpus import build_samples
 
     recipe, recipe_sha = load_recipe(recipe_name)
     source = read_checkpoint(model_dir)
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             raise CalibrateError("give RECIPE --model DIR --out DIR, or --variant NAME")
         if args.out.exists():
             raise CalibrateError(f"{args.out} exists; remove it first (outputs are never overwritten)")
-        from scripts.verify_checkpoint import verify
+        from scripts.common.checkpoint import verify
 
         verify(args.model)  # a source that fails verification is refused before any work
         tmp = args.out.with_name(f".tmp-{args.out.name}")

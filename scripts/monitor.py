@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from openai import OpenAI
     from prometheus_client import Gauge, start_http_server
 
-    from scripts.bench_latency import DEFAULT_PROMPTS, load_prompts, run_level
+    from scripts.common.loadgen import DEFAULT_PROMPTS, load_prompts, run_level
 
     args = build_parser().parse_args(argv)
     if not is_healthy(args.base_url):

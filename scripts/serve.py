@@ -19,38 +19,11 @@ import time
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import CheckpointError, read_checkpoint
-from scripts.common.server import Server, ServerError
-from scripts.common.variants import Variant, VariantError, load_variant
-from scripts.common.vllm_cli import DEFAULT_HOST, DEFAULT_PORT, build_serve_argv, printable, vllm_flag_table
-
-
-def parse_overrides(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise VariantError(f"--set {item!r}: expected KEY=VALUE")
-        key, value = item.split("=", 1)
-        out[key.strip()] = value.strip()
-    return out
-
-
-def check_model_present(variant: Variant) -> None:
-    model = variant.resolved["MODEL"]
-    if not model.startswith("weights/"):
-        return
-    path = paths.ROOT / model
-    if not path.exists():
-        raise CheckpointError(f"{model} does not exist: run `make weights VARIANT={variant.name}` "
-                              f"(or `make calibrate VARIANT={variant.name}` for a lever-built variant)")
-    read_checkpoint(path)  # files present, config parses, shards whole; full checks: scripts.verify_checkpoint
-
-
-def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, log_path: Path | None = None) -> Server:
-    argv = build_serve_argv(variant, vllm_flag_table(), host=host, port=port, api_key=api_key)
-    check_model_present(variant)
-    url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    return Server(argv=argv, base_url=f"http://{url_host}:{port}", env=variant.env(), log_path=log_path)
+from scripts.common.checkpoint import CheckpointError
+from scripts.common.launch import make_server, parse_overrides
+from scripts.common.server import ServerError
+from scripts.common.variants import VariantError, load_variant
+from scripts.common.vllm_cli import DEFAULT_HOST, DEFAULT_PORT, printable
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,8 +18,10 @@ def test_unreachable_server_is_one_clear_error(capsys):
 
 def test_empty_prompt_set(tmp_path):
     (tmp_path / "p.jsonl").write_text("\n")
-    with pytest.raises(bench_latency.BenchError, match="is empty"):
-        bench_latency.load_prompts(tmp_path / "p.jsonl")
+    from scripts.common.loadgen import PromptSetError, load_prompts
+
+    with pytest.raises(PromptSetError, match="is empty"):
+        load_prompts(tmp_path / "p.jsonl")
 
 
 def test_bad_concurrency():

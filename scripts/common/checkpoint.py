@@ -188,3 +188,47 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+ROUND_TRIP_TEXT = "Hello, world! 1234 + 5678 = 6912. Ünïcödé ✓ 你好"
+
+
+def expected_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of the config's architecture, built on the meta device (no memory, no weights)."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    arch = (config.architectures or [None])[0]
+    cls = getattr(transformers, arch, None) if arch else None
+    with torch.device("meta"):
+        model = cls._from_config(config) if cls else transformers.AutoModelForCausalLM.from_config(config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def check_tokenizer(path: Path) -> str:
+    from transformers import AutoTokenizer
+
+    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok.encode(ROUND_TRIP_TEXT, add_special_tokens=False)
+    back = tok.decode(ids)
+    if back != ROUND_TRIP_TEXT:
+        raise CheckpointError(f"{path}: tokenizer does not round-trip: {ROUND_TRIP_TEXT!r} -> {back!r}")
+    has_template = bool(getattr(tok, "chat_template", None))
+    return f"tokenizer round-trips ({len(ids)} tokens), vocab {len(tok)}, chat template {'yes' if has_template else 'no'}"
+
+
+def verify(path: Path, *, source: Path | None = None, tokenizer: bool = True, shapes: bool = True) -> CheckpointReport:
+    report = read_checkpoint(path)
+    check_dtypes(report)
+    if shapes:
+        check_against_model(report, expected_shapes(path))
+    if source is not None:
+        check_dropped(report, read_checkpoint(source))
+    if tokenizer:
+        report.notes.append(check_tokenizer(path))
+    return report

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import platform
+import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,3 +98,40 @@ def load_corpus(name: str) -> Corpus:
     if name not in CORPORA:
         raise CorpusError(f"unknown corpus {name!r}; choose auto, {', '.join(CORPORA)}")
     return CORPORA[name]()
+
+
+def passages(text: str, min_chars: int) -> list[str]:
+    out, cur = [], ""
+    for para in text.split("\n\n"):
+        cur = f"{cur}\n\n{para}" if cur else para
+        if len(cur) >= min_chars:
+            out.append(cur)
+            cur = ""
+    return out
+
+
+def build_samples(tokenizer, n: int, seq_len: int, *, seed: int = 0, dataset: str | None = None):
+    """(datasets.Dataset with a `text` column, provenance dict)."""
+    import datasets
+
+    rng = random.Random(seed)
+    if dataset:
+        rows = datasets.load_dataset(dataset, split="train_sft" if "ultrachat" in dataset else "train")
+        idx = rng.sample(range(len(rows)), n)
+        chats = [rows[i]["messages"] for i in idx]
+        name = dataset
+    else:
+        corpus = cpython_docs()
+        pool = passages(corpus.text, min_chars=seq_len * 3)  # ~4 chars per token: enough text to fill seq_len
+        if len(pool) < n:
+            pool = pool * (n // len(pool) + 1)
+        rng.shuffle(pool)
+        chats = []
+        for p in pool[:n]:
+            cut = len(p) // 3
+            chats.append([{"role": "user", "content": p[:cut]}, {"role": "assistant", "content": p[cut:]}])
+        name = f"{corpus.name} ({corpus.sha256[:12]})"
+    texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in chats]
+    digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
+    info = {"corpus": name, "samples": n, "seq_len": seq_len, "seed": seed, "sha256": digest}
+    return datasets.Dataset.from_dict({"text": texts}), info

@@ -1,0 +1,66 @@
+"""Start a variant's vLLM server, or use one already running: what serve, bench, eval and parity share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError, read_checkpoint
+from scripts.common.server import Server, ServerError, is_healthy
+from scripts.common.variants import Variant, VariantError
+from scripts.common.vllm_cli import build_serve_argv, vllm_flag_table
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    """`--set KEY=VALUE` arguments → {KEY: VALUE}."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise VariantError(f"--set {item!r}: expected KEY=VALUE")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def check_model_present(variant: Variant) -> None:
+    model = variant.resolved["MODEL"]
+    if not model.startswith("weights/"):
+        return
+    path = paths.ROOT / model
+    if not path.exists():
+        raise CheckpointError(f"{model} does not exist: run `make weights VARIANT={variant.name}` "
+                              f"(or `make calibrate VARIANT={variant.name}` for a lever-built variant)")
+    read_checkpoint(path)  # files present, config parses, shards whole; full checks: scripts.verify_checkpoint
+
+
+def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, log_path: Path | None = None) -> Server:
+    """The variant's server, not started: flags checked against vLLM first, then the checkpoint."""
+    argv = build_serve_argv(variant, vllm_flag_table(), host=host, port=port, api_key=api_key)
+    check_model_present(variant)
+    url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return Server(argv=argv, base_url=f"http://{url_host}:{port}", env=variant.env(), log_path=log_path)
+
+
+@contextmanager
+def variant_server(variant: Variant, *, base_url: str | None, port: int, purpose: str) -> Iterator[tuple[str, Server | None]]:
+    """Yield (base_url, server): a healthy running server at base_url, or one started on 127.0.0.1:port (log in
+    .cache/<purpose>-<variant>.log) and stopped, whole process group, when the block exits."""
+    if base_url:
+        base_url = base_url.rstrip("/")
+        if not is_healthy(base_url):
+            raise ServerError(f"no healthy server at {base_url} (GET /health failed)")
+        yield base_url, None
+        return
+    log = paths.ROOT / ".cache" / f"{purpose}-{variant.name}.log"
+    log.parent.mkdir(exist_ok=True)
+    server = make_server(variant, host="127.0.0.1", port=port, api_key=None, log_path=log)
+    print(f"starting {variant.name}; server log {log}", flush=True)
+    server.start()
+    try:
+        server.wait_healthy()
+        print(f"healthy after {server.startup_s:.1f} s", flush=True)
+        yield server.base_url, server
+    finally:
+        server.stop()

@@ -1,0 +1,71 @@
+"""Load generation shared by bench_latency and monitor: the versioned prompt set and streamed greedy requests."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.metrics import RequestSample
+
+DEFAULT_PROMPTS = paths.EVAL / "prompts" / "latency-v1.jsonl"
+
+
+class PromptSetError(ValueError):
+    pass
+
+
+def load_prompts(path: Path, limit: int | None = None) -> tuple[list[dict], dict]:
+    if not path.exists():
+        raise PromptSetError(f"prompt set {path} does not exist")
+    raw = path.read_bytes()
+    rows = [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
+    if limit:
+        rows = rows[:limit]
+    if not rows:
+        raise PromptSetError(f"prompt set {path} is empty")
+    for r in rows:
+        if not r.get("messages") or not isinstance(r.get("max_tokens"), int):
+            raise PromptSetError(f"{path}: row {r.get('id')!r} needs messages and an integer max_tokens")
+    info = {"prompt_set": path.name, "prompt_set_sha256": hashlib.sha256(raw).hexdigest(), "num_prompts": len(rows)}
+    return rows, info
+
+
+def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_cap: int | None) -> RequestSample:
+    max_tokens = min(row["max_tokens"], max_tokens_cap) if max_tokens_cap else row["max_tokens"]
+    start = time.perf_counter()
+    sample = RequestSample(prompt_id=row["id"], ok=False, start_s=start - t0, end_s=start - t0)
+    last = None
+    try:
+        stream = client.chat.completions.create(
+            model=model, messages=row["messages"], max_tokens=max_tokens, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": mode == "fixed"},
+        )
+        for chunk in stream:
+            now = time.perf_counter()
+            if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].finish_reason is None):
+                if sample.ttft_s is None:
+                    sample.ttft_s = now - start
+                elif last is not None:
+                    sample.itl_s.append(now - last)
+                last = now
+            if chunk.usage:
+                sample.prompt_tokens = chunk.usage.prompt_tokens
+                sample.output_tokens = chunk.usage.completion_tokens
+        sample.ok = sample.output_tokens > 0
+        if not sample.ok:
+            sample.error = "no output tokens"
+    except Exception as e:  # noqa: BLE001 - every failure is recorded, never dropped
+        sample.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    sample.end_s = time.perf_counter() - t0
+    return sample
+
+
+def run_level(client, model: str, rows: list[dict], mode: str, concurrency: int, cap: int | None) -> tuple[list, float]:
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(concurrency) as ex:
+        samples = list(ex.map(lambda r: stream_one(client, model, r, mode, t0, cap), rows))
+    return samples, time.perf_counter() - t0
