@@ -93,7 +93,7 @@ def scores(results: dict) -> tuple[dict, list]:
     for task, items in results.get("samples", {}).items():
         for it in items:
             samples.append({"task": task, "doc_id": it.get("doc_id"), "target": str(it.get("target"))[:200],
-                            "response": str(it.get("filtered_resps"))[:500],
+                            "response": str(it.get("filtered_resps"))[:500], "raw": str(it.get("resps"))[:500],
                             "metrics": {m: it[m] for m in it.get("metrics", []) if m in it}})
     return summary, samples
 
