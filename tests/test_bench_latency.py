@@ -58,3 +58,29 @@ def test_failed_requests_are_counted_not_dropped(embedded_server, tmp_path):
     assert code == 1 and rec["status"] == "failed" and "requests failed" in rec["failure"]
     assert rec["summary"]["fixed"]["1"]["failed"] == 4
     assert check_schemas.check_file(path) == []
+
+
+@pytest.mark.slow
+def test_chat_latency_turns(embedded_server, tmp_path):
+    from scripts import bench_chat_latency
+
+    out = tmp_path / "chat.json"
+    assert bench_chat_latency.main([embedded_server.variant, "--base-url", embedded_server.base_url, "--turns", "3",
+                                    "--max-tokens", "8", "--out", str(out)]) == 0
+    turns = json.loads(out.read_text())["turns"]
+    assert [t["turn"] for t in turns] == [1, 2, 3]
+    assert turns[2]["prompt_tokens"] > turns[0]["prompt_tokens"], "history is not resent"
+    assert all(t["ttft_ms"] > 0 for t in turns)
+
+
+@pytest.mark.slow
+def test_monitor_one_probe_exports_gauges(embedded_server, capsys):
+    from scripts import monitor
+    from scripts.common.server import http_get
+
+    port = free_port()
+    assert monitor.main([embedded_server.variant, "--base-url", embedded_server.base_url, "--batch", "2",
+                         "--probes", "1", "--every", "0", "--port", str(port)]) == 0
+    assert "probe 1:" in capsys.readouterr().out
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200 and b'variant_lab_output_throughput{variant="smollm2-bf16"}' in body
