@@ -26,9 +26,9 @@ def test_every_committed_variant_loads_on_both_targets():
 
 
 def test_layering_platform_then_file_then_override(tmp_path):
-    write_variant(tmp_path, "x-bf16", "MODEL=weights/x\nBASE=x\nSERVE_ENFORCE_EAGER=0\n")
+    write_variant(tmp_path, "x-bf16", "MODEL=weights/x\nBASE=x\nSERVE_DTYPE=float16\n")
     v = load_variant("x-bf16", root=tmp_path, target="cpu", overrides={"SERVE_MAX_NUM_SEQS": "4"})
-    assert v.resolved["SERVE_ENFORCE_EAGER"] == "0"  # file beats platform default
+    assert v.resolved["SERVE_DTYPE"] == "float16" != PLATFORM_DEFAULTS["cpu"]["SERVE_DTYPE"]  # file beats platform
     assert v.resolved["ENV_VLLM_CPU_KVCACHE_SPACE"] == PLATFORM_DEFAULTS["cpu"]["ENV_VLLM_CPU_KVCACHE_SPACE"]
     assert v.serve_settings()["max-num-seqs"] == "4"
     assert v.env() == {"VLLM_CPU_KVCACHE_SPACE": PLATFORM_DEFAULTS["cpu"]["ENV_VLLM_CPU_KVCACHE_SPACE"]}
