@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from scripts.common.loadgen import openai_client
 from scripts.common.prom import scrape, server_counters
 from scripts.common.server import is_healthy
 
@@ -39,13 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from openai import OpenAI
 
     args = build_parser().parse_args(argv)
     if not is_healthy(args.base_url):
         print(f"error: no healthy server at {args.base_url}", file=sys.stderr)
         return 1
-    client = OpenAI(base_url=f"{args.base_url}/v1", api_key="unused", max_retries=0, timeout=600)
+    client = openai_client(args.base_url)
     before = scrape(args.base_url)
     history, turns = [], []
     for i in range(args.turns):

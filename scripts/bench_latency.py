@@ -22,7 +22,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.launch import parse_overrides, variant_server
-from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, run_level, stream_one
+from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, openai_client, run_level, stream_one
 from scripts.common.metrics import summarize
 from scripts.common.prom import scrape, server_counters
 from scripts.common.records import envelope, now_utc, write_record
@@ -88,7 +88,6 @@ def parse_levels(text: str) -> list[int]:
 
 
 def measure(args, variant, base_url: str, server: Server | None) -> dict:
-    from openai import OpenAI
 
     rows, info = load_prompts(args.prompts, args.limit)
     modes = [m for m in args.modes.split(",") if m]
@@ -102,7 +101,7 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
     record["startup_s"] = server.startup_s if server else None
     record["model"] = model_facts(variant)
     record["kernels"] = kernels_from_log(server.log_path if server else None)
-    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600)
+    client = openai_client(base_url)
     t_run = time.monotonic()
     model = args.served_model
     for row in rows[:WARMUP_REQUESTS]:

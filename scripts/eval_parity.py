@@ -28,6 +28,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.corpus import CorpusError, load_corpus
 from scripts.common.launch import variant_server
+from scripts.common.loadgen import openai_client
 from scripts.common.metrics import parity_stats
 from scripts.common.records import envelope, write_record
 from scripts.common.server import ServerError
@@ -100,9 +101,8 @@ def per_token_transformers(ref_dir: str, var_dir: str, chunks: list[list[int]]):
 
 def prompt_logprobs(base_url: str, model: str, chunks: list[list[int]]) -> list[list[dict[int, float]]]:
     """vLLM's top-K prompt logprobs (plus the actual token) for every position of every chunk."""
-    from openai import OpenAI
 
-    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600)
+    client = openai_client(base_url)
     out = []
     for chunk in chunks:
         r = client.completions.create(model=model, prompt=chunk, max_tokens=1, temperature=0,

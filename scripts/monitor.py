@@ -63,10 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from openai import OpenAI
     from prometheus_client import Gauge, start_http_server
 
-    from scripts.common.loadgen import DEFAULT_PROMPTS, load_prompts, run_level
+    from scripts.common.loadgen import DEFAULT_PROMPTS, load_prompts, openai_client, run_level
 
     args = build_parser().parse_args(argv)
     if not is_healthy(args.base_url):
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         ("median_tpot_ms", "probe median TPOT (ms)"), ("failed_requests", "failed probe requests"),
         ("spec_decode_acceptance_rate", "accepted / draft tokens during the probe"))}
     start_http_server(args.port, addr="127.0.0.1")
-    client = OpenAI(base_url=f"{args.base_url}/v1", api_key="unused", max_retries=0, timeout=600)
+    client = openai_client(args.base_url)
     n = 0
     while not args.probes or n < args.probes:
         before = scrape(args.base_url)

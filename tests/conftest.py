@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from scripts.common import paths
-from scripts.common.server import group_pids, is_healthy
+from scripts.common.server import group_pids
 
 EMBEDDED_VARIANT = paths.DEFAULT_VARIANT
 # tests/quant needs llm-compressor, which lives in .venv-quant (`make test` runs it there)
@@ -59,11 +59,6 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout_s: fl
     raise TimeoutError(f"no {pattern!r} in {log} after {timeout_s} s")
 
 
-def stop_serve(proc: subprocess.Popen, engine_pid: int) -> None:
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=90)
-
-
 @pytest.fixture(scope="session")
 def embedded_server(embedded_weights, tmp_path_factory) -> RunningServer:
     """`python -m scripts.serve smollm2-bf16` on a free port; stopped by SIGTERM at the end of the session.
@@ -89,7 +84,8 @@ def embedded_server(embedded_weights, tmp_path_factory) -> RunningServer:
                            engine_pid=int(m.group(2)), startup_s=float(m.group(3)), log=engine_log)
     yield server
     if proc.poll() is None:
-        stop_serve(proc, server.engine_pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
     assert not group_pids(server.engine_pid), "vLLM processes left after scripts.serve stopped"
 
 
@@ -103,5 +99,3 @@ def hf_reference(embedded_weights):
     model = AutoModelForCausalLM.from_pretrained(embedded_weights, dtype=torch.bfloat16).eval()
     return model, tok
 
-
-__all__ = ["RunningServer", "free_port", "is_healthy", "stop_serve", "wait_for_line"]

@@ -26,9 +26,9 @@ TIE_NATS = 0.5
 
 
 def client(server):
-    from openai import OpenAI
+    from scripts.common.loadgen import openai_client
 
-    return OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server.base_url, timeout=120)
 
 
 def chat_ids(server, prompt: str) -> tuple[list[int], list[int], str]:

@@ -53,7 +53,7 @@ def variant_server(variant: Variant, *, base_url: str | None, port: int, purpose
             raise ServerError(f"no healthy server at {base_url} (GET /health failed)")
         yield base_url, None
         return
-    log = paths.ROOT / ".cache" / f"{purpose}-{variant.name}.log"
+    log = paths.CACHE / f"{purpose}-{variant.name}.log"
     log.parent.mkdir(exist_ok=True)
     server = make_server(variant, host="127.0.0.1", port=port, api_key=None, log_path=log)
     print(f"starting {variant.name}; server log {log}", flush=True)

@@ -18,6 +18,13 @@ class PromptSetError(ValueError):
     pass
 
 
+def openai_client(base_url: str, timeout: float = 600):
+    """OpenAI client for an OpenAI-compatible server at base_url (no retries: every failure is counted)."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{base_url.rstrip('/')}/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
 def load_prompts(path: Path, limit: int | None = None) -> tuple[list[dict], dict]:
     if not path.exists():
         raise PromptSetError(f"prompt set {path} does not exist")

@@ -8,6 +8,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"
 WEIGHTS = ROOT / "weights"
 RESULTS = ROOT / "results"
+CACHE = ROOT / ".cache"  # flag tables and server logs (gitignored)
 SCHEMAS = ROOT / "schemas"
 EVAL = ROOT / "eval"
 

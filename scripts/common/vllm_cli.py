@@ -17,7 +17,7 @@ from scripts.common.variants import Variant, VariantError
 
 FlagTable = dict[str, str]  # "--max-num-seqs" -> "value" | "switch" | "multi"
 
-CACHE = paths.ROOT / ".cache"
+CACHE = paths.CACHE
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 
