@@ -3,27 +3,35 @@
 # Run from the repo root there, one step per `device run` call, calls back to back (the machine's /root survives only
 # while it stays warm). Results go to $OUT (at most 8 files come back).
 #
-#   bash scripts/gpu/device.sh stage            # copy the carried .gpu/part* (and .gpu/*.gguf.part*) to /root/stage
-#   bash scripts/gpu/device.sh setup            # unpack vLLM 0.26 to /root/site, extra wheels to /root/extra
+#   bash scripts/gpu/device.sh recv             # append the carried .gpu/xfer/c?? chunk(s) to /root/stage/payload.tar
+#   bash scripts/gpu/device.sh setup            # check the payload (.gpu/xfer.sha256), unpack vLLM 0.26, wheels, weights
 #   bash scripts/gpu/device.sh bench V [V ...]  # build weights if needed, serve and measure each variant (c=1,8)
 #
-# Build the bundle here first: shared/tools/gpu-bundle.sh .gpu/bundle (see scripts/gpu/README.md).
+# Build the payload here first (scripts/gpu/README.md): the vLLM bundle, wheels, the embedded GGUF and any CPU-built
+# checkpoints, as one tar cut into 60 MiB chunks, one chunk per call.
 set -uo pipefail
 step=${1:?step}; shift
 export PYTHONUNBUFFERED=1 VLLM_TARGET=cuda TRITON_CACHE_AUTOTUNING=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage
 case $step in
-  stage)
-    mkdir -p $STAGE && cp -rv .gpu/part* .gpu/quant .gpu/whl .gpu/gguf $STAGE/ 2>/dev/null; ls -la $STAGE; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-    python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
-    python3 -c "import datasets; print('datasets', datasets.__version__)" 2>&1 | tail -1 ;;
+  recv)
+    mkdir -p $STAGE && for c in .gpu/xfer/c*; do cat "$c" >> $STAGE/payload.tar && echo "got $c"; done
+    ls -la $STAGE ;;
   setup)
     t0=$(date +%s)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
+    want=$(awk '{print $1}' .gpu/xfer.sha256 | tr -d '\n' | sha256sum | cut -c1-16)
+    got=$(split -b 60M -d -a 2 --filter='sha256sum | cut -c1-64' $STAGE/payload.tar | tr -d '\n' | sha256sum | cut -c1-16)
+    [ "$want" = "$got" ] || { echo "payload damaged or incomplete ($got != $want)"; exit 1; }
+    (cd $STAGE && tar xf payload.tar && rm payload.tar) || exit 1
+    [ -d $STAGE/weights ] && cp -r $STAGE/weights/. weights/
     mkdir -p $SITE && cat $STAGE/part? | xz -dc -T16 | (cd $SITE && tar xf -) || exit 1
     mkdir -p $EXTRA && python3 -m pip install -q --no-index --no-deps --no-compile --target $EXTRA $STAGE/whl/*.whl || exit 1
-    # llm-compressor pins compressed-tensors 0.19, vLLM 0.17: its own folder, never on vLLM's path
-    mkdir -p $QUANT && python3 -m pip install -q --no-index --no-deps --no-compile --target $QUANT $STAGE/quant/*.whl || exit 1
+    if ls $STAGE/quant/*.whl >/dev/null 2>&1; then  # llm-compressor pins compressed-tensors 0.19, vLLM 0.17: own folder
+      mkdir -p $QUANT && python3 -m pip install -q --no-index --no-deps --no-compile --target $QUANT $STAGE/quant/*.whl || exit 1
+    fi
     PYTHONPATH=$SITE:$EXTRA python3 -c "import vllm; print('vllm', vllm.__version__)"
     echo "setup $(( $(date +%s) - t0 )) s" ;;
   bench)
@@ -39,13 +47,15 @@ case $step in
       fi
       timeout 300 python3 -m scripts.download_weights --for-variant "$v" || { echo "weights for $v failed"; continue; }
       mkdir -p "$OUT/$v"
-      timeout 420 python3 -m scripts.bench_latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v"
-      rc=$?
-      if [ $rc = 124 ]; then  # hung: make every vLLM process dump its Python stacks (faulthandler) into the log
-        echo "bench $v timed out: stack dump in server.log"; pkill -ABRT -f "vllm.entrypoints" ; sleep 5
-      elif [ $rc != 0 ]; then echo "bench $v failed ($rc)"; fi
-      { grep -hiE "marlin|machete|cutlass|kernel|quantiz|took|compil" .cache/bench-"$v".log | grep -v Route | tail -30
-        echo "--- tail"; tail -30 .cache/bench-"$v".log; } > "$OUT/$v/server.log"
+      # A start that hangs (seen once with a tiny Llama) gets its Python stacks dumped (faulthandler, SIGABRT) into the
+      # server log before the bench is stopped; BENCH_LIMIT seconds per variant.
+      python3 -m scripts.bench_latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v" & pid=$!
+      ( sleep "${BENCH_LIMIT:-420}"; kill -0 $pid 2>/dev/null || exit 0; echo "bench $v hung: dumping stacks"
+        pkill -ABRT -f "vllm|VLLM|spawn_main"; sleep 5; kill $pid ) & dog=$!
+      wait $pid; rc=$?; kill $dog 2>/dev/null
+      [ $rc != 0 ] && echo "bench $v failed ($rc)"
+      { grep -hiE "marlin|machete|cutlass|kernel|backend|quantiz|took|compil" .cache/bench-"$v".log | grep -v Route | tail -40
+        echo "--- tail"; tail -${LOG_TAIL:-40} .cache/bench-"$v".log; } > "$OUT/$v/server.log"
     done ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
