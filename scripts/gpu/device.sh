@@ -3,7 +3,8 @@
 # Run from the repo root there, one step per `device run` call, calls back to back (the machine's /root survives only
 # while it stays warm). Results go to $OUT (at most 8 files come back).
 #
-#   bash scripts/gpu/device.sh recv             # append the carried .gpu/xfer/c?? chunk(s) to /root/stage/payload.tar
+#   bash scripts/gpu/device.sh recv             # move the carried .gpu/xfer/c?? chunk to /root/stage (carried paths
+#                                               # stay in the machine's tree between calls: moving avoids repeats)
 #   bash scripts/gpu/device.sh setup            # check the payload (.gpu/xfer.sha256), unpack vLLM 0.26, wheels, weights
 #   bash scripts/gpu/device.sh bench V [V ...]  # build weights if needed, serve and measure each variant (c=1,8)
 #
@@ -16,16 +17,15 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage
 case $step in
   recv)
-    mkdir -p $STAGE && for c in .gpu/xfer/c*; do cat "$c" >> $STAGE/payload.tar && echo "got $c"; done
-    ls -la $STAGE ;;
+    mkdir -p $STAGE && mv -v .gpu/xfer/c* $STAGE/ && rm -f $STAGE/payload.tar; ls $STAGE ;;
   setup)
     t0=$(date +%s)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
     want=$(awk '{print $1}' .gpu/xfer.sha256 | tr -d '\n' | sha256sum | cut -c1-16)
-    got=$(split -b 60M -d -a 2 --filter='sha256sum | cut -c1-64' $STAGE/payload.tar | tr -d '\n' | sha256sum | cut -c1-16)
-    [ "$want" = "$got" ] || { echo "payload damaged or incomplete ($got != $want)"; exit 1; }
-    (cd $STAGE && tar xf payload.tar && rm payload.tar) || exit 1
+    got=$(cd $STAGE && sha256sum c?? | awk '{print $1}' | tr -d '\n' | sha256sum | cut -c1-16)
+    [ "$want" = "$got" ] || { echo "payload damaged or incomplete ($got != $want)"; ls $STAGE; exit 1; }
+    (cd $STAGE && cat c?? | tar xf - && rm c??) || exit 1
     [ -d $STAGE/weights ] && cp -r $STAGE/weights/. weights/
     mkdir -p $SITE && cat $STAGE/part? | xz -dc -T16 | (cd $SITE && tar xf -) || exit 1
     mkdir -p $EXTRA && python3 -m pip install -q --no-index --no-deps --no-compile --target $EXTRA $STAGE/whl/*.whl || exit 1
