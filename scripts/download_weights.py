@@ -83,8 +83,11 @@ def convert_gguf(gguf: Path, out: Path) -> dict:
         raise DownloadError(f"{gguf}: carries no chat template")
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    return {"gguf": gguf.name, "gguf_sha256": sha256_file(gguf),
-            "package": f"{paths.EMBEDDED_PACKAGE}=={importlib.metadata.version(paths.EMBEDDED_PACKAGE)}",
+    try:
+        package = f"{paths.EMBEDDED_PACKAGE}=={importlib.metadata.version(paths.EMBEDDED_PACKAGE)}"
+    except importlib.metadata.PackageNotFoundError:  # LAB_EMBEDDED_GGUF: the file travelled without its package
+        package = f"{paths.EMBEDDED_PACKAGE} (not installed; file from LAB_EMBEDDED_GGUF, identified by gguf_sha256)"
+    return {"gguf": gguf.name, "gguf_sha256": sha256_file(gguf), "package": package,
             "conversion": "transformers GGUF loader, dequantize=True, saved as bfloat16",
             "transformers": importlib.metadata.version("transformers")}
 
