@@ -31,9 +31,11 @@ def git_state(root: Path = paths.ROOT) -> dict[str, Any]:
         r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
         return r.stdout.strip() if r.returncode == 0 else ""
 
+    if os.environ.get("LAB_GIT_COMMIT"):  # a copy of the tree (the GPU machine): the caller names the commit it copied
+        return {"commit": os.environ["LAB_GIT_COMMIT"], "dirty": os.environ.get("LAB_GIT_DIRTY") == "1"}
     commit = git("rev-parse", "HEAD")
-    if not commit:  # a copy of the tree without .git (the GPU machine): the caller passes the commit it copied
-        return {"commit": os.environ.get("LAB_GIT_COMMIT", "unknown"), "dirty": os.environ.get("LAB_GIT_DIRTY") == "1"}
+    if not commit:
+        return {"commit": "unknown", "dirty": True}
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     return {"commit": commit, "dirty": dirty}
 

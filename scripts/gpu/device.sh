@@ -51,7 +51,7 @@ case $step in
       # server log before the bench is stopped; BENCH_LIMIT seconds per variant.
       python3 -m scripts.bench_latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v" & pid=$!
       ( sleep "${BENCH_LIMIT:-420}"; kill -0 $pid 2>/dev/null || exit 0; echo "bench $v hung: dumping stacks"
-        pkill -ABRT -f "vllm|VLLM|spawn_main"; sleep 5; kill $pid ) & dog=$!
+        pkill -ABRT -f "vllm[.]entrypoints|VLLM::|vllm serve"; sleep 5; kill $pid ) & dog=$!
       wait $pid; rc=$?; kill $dog 2>/dev/null
       [ $rc != 0 ] && echo "bench $v failed ($rc)"
       { grep -hiE "marlin|machete|cutlass|kernel|backend|quantiz|took|compil" .cache/bench-"$v".log | grep -v Route | tail -40
