@@ -52,7 +52,7 @@ case $step in
       python3 -m scripts.bench_latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v" & pid=$!
       ( sleep "${BENCH_LIMIT:-420}"; kill -0 $pid 2>/dev/null || exit 0; echo "bench $v hung: dumping stacks"
         pkill -ABRT -f "vllm[.]entrypoints|VLLM::|vllm serve"; sleep 5; kill $pid ) & dog=$!
-      wait $pid; rc=$?; kill $dog 2>/dev/null
+      wait $pid; rc=$?; pkill -P $dog 2>/dev/null; kill $dog 2>/dev/null
       [ $rc != 0 ] && echo "bench $v failed ($rc)"
       { grep -hiE "marlin|machete|cutlass|kernel|backend|quantiz|took|compil" .cache/bench-"$v".log | grep -v Route | tail -40
         echo "--- tail"; tail -${LOG_TAIL:-40} .cache/bench-"$v".log; } > "$OUT/$v/server.log"
