@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import sys
 import time
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
-from scripts.common.corpus import CorpusError, load_corpus
+from scripts.common.corpus import EVAL_FRACTION, CorpusError, load_corpus
 from scripts.common.launch import variant_server
 from scripts.common.loadgen import openai_client
 from scripts.common.metrics import parity_stats
@@ -77,6 +78,17 @@ def make_chunks(token_ids: list[int], n_tokens: int, ctx: int) -> list[list[int]
         raise ParityError(f"corpus has {len(token_ids)} tokens: {available} chunks of {ctx}, need {n_chunks} to score "
                           f"{n_tokens} tokens; lower --tokens or --ctx")
     return [token_ids[i * ctx:(i + 1) * ctx] for i in range(n_chunks)]
+
+
+def check_held_out(corpus, ids: list[int], chunks: list[list[int]], tokenizer) -> None:
+    """Offline calibration samples cpython-docs after its first EVAL_FRACTION: scoring past it would grade a
+    quantized model on its own calibration text."""
+    if not corpus.name.startswith("cpython-"):
+        return
+    read = len(tokenizer.decode(ids[:sum(len(c) for c in chunks)]))
+    if read > len(corpus.text) * EVAL_FRACTION:
+        raise ParityError(f"--tokens/--ctx read {read} chars of {corpus.name}, past its first {EVAL_FRACTION:.0%} "
+                          f"held out from calibration; lower --tokens")
 
 
 def per_token_transformers(ref_dir: str, var_dir: str, chunks: list[list[int]]):
@@ -155,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--var-url", help="vllm backend: the variant's running server")
     p.add_argument("--port", type=int, default=8125)
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
+    p.add_argument("--model", help="score this checkpoint directory in the variant's place (a recipe sweep); the record "
+                                   "names it and carries its PROVENANCE.json")
     return p
 
 
@@ -162,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     t0 = time.monotonic()
     try:
-        var = load_variant(args.variant)
+        var = load_variant(args.variant, overrides={"MODEL": args.model} if args.model else None)
         ref = load_variant(args.reference or reference_of(var))
         for v in (var, ref):
             if v.is_shape_proxy:
@@ -176,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = AutoTokenizer.from_pretrained(ref.resolved.get("TOKENIZER", ref.model)).encode(
             corpus.text, add_special_tokens=False)
         chunks = make_chunks(ids, args.tokens, args.ctx)
+        check_held_out(corpus, ids, chunks, AutoTokenizer.from_pretrained(ref.resolved.get("TOKENIZER", ref.model)))
         if args.backend == "transformers":
             per_chunk = per_token_transformers(ref.model, var.model, chunks)
         else:
@@ -199,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
                         "backend": args.backend, "kl_method": "full distribution" if args.backend == "transformers"
                         else f"top-{TOP_K} + tail bucket (approximation)", **corpus.describe(),
                         "ctx": args.ctx, "chunks": len(chunks), "scored": "second half of each chunk"}
+    prov = Path(var.model) / "PROVENANCE.json"
+    if prov.exists():  # how the checkpoint was built: recipe, overrides, calibration corpus and hash
+        record["inputs"]["model_provenance"] = json.loads(prov.read_text())
     record["summary"] = {"parity": stats}
     record["samples"] = samples
     path = write_record(record, args.out_dir or var.path, "quality")

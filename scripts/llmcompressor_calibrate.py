@@ -34,8 +34,37 @@ DEFAULT_IGNORE = ["re:.*lm_head$", "re:.*mlp\\.gate$", "re:.*shared_expert_gate$
 MLP_TARGET = re.compile(r".*mlp\.(gate|up|down)_proj$")
 
 
+RECIPE_KEYS = ("algorithm", "scope", "weights", "input_activations", "ignore", "quantize_lm_head", "calibration",
+               "duo_scaling", "dampening_frac", "smoothing_strength")
+
+
 class CalibrateError(ValueError):
     pass
+
+
+def apply_overrides(recipe: dict, sets: list[str]) -> dict:
+    """`--set weights.group_size=32 --set scope=mlp`: dotted keys into the recipe, values parsed as YAML scalars."""
+    import copy
+
+    import yaml
+
+    out = copy.deepcopy(recipe)
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        parts = key.split(".")
+        if not sep or parts[0] not in RECIPE_KEYS or len(parts) > 2:
+            raise CalibrateError(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(RECIPE_KEYS)} "
+                                 f"(or KEY.FIELD for weights / calibration)")
+        value = yaml.safe_load(raw)
+        if len(parts) == 1:
+            out[key] = value
+        else:
+            if not isinstance(out.get(parts[0], {}), dict):
+                raise CalibrateError(f"--set {item!r}: {parts[0]} is not a mapping in this recipe")
+            out.setdefault(parts[0], {})[parts[1]] = value
+    if out.get("algorithm") not in ALGORITHMS:
+        raise CalibrateError(f"algorithm must be one of {ALGORITHMS}")
+    return out
 
 
 def load_recipe(name: str) -> tuple[dict, str]:
@@ -172,7 +201,7 @@ def carry_over(source: Path, out: Path) -> list[str]:
 
 
 def calibrate(recipe_name: str, model_dir: Path, out: Path, *, samples: int | None = None,
-              seq_len: int | None = None) -> dict:
+              seq_len: int | None = None, sets: list[str] | None = None) -> dict:
     import torch
     from llmcompressor import oneshot
     from transformers import AutoTokenizer
@@ -180,6 +209,7 @@ def calibrate(recipe_name: str, model_dir: Path, out: Path, *, samples: int | No
     from scripts.common.corpus import build_samples
 
     recipe, recipe_sha = load_recipe(recipe_name)
+    recipe = apply_overrides(recipe, sets or [])
     source = read_checkpoint(model_dir)
     if source.quantization:
         raise CalibrateError(f"{model_dir} is already quantized ({source.quantization.get('quant_method')})")
@@ -204,7 +234,8 @@ def calibrate(recipe_name: str, model_dir: Path, out: Path, *, samples: int | No
         if (model_dir / extra).exists() and not (out / extra).exists():
             shutil.copy(model_dir / extra, out / extra)
     provenance = {"source": paths.shown(model_dir),
-                  "recipe": recipe_name, "recipe_sha256": recipe_sha, "calibration": corpus_info,
+                  "recipe": recipe_name, "recipe_sha256": recipe_sha, "overrides": sets or [],
+                  "effective_recipe": recipe, "calibration": corpus_info,
                   "quantized_layers": len(layers), "group_sizes": sorted({g["weights"]["group_size"]
                                                                           for g in groups.values() if g["weights"].get("group_size")}),
                   "seconds": round(time.monotonic() - t0, 1), "device": "cuda" if torch.cuda.is_available() else "cpu"}
@@ -222,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", help="take recipe (CALIBRATE_RECIPE), source (PARENT's MODEL) and out (MODEL) from it")
     p.add_argument("--samples", type=int, help="override the recipe's calibration sample count")
     p.add_argument("--seq-len", type=int, help="override the recipe's calibration sequence length")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe field, e.g. weights.group_size=32, scope=mlp, weights.actorder=group "
+                        "(repeatable; a variant's CALIBRATE_SET holds the same, space-separated)")
     return p
 
 
@@ -237,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out = args.out or Path(v.model)
             args.samples = args.samples or (int(v.resolved["CALIBRATE_SAMPLES"]) if "CALIBRATE_SAMPLES" in v.resolved else None)
             args.seq_len = args.seq_len or (int(v.resolved["CALIBRATE_SEQ_LEN"]) if "CALIBRATE_SEQ_LEN" in v.resolved else None)
+            args.sets = v.resolved.get("CALIBRATE_SET", "").split() + args.sets
         if not (args.recipe and args.model and args.out):
             raise CalibrateError("give RECIPE --model DIR --out DIR, or --variant NAME")
         if args.out.exists():
@@ -247,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = args.out.with_name(f".tmp-{args.out.name}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            prov = calibrate(args.recipe, args.model, tmp, samples=args.samples, seq_len=args.seq_len)
+            apply_overrides(load_recipe(args.recipe)[0], args.sets)  # a bad --set fails before the model loads
+            prov = calibrate(args.recipe, args.model, tmp, samples=args.samples, seq_len=args.seq_len, sets=args.sets)
             verify(tmp)
             tmp.rename(args.out)
         finally:
