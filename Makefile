@@ -5,6 +5,7 @@ VARIANT ?= smollm2-bf16
 BASE ?= smollm2
 BENCH_ARGS ?=
 BACKEND ?= transformers
+SWEEP ?= eval/sweeps/smollm2-w4.yaml
 TASKS ?=
 # cpu | cuda: vLLM's CPU build where no nvidia-smi is found (scripts/common/variants.py::serving_target, same rule)
 VLLM_TARGET ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
@@ -23,7 +24,7 @@ QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant lock lock-quant calibrate download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity gate datasets compare check test test-fast lint clean
+.PHONY: help install install-quant lock lock-quant calibrate download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity sweep gate datasets compare check test test-fast lint clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -96,6 +97,9 @@ eval-smoke: weights ## lm-eval on VARIANT, 5 items per task (plumbing check)
 
 eval-parity: weights ## KL divergence / top-1 agreement / perplexity of VARIANT vs its reference (BACKEND=transformers|vllm)
 	$(PY) -m scripts.eval_parity $(VARIANT) --backend $(BACKEND)
+
+sweep: $(STAMP) $(QSTAMP) weights ## build and score every attempt of a recipe sweep (SWEEP=eval/sweeps/smollm2-w4.yaml)
+	$(PY) -m scripts.quant_sweep $(SWEEP)
 
 gate: $(STAMP) ## pass/fail of VARIANT's GATE_* tolerances from its newest quality records
 	$(PY) -m scripts.gate $(VARIANT)
