@@ -59,3 +59,31 @@ def test_cli_refuses_existing_output(tmp_path, capsys):
 def test_cli_refuses_a_source_that_fails_verification(tmp_path, capsys):
     assert cal.main(["int8-w8a8", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 1
     assert "no such checkpoint directory" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_set_overrides_nested_fields_without_touching_the_recipe():
+    recipe, _ = cal.load_recipe("gptq-w4a16")
+    out = cal.apply_overrides(recipe, ["weights.group_size=32", "weights.symmetric=false", "scope=mlp"])
+    assert out["weights"]["group_size"] == 32 and out["weights"]["symmetric"] is False and out["scope"] == "mlp"
+    assert recipe["weights"]["group_size"] == 128 and "scope" not in recipe  # a copy, not the loaded recipe
+
+
+@pytest.mark.parametrize("item, message", [
+    ("foo=1", "expected KEY=VALUE with KEY one of"),
+    ("weights.group_size", "expected KEY=VALUE"),
+    ("weights.a.b=1", "expected KEY=VALUE"),
+    ("scope.x=1", "scope is not a mapping"),
+    ("algorithm=magic", "algorithm must be one of"),
+])
+def test_bad_set_is_refused_with_one_line(item, message):
+    recipe, _ = cal.load_recipe("awq-w4a16-mlp")
+    with pytest.raises(cal.CalibrateError, match=message):
+        cal.apply_overrides(recipe, [item])
+
+
+def test_bad_set_fails_before_any_work(tmp_path, capsys):
+    src = paths.WEIGHTS / paths.EMBEDDED_NAME
+    if not src.exists():
+        pytest.skip("embedded weights not converted")
+    assert cal.main(["awq-w4a16", "--model", str(src), "--out", str(tmp_path / "o"), "--set", "bogus=1"]) == 1
+    assert "bogus=1" in capsys.readouterr().err and not (tmp_path / "o").exists()
