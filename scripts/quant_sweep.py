@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import read_checkpoint
+from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.gate import evaluate_gate
 from scripts.common.records import now_utc
 from scripts.common.variants import VariantError, load_variant
@@ -106,12 +106,15 @@ def summary_table(spec: dict, results: Path, settings: dict[str, str]) -> str:
         cal = prov.get("calibration")
         calibration = f"{cal['samples']}×{cal['seq_len']}" if cal else "none (RTN)"
         groups = "/".join(map(str, prov.get("group_sizes", []))) or "—"
-        ok = all(c.status == "pass" for c in evaluate_gate(gates, p, None, None))
-        mib = read_checkpoint(paths.resolve_model(rec["config"]["MODEL"])).total_bytes / 2**20
+        fails = [c.name.removeprefix("GATE_").lower() for c in evaluate_gate(gates, p, None, None) if c.status != "pass"]
+        try:
+            mib = f"{read_checkpoint(paths.resolve_model(rec['config']['MODEL'])).total_bytes / 2**20:.0f}"
+        except CheckpointError:  # weights/ is not in git: a fresh clone rewrites the table without sizes
+            mib = "—"
         lines.append(f"| {a['name']} | {prov.get('recipe', a['recipe'])} | {' '.join(prov.get('overrides', [])) or '—'} "
-                     f"| {calibration} | {groups} | {mib:.0f} | {p['mean_kld']:.4f} ± {p['mean_kld_se']:.4f} "
-                     f"| {p['top1_agreement']:.1%} | {p['ppl_ratio']:.3f} | {prov.get('seconds', '—')} "
-                     f"| {'pass' if ok else 'fail'} |")
+                     f"| {calibration} | {groups} | {mib} | {p['mean_kld']:.4f} ± {p['mean_kld_se']:.4f} "
+                     f"| {p['top1_agreement']:.2%} | {p['ppl_ratio']:.3f} | {prov.get('seconds', '—')} "
+                     f"| {'fail: ' + ', '.join(fails) if fails else 'pass'} |")
     missing = [a["name"] for a in spec["attempts"] if a not in [r[0] for r in rows]]
     if missing:
         lines += ["", f"No parity record (failed or not run): {', '.join(missing)}."]
