@@ -2,8 +2,9 @@
 
     python -m scripts.compare                      # writes results/compare_<YYYYMMDD>.md and .png
 
-Only records with status ok, taken on the same hardware and the same prompt set, are compared; the rest are listed as
-not comparable. A ratio is marked back-to-back only when both records come from one ladder run
+The newest record of each variant on each hardware and prompt set is used (a variant measured on a CPU and on a GPU
+appears in both tables). Only records with status ok are compared; a failed newest record is listed as not
+comparable. A ratio is marked back-to-back only when both records come from one ladder run
 (`make eval-latency-ladder`, same inputs.ladder_id); anything else is labelled as measured in separate runs.
 The quality column is the parity gate's verdict (scripts/common/gate.py): a variant that fails it or lacks the
 records to judge it is marked and never ranked as a winner.
@@ -18,7 +19,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.gate import gate_for, verdict
 from scripts.common.metrics import ratio
-from scripts.common.records import hardware_key, latest_records, now_utc
+from scripts.common.records import all_records, hardware_key, now_utc
 
 MODE = "fixed"  # speed is compared at fixed output length (ignore_eos)
 
@@ -64,12 +65,18 @@ def quality_status(variant: str, config: dict[str, str], root: Path | None = Non
     return v if v == "pass" else f"{v}: {', '.join(bad)}"
 
 
-def build_report(records: dict[str, tuple[Path, dict]], quality: dict[str, str]) -> tuple[str, list[dict]]:
-    ok = {v: r for v, (_, r) in records.items() if r["status"] == "ok" and MODE in r["summary"]}
-    excluded = [(v, r.get("failure") or f"no {MODE}-mode results") for v, (_, r) in records.items() if v not in ok]
+def build_report(records: list[tuple[Path, dict]], quality: dict[str, str]) -> tuple[str, list[dict]]:
+    newest: dict[tuple[str, str], dict[str, dict]] = {}  # group -> variant -> newest record there
+    for _, r in records:  # oldest first per variant: later ones replace earlier ones
+        newest.setdefault(group_key(r), {})[r["variant"]] = r
     groups: dict[tuple[str, str], dict[str, dict]] = {}
-    for v, r in ok.items():
-        groups.setdefault(group_key(r), {})[v] = r
+    excluded = []
+    for g, members in newest.items():
+        for v, r in members.items():
+            if r["status"] == "ok" and MODE in r["summary"]:
+                groups.setdefault(g, {})[v] = r
+            else:
+                excluded.append((f"{v} ({g[0]})", r.get("failure") or f"no {MODE}-mode results"))
     lines = [f"# Variant comparison ({now_utc():%Y-%m-%d})", "",
              f"Newest latency record per variant; mode `{MODE}` (every request generates exactly its max_tokens).",
              "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency.", ""]
@@ -139,11 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    records = latest_records("latency", args.experiments)
+    records = all_records("latency", args.experiments)
     if not records:
         print(f"error: no latency records under {args.experiments}; run `make eval-latency` first", file=sys.stderr)
         return 1
-    quality = {v: quality_status(v, r["config"], args.experiments) for v, (_, r) in records.items()}
+    quality = {r["variant"]: quality_status(r["variant"], r["config"], args.experiments) for _, r in records}
     text, rows = build_report(records, quality)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / f"compare_{now_utc():%Y%m%d}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import os
 
@@ -87,9 +88,22 @@ def test_compare_ratio_back_to_back_and_excludes_failed(tmp_path):
     bad["variant"], bad["status"], bad["failure"] = "smollm2-broken", "failed", "2 of 16 requests failed"
     for rec in (base, fast, bad):
         records.write_record(rec, exp / rec["variant"], "latency")
-    text, rows = compare.build_report(records.latest_records("latency", exp), quality={"smollm2-bf16": "reference", "smollm2-fast": "missing: GATE_MAX_MEAN_KLD"})
+    text, rows = compare.build_report(records.all_records("latency", exp), quality={"smollm2-bf16": "reference", "smollm2-fast": "missing: GATE_MAX_MEAN_KLD"})
     line = next(x for x in text.splitlines() if x.startswith("| smollm2-fast"))
     assert "| 2.00 |" in line and "| yes |" in line and "missing: GATE_MAX_MEAN_KLD (not rankable)" in line
-    assert "smollm2-broken: 2 of 16 requests failed" in text
+    assert "smollm2-broken (" in text and "2 of 16 requests failed" in text
     assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out")]) == 0
     assert list((tmp_path / "out").glob("compare_*.png"))
+
+
+def test_compare_keeps_each_hardware_newest_record(tmp_path):
+    """A variant measured on a CPU and later on a GPU appears in both tables, each with its own newest record."""
+    exp = tmp_path / "experiments"
+    cpu = make_record("smollm2-bf16", 1.0)
+    gpu = make_record("smollm2-bf16", 50.0)
+    gpu["hardware"]["gpu"] = {"name": "NVIDIA H100 80GB HBM3", "memory": "81559 MiB", "driver": "1", "count": 1}
+    records.write_record(cpu, exp / "smollm2-bf16", "latency", when=records.now_utc())
+    records.write_record(gpu, exp / "smollm2-bf16", "latency",
+                         when=records.now_utc() + dt.timedelta(seconds=5))
+    text, rows = compare.build_report(records.all_records("latency", exp), quality={"smollm2-bf16": "reference"})
+    assert "## NVIDIA H100 80GB HBM3 x1" in text and len([r for r in rows if r["variant"] == "smollm2-bf16"]) == 2

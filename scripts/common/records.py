@@ -133,6 +133,13 @@ def write_record(record: dict[str, Any], directory: Path, kind: str, *, when: dt
     return path
 
 
+def all_records(kind: str, root: Path | None = None) -> list[tuple[Path, dict]]:
+    """Every record of `kind` under root/<variant>/, oldest first per variant (file names sort by time)."""
+    root = root or paths.EXPERIMENTS
+    return [(f, json.loads(f.read_text())) for vdir in sorted(p for p in root.iterdir() if p.is_dir())
+            for f in sorted(vdir.glob(f"{kind}_*.json"))]
+
+
 def latest_records(kind: str, root: Path | None = None) -> dict[str, tuple[Path, dict]]:
     """Newest record of `kind` per variant (file names sort by time)."""
     root = root or paths.EXPERIMENTS
