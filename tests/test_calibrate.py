@@ -81,9 +81,6 @@ def test_bad_set_is_refused_with_one_line(item, message):
         cal.apply_overrides(recipe, [item])
 
 
-def test_bad_set_fails_before_any_work(tmp_path, capsys):
-    src = paths.WEIGHTS / paths.EMBEDDED_NAME
-    if not src.exists():
-        pytest.skip("embedded weights not converted")
-    assert cal.main(["awq-w4a16", "--model", str(src), "--out", str(tmp_path / "o"), "--set", "bogus=1"]) == 1
+def test_bad_set_fails_before_any_work(embedded_weights, tmp_path, capsys):
+    assert cal.main(["awq-w4a16", "--model", str(embedded_weights), "--out", str(tmp_path / "o"), "--set", "bogus=1"]) == 1
     assert "bogus=1" in capsys.readouterr().err and not (tmp_path / "o").exists()

@@ -113,26 +113,20 @@ def test_parity_refuses_different_tokenizers(monkeypatch):
     eval_parity.check_same_tokenizer(a, a)
 
 
-EMBEDDED = records.paths.WEIGHTS / records.paths.EMBEDDED_NAME
-needs_embedded = pytest.mark.skipif(not EMBEDDED.exists(), reason="embedded weights not converted")
-
-
-@needs_embedded
-def test_calibration_samples_never_contain_the_evaluated_text():
+def test_calibration_samples_never_contain_the_evaluated_text(embedded_weights):
     from transformers import AutoTokenizer
 
     from scripts.common.corpus import EVAL_FRACTION, build_samples, passages
 
     corpus = cpython_docs()
     evaluated = passages(corpus.text[:int(len(corpus.text) * EVAL_FRACTION)], min_chars=200)
-    ds, info = build_samples(AutoTokenizer.from_pretrained(EMBEDDED), 64, 256)
+    ds, info = build_samples(AutoTokenizer.from_pretrained(embedded_weights), 64, 256)
     joined = "\n".join(ds["text"])
     assert "held out for evaluation" in info["corpus"]
     assert not any(p[:200] in joined for p in evaluated[1:-1])  # the boundary passage may straddle the cut
 
 
-@needs_embedded
-def test_parity_refuses_to_read_past_the_held_out_text(capsys):
+def test_parity_refuses_to_read_past_the_held_out_text(embedded_weights, capsys):
     assert eval_parity.main(["smollm2-bf16", "--reference", "smollm2-bf16", "--corpus", "cpython-docs",
                              "--tokens", "16384"]) == 1
     assert "held out from calibration" in capsys.readouterr().err
