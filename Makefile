@@ -98,7 +98,7 @@ eval-smoke: weights ## lm-eval on VARIANT, 5 items per task (plumbing check)
 eval-parity: weights ## KL divergence / top-1 agreement / perplexity of VARIANT vs its reference (BACKEND=transformers|vllm)
 	$(PY) -m scripts.eval_parity $(VARIANT) --backend $(BACKEND)
 
-sweep: $(STAMP) $(QSTAMP) weights ## build and score every attempt of a recipe sweep (SWEEP=eval/sweeps/smollm2-w4.yaml)
+sweep: $(STAMP) $(QSTAMP) weights ## build and score every attempt of a recipe sweep file (SWEEP, eval/sweeps/*.yaml)
 	$(PY) -m scripts.quant_sweep $(SWEEP)
 
 gate: $(STAMP) ## pass/fail of VARIANT's GATE_* tolerances from its newest quality records

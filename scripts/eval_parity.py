@@ -187,10 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         corpus = load_corpus(args.corpus)
         from transformers import AutoTokenizer
 
-        ids = AutoTokenizer.from_pretrained(ref.resolved.get("TOKENIZER", ref.model)).encode(
-            corpus.text, add_special_tokens=False)
+        tokenizer = AutoTokenizer.from_pretrained(ref.resolved.get("TOKENIZER", ref.model))
+        ids = tokenizer.encode(corpus.text, add_special_tokens=False)
         chunks = make_chunks(ids, args.tokens, args.ctx)
-        check_held_out(corpus, ids, chunks, AutoTokenizer.from_pretrained(ref.resolved.get("TOKENIZER", ref.model)))
+        check_held_out(corpus, ids, chunks, tokenizer)
         if args.backend == "transformers":
             per_chunk = per_token_transformers(ref.model, var.model, chunks)
         else:

@@ -200,16 +200,16 @@ def carry_over(source: Path, out: Path) -> list[str]:
     return missing
 
 
-def calibrate(recipe_name: str, model_dir: Path, out: Path, *, samples: int | None = None,
-              seq_len: int | None = None, sets: list[str] | None = None) -> dict:
+def calibrate(recipe_name: str, recipe: dict, recipe_sha: str, model_dir: Path, out: Path, *,
+              samples: int | None = None, seq_len: int | None = None, sets: list[str] | None = None) -> dict:
+    """Quantize model_dir into out with `recipe` (already loaded and overridden; name, hash and overrides are
+    recorded in PROVENANCE.json)."""
     import torch
     from llmcompressor import oneshot
     from transformers import AutoTokenizer
 
     from scripts.common.corpus import build_samples
 
-    recipe, recipe_sha = load_recipe(recipe_name)
-    recipe = apply_overrides(recipe, sets or [])
     source = read_checkpoint(model_dir)
     if source.quantization:
         raise CalibrateError(f"{model_dir} is already quantized ({source.quantization.get('quant_method')})")
@@ -276,14 +276,16 @@ def main(argv: list[str] | None = None) -> int:
             raise CalibrateError("give RECIPE --model DIR --out DIR, or --variant NAME")
         if args.out.exists():
             raise CalibrateError(f"{args.out} exists; remove it first (outputs are never overwritten)")
+        recipe, recipe_sha = load_recipe(args.recipe)
+        recipe = apply_overrides(recipe, args.sets)  # a bad --set fails before the model loads
         from scripts.common.checkpoint import verify
 
         verify(args.model)  # a source that fails verification is refused before any work
         tmp = args.out.with_name(f".tmp-{args.out.name}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            apply_overrides(load_recipe(args.recipe)[0], args.sets)  # a bad --set fails before the model loads
-            prov = calibrate(args.recipe, args.model, tmp, samples=args.samples, seq_len=args.seq_len, sets=args.sets)
+            prov = calibrate(args.recipe, recipe, recipe_sha, args.model, tmp, samples=args.samples,
+                             seq_len=args.seq_len, sets=args.sets)
             verify(tmp)
             tmp.rename(args.out)
         finally:

@@ -75,6 +75,10 @@ def run_logged(cmd: list[str], log: Path) -> int:
         return subprocess.run(cmd, cwd=paths.ROOT, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
 
 
+def attempt_dir(spec: dict, attempt: dict) -> Path:
+    return paths.WEIGHTS / "sweep" / spec["name"] / attempt["name"]
+
+
 def scored_models(results: Path) -> dict[str, dict]:
     """Newest parity record per scored checkpoint (config MODEL) in the sweep's results folder."""
     out: dict[str, dict] = {}
@@ -85,18 +89,18 @@ def scored_models(results: Path) -> dict[str, dict]:
     return out
 
 
-def summary_table(spec: dict, results: Path, settings: dict[str, str]) -> str:
+def summary_table(spec: dict, source: str, reference: str, results: Path, settings: dict[str, str]) -> str:
     recs = scored_models(results)
     rows = []
     for a in spec["attempts"]:
-        rec = recs.get(paths.shown(paths.WEIGHTS / "sweep" / spec["name"] / a["name"]))
+        rec = recs.get(paths.shown(attempt_dir(spec, a)))
         if rec:
             rows.append((a, rec))
     rows.sort(key=lambda r: r[1]["summary"]["parity"]["mean_kld"])
     gates = {k: v for k, v in settings.items() if k.startswith("GATE_") and k != "GATE_MAX_TASK_DROP"}
-    lines = [f"# Sweep {spec['name']}: parity of each attempt with {spec['reference']}", "",
+    lines = [f"# Sweep {spec['name']}: parity of each attempt with {reference}", "",
              f"Variant {spec['variant']} (gate: {', '.join(f'{k}={v}' for k, v in gates.items())}); transformers path, "
-             f"full distributions. Built and scored by `python -m scripts.quant_sweep {spec['path']}`; one record per "
+             f"full distributions. Built and scored by `python -m scripts.quant_sweep {source}`; one record per "
              "attempt in this folder.", "",
              "| attempt | recipe | overrides | calibration | groups | weight MiB | mean KLD ± se | top-1 | PPL ratio | "
              "build s | gate |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -137,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         if "PARENT" not in variant.resolved:
             raise SweepError(f"{variant.name} has no PARENT to quantize")
         parent = load_variant(variant.resolved["PARENT"])
-        spec["reference"] = variant.resolved.get("GATE_REFERENCE", parent.name)
-        spec["path"] = paths.shown(args.sweep.resolve())
+        reference = variant.resolved.get("GATE_REFERENCE", parent.name)
         only = set(args.only.split(",")) if args.only else None
         if only and (unknown := only - {a["name"] for a in spec["attempts"]}):
             raise SweepError(f"--only: unknown attempt(s) {', '.join(sorted(unknown))}")
@@ -152,10 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     log = paths.CACHE / f"sweep-{spec['name']}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     failed = []
+    scored = scored_models(results)
     for a in spec["attempts"]:
         if args.summary_only or (only and a["name"] not in only):
             continue
-        out = paths.WEIGHTS / "sweep" / spec["name"] / a["name"]
+        out = attempt_dir(spec, a)
         t0 = time.monotonic()
         print(f"== {a['name']} ({a['recipe']} {' '.join(a.get('set', []))})", flush=True)
         if not out.exists():
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  build failed: see {paths.shown(log)}", flush=True)
                 failed.append(a["name"])
                 continue
-        if paths.shown(out) in scored_models(results):
+        if paths.shown(out) in scored:
             print("  already scored", flush=True)
             continue
         cmd = [sys.executable, "-m", "scripts.eval_parity", variant.name, "--model", paths.shown(out),
@@ -173,12 +177,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  parity failed: see {paths.shown(log)}", flush=True)
             failed.append(a["name"])
             continue
-        p = scored_models(results)[paths.shown(out)]["summary"]["parity"]
+        scored = scored_models(results)  # with the record just written
+        p = scored[paths.shown(out)]["summary"]["parity"]
         print(f"  KLD {p['mean_kld']:.4f}  top-1 {p['top1_agreement']:.1%}  PPL ratio {p['ppl_ratio']:.3f}  "
               f"({time.monotonic() - t0:.0f} s)", flush=True)
     summary = results / f"summary_{now_utc():%Y%m%d-%H%M%S}.md"
     tmp = summary.with_name(f".{summary.name}.tmp")
-    tmp.write_text(summary_table(spec, results, variant.resolved))
+    tmp.write_text(summary_table(spec, paths.shown(args.sweep.resolve()), reference, results, variant.resolved))
     tmp.replace(summary)
     print(f"wrote {paths.shown(summary)}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

@@ -138,14 +138,3 @@ def all_records(kind: str, root: Path | None = None) -> list[tuple[Path, dict]]:
     root = root or paths.EXPERIMENTS
     return [(f, json.loads(f.read_text())) for vdir in sorted(p for p in root.iterdir() if p.is_dir())
             for f in sorted(vdir.glob(f"{kind}_*.json"))]
-
-
-def latest_records(kind: str, root: Path | None = None) -> dict[str, tuple[Path, dict]]:
-    """Newest record of `kind` per variant (file names sort by time)."""
-    root = root or paths.EXPERIMENTS
-    out = {}
-    for vdir in sorted(p for p in root.iterdir() if p.is_dir()):
-        files = sorted(vdir.glob(f"{kind}_*.json"))
-        if files:
-            out[vdir.name] = (files[-1], json.loads(files[-1].read_text()))
-    return out
