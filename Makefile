@@ -24,7 +24,7 @@ QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant lock lock-quant calibrate download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity sweep gate datasets compare check test test-fast lint clean
+.PHONY: help install install-quant lock lock-quant calibrate download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -101,7 +101,10 @@ eval-parity: weights ## KL divergence / top-1 agreement / perplexity of VARIANT 
 sweep: $(STAMP) $(QSTAMP) weights ## build and score every attempt of a recipe sweep file (SWEEP, eval/sweeps/*.yaml)
 	$(PY) -m scripts.quant_sweep $(SWEEP)
 
-gate: $(STAMP) ## pass/fail of VARIANT's GATE_* tolerances from its newest quality records
+eval-identity: weights ## greedy token ids of VARIANT vs its reference at c=1 and 8, near-ties teacher-forced (speculative variants)
+	$(PY) -m scripts.eval_identity $(VARIANT)
+
+gate: $(STAMP) ## VARIANT's GATE_* criteria with one-sided 95% bounds: pass | fail | inconclusive (and what decides it)
 	$(PY) -m scripts.gate $(VARIANT)
 
 datasets: $(STAMP) ## cache the task datasets (MMLU-Pro, IFEval, GPQA-Diamond) and Wikitext-2 for offline use

@@ -1,27 +1,73 @@
-"""Compare variants from their newest latency records: speedup vs parent and vs the base model's BF16 variant.
+"""Compare variants: speed from their newest latency records, quality from the parity gate; name the fastest certified.
 
-    python -m scripts.compare                      # writes results/compare_<YYYYMMDD>.md and .png
+    python -m scripts.compare          # writes results/compare_<YYYYMMDD>.md, .png (throughput) and _pareto.png
 
 The newest record of each variant on each hardware and prompt set is used (a variant measured on a CPU and on a GPU
 appears in both tables). Only records with status ok are compared; a failed newest record is listed as not
 comparable. A ratio is marked back-to-back only when both records come from one ladder run
 (`make eval-latency-ladder`, same inputs.ladder_id); anything else is labelled as measured in separate runs.
-The quality column is the parity gate's verdict (scripts/common/gate.py): a variant that fails it or lacks the
-records to judge it is marked and never ranked as a winner.
+The gate column is the parity gate's verdict (scripts/common/gate.py) from the variant's quality records: only a
+variant whose every criterion passes is certified; the fastest certified variant is named per group at c=1 and at
+c=8 with the evidence line of each criterion, and inconclusive variants are listed with what would decide them.
+The Pareto plot puts each gated variant's speed over BF16 (x; c=1 and c=8 panels) against its mean KL divergence
+(y, log scale), marker by verdict, with the frontier (no other variant both faster and closer) drawn.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.gate import gate_for, verdict
+from scripts.common.gate import Criterion, GateError, gate_for, verdict
 from scripts.common.metrics import ratio
 from scripts.common.records import all_records, hardware_key, now_utc
+from scripts.common.variants import VariantError, load_variant
 
 MODE = "fixed"  # speed is compared at fixed output length (ignore_eos)
+LEVELS = ("1", "8")  # the concurrencies a winner is named at
+MARKERS = {"pass": ("o", "tab:green"), "inconclusive": ("s", "tab:orange"), "missing": ("D", "tab:gray"),
+           "fail": ("x", "tab:red")}
+
+
+@dataclass
+class Judged:
+    """A variant's gate verdict: reference | pass | inconclusive | missing | fail | n/a (shape proxy) | error."""
+    verdict: str
+    criteria: list[Criterion] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def certified(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def kld(self) -> float | None:
+        return next((c.value for c in self.criteria if c.name == "GATE_MAX_MEAN_KLD"), None)
+
+    def short(self) -> str:
+        if self.verdict in ("pass", "reference") or self.note:
+            return self.verdict + (f": {self.note}" if self.note else "")
+        return f"{self.verdict}: " + ", ".join(c.name for c in self.criteria if c.status != "pass")
+
+    def blocking(self) -> list[Criterion]:
+        return [c for c in self.criteria if c.status != "pass"]
+
+
+def judge(variant: str, config: dict[str, str], root: Path | None = None) -> Judged:
+    """The gate on the variant's current config.env (its tolerances today), else on the config its record carries."""
+    with contextlib.suppress(VariantError):
+        config = load_variant(variant, root=root).resolved
+    if config.get("SHAPE_PROXY") == "1":
+        return Judged("n/a", note="shape proxy, speed only")
+    try:
+        reference, criteria = gate_for(variant, config, root)
+    except GateError as e:
+        return Judged("error", note=str(e))
+    return Judged("reference") if reference is None else Judged(verdict(criteria), criteria)
 
 
 def group_key(rec: dict) -> tuple[str, str]:
@@ -53,19 +99,39 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
     return "—" if x is None else format(x, spec)
 
 
-def quality_status(variant: str, config: dict[str, str], root: Path | None = None) -> str:
-    """reference | pass | fail (…) | missing (…): the parity gate's verdict, for the quality column."""
-    reference, criteria = gate_for(variant, config, root)
-    if reference is None:
-        return "reference"
-    if config.get("SHAPE_PROXY") == "1":
-        return "n/a: shape proxy, speed only"
-    v = verdict(criteria)
-    bad = [c.name for c in criteria if c.status != "pass"]
-    return v if v == "pass" else f"{v}: {', '.join(bad)}"
+def winner_lines(group_rows: list[dict], judged: dict[str, Judged]) -> list[str]:
+    """The fastest certified variant at each level with its evidence, or why none is certified."""
+    lines = []
+    for level in LEVELS:
+        ranked = sorted((r for r in group_rows if r["vs_base"].get(level) is not None),
+                        key=lambda r: -r["vs_base"][level])
+        best = next((r for r in ranked if judged[r["variant"]].certified), None)
+        if best is None:
+            lines.append(f"**Fastest at certified parity, c={level}: none certified** "
+                         f"({len(ranked)} variant(s) with a BF16 reference measured here; why, fastest first:)")
+            for r in ranked:
+                j = judged[r["variant"]]
+                why = j.note or "; ".join(f"{c.status} {c.name}" for c in j.blocking())
+                lines.append(f"- {r['variant']} ({r['vs_base'][level]:.2f}×): {why}")
+        else:
+            lines.append(f"**Fastest at certified parity, c={level}: {best['variant']}** — "
+                         f"{best['vs_base'][level]:.2f}× {best['base']} ({best['tput'][level]:.1f} vs "
+                         f"{best['base_tput'][level]:.1f} output tok/s, back-to-back: {best['b2b']}). Evidence:")
+            lines += [f"- {c.line()}" for c in judged[best["variant"]].criteria]
+        lines.append("")
+    undecided = [r for r in group_rows if judged[r["variant"]].verdict in ("inconclusive", "missing")]
+    if undecided:
+        lines += ["Not yet decided (never counted as a pass), and what would decide them:", ""]
+        for r in undecided:
+            for c in judged[r["variant"]].blocking():
+                lines.append(f"- {r['variant']}: {c.status} {c.name}"
+                             + (f" = {c.value:.4g} [{c.lo:.4g}, {c.hi:.4g}]" if c.lo is not None else "")
+                             + f" — {c.decide or c.detail}")
+        lines.append("")
+    return lines
 
 
-def build_report(records: list[tuple[Path, dict]], quality: dict[str, str]) -> tuple[str, list[dict]]:
+def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) -> tuple[str, list[dict]]:
     newest: dict[tuple[str, str], dict[str, dict]] = {}  # group -> variant -> newest record there
     for _, r in records:  # oldest first per variant: later ones replace earlier ones
         newest.setdefault(group_key(r), {})[r["variant"]] = r
@@ -79,49 +145,56 @@ def build_report(records: list[tuple[Path, dict]], quality: dict[str, str]) -> t
                 excluded.append((f"{v} ({g[0]})", r.get("failure") or f"no {MODE}-mode results"))
     lines = [f"# Variant comparison ({now_utc():%Y-%m-%d})", "",
              f"Newest latency record per variant; mode `{MODE}` (every request generates exactly its max_tokens).",
-             "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency.", ""]
+             "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency. Gate = the parity",
+             "gate's verdict from the variant's quality records (`make gate VARIANT=…`: one-sided 95% bounds; only",
+             "`pass` is certified, `inconclusive` and `missing` never count as a pass).", ""]
     rows = []
     for (hw, prompts), members in sorted(groups.items()):
         levels = sorted({int(c) for r in members.values() for c in r["summary"][MODE]})
-        winners: list[tuple[float, str]] = []
         lines += [f"## {hw} — prompt set {prompts}", "",
                   "| variant | parent | weights MiB | KV tokens | " + " | ".join(f"tok/s c={c}" for c in levels)
-                  + " | " + " | ".join(f"× parent c={c}" for c in levels) + " | × BF16 c=1 | back-to-back | quality |",
-                  "|" + " --- |" * (4 + 2 * len(levels) + 3)]
+                  + " | " + " | ".join(f"× parent c={c}" for c in levels)
+                  + " | " + " | ".join(f"× BF16 c={c}" for c in LEVELS) + " | back-to-back | gate |",
+                  "|" + " --- |" * (4 + 2 * len(levels) + len(LEVELS) + 2)]
+        group_rows = []
         for v, r in sorted(members.items()):
             parent = r["config"].get("PARENT")
             pref = members.get(parent) if parent else None
             base = baseline_of(v, members)
-            vs_parent, vs_base = speedups(r, pref), speedups(r, members.get(base) if base else None)
+            bref = members.get(base) if base else None
+            vs_parent, vs_base = speedups(r, pref), speedups(r, bref)
             ladder = r["inputs"].get("ladder_id")
-            refs = [x for x in (pref, members.get(base) if base else None) if x]
+            refs = [x for x in (pref, bref) if x]
             b2b = "yes" if refs and ladder and all(x["inputs"].get("ladder_id") == ladder for x in refs) else (
                 "—" if not refs else "no (separate runs)")
-            q = quality.get(v, "missing")
-            q = q if q in ("pass", "reference") else f"{q} (not rankable)"
             tput = [r["summary"][MODE].get(str(c), {}).get("output_throughput") for c in levels]
             wb = (r.get("model") or {}).get("weight_bytes")
             kv = r.get("server_metrics", {}).get("kv_cache_tokens")
             lines.append(f"| {v}{' (shape proxy)' if r.get('shape_proxy') else ''} | {parent or '—'} | "
                          f"{fmt(wb / 2**20 if wb else None, '.0f')} | {kv or '—'} | "
                          + " | ".join(fmt(t, '.1f') for t in tput) + " | "
-                         + " | ".join(fmt(vs_parent.get(str(c))) for c in levels)
-                         + f" | {fmt(vs_base.get('1'))} | {b2b} | {q} |")
-            rows.append({"group": (hw, prompts), "variant": v, "levels": levels, "throughput": tput})
-            if q == "pass" and vs_base.get("1") is not None:
-                winners.append((vs_base["1"], v))
-        best = max(winners, default=None)
-        lines += ["", f"Fastest at parity (c=1, vs BF16): **{best[1]}** ({best[0]:.2f}×)" if best else
-                  "Fastest at parity: none yet (no variant passes its gate with a BF16 reference in this group)", ""]
+                         + " | ".join(fmt(vs_parent.get(str(c))) for c in levels) + " | "
+                         + " | ".join(fmt(vs_base.get(c)) for c in LEVELS) + f" | {b2b} | {judged[v].short()} |")
+            row = {"group": (hw, prompts), "variant": v, "levels": levels, "throughput": tput, "vs_base": vs_base,
+                   "base": base, "b2b": b2b,
+                   "tput": {c: r["summary"][MODE].get(c, {}).get("output_throughput") for c in LEVELS},
+                   "base_tput": {c: (bref or {}).get("summary", {}).get(MODE, {}).get(c, {}).get("output_throughput")
+                                 for c in LEVELS}}
+            rows.append(row)
+            if base:
+                group_rows.append(row)
+        lines += [""] + winner_lines(group_rows, judged)
     if excluded:
         lines += ["## Not comparable", ""] + [f"- {v}: {why}" for v, why in excluded] + [""]
     return "\n".join(lines), rows
 
 
-def plot(rows: list[dict], out: Path) -> None:
-    import matplotlib
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points no other point beats on both axes (higher speed, lower KLD), sorted by speed."""
+    return sorted(p for p in points if not any(q != p and q[0] >= p[0] and q[1] <= p[1] for q in points))
 
-    matplotlib.use("Agg")
+
+def plot_throughput(rows: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups = sorted({r["group"] for r in rows})
@@ -137,6 +210,45 @@ def plot(rows: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
+def plot_pareto(rows: list[dict], judged: dict[str, Judged], out: Path) -> bool:
+    """Speed over BF16 vs mean KLD per hardware group (rows) and concurrency (columns). False if nothing to draw."""
+    import matplotlib.pyplot as plt
+
+    usable = [r for r in rows if judged[r["variant"]].kld and r["vs_base"]]
+    groups = sorted({r["group"] for r in usable})
+    if not groups:
+        return False
+    fig, axes = plt.subplots(len(groups), len(LEVELS), figsize=(6 * len(LEVELS), 4.5 * len(groups)), squeeze=False)
+    for gi, g in enumerate(groups):
+        for li, level in enumerate(LEVELS):
+            ax = axes[gi, li]
+            pts = [(r["vs_base"][level], judged[r["variant"]].kld, r["variant"]) for r in usable
+                   if r["group"] == g and r["vs_base"].get(level)]
+            if not pts:
+                ax.set_title(f"{g[0][:48]} — c={level}: not measured")
+                ax.axis("off")
+                continue
+            for x, y, v in pts:
+                marker, color = MARKERS.get(judged[v].verdict, ("^", "black"))
+                ax.scatter(x, y, marker=marker, color=color, s=50,
+                           label=judged[v].verdict if judged[v].verdict not in ax.get_legend_handles_labels()[1] else None)
+                ax.annotate(v, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+            front = pareto_front([(x, y) for x, y, _ in pts])
+            if front:
+                ax.plot([p[0] for p in front], [p[1] for p in front], "--o", mfc="none", ms=12, color="tab:blue", alpha=0.5,
+                        label="frontier")
+            ax.axvline(1.0, color="gray", lw=0.8, ls="--")
+            ax.set_yscale("log")
+            ax.set(title=f"{g[0][:48]} — c={level}", xlabel="output tok/s × BF16",
+                   ylabel="mean KL divergence vs reference (nats, log)")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return True
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiments", type=Path, default=paths.EXPERIMENTS)
@@ -150,15 +262,23 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"error: no latency records under {args.experiments}; run `make eval-latency` first", file=sys.stderr)
         return 1
-    quality = {r["variant"]: quality_status(r["variant"], r["config"], args.experiments) for _, r in records}
-    text, rows = build_report(records, quality)
+    judged = {r["variant"]: judge(r["variant"], r["config"], args.experiments) for _, r in records}
+    text, rows = build_report(records, judged)
+    import matplotlib
+
+    matplotlib.use("Agg")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / f"compare_{now_utc():%Y%m%d}"
-    stem.with_suffix(".md").write_text(text + "\n")
+    written = [stem.with_suffix(".md")]
     if rows:
-        plot(rows, stem.with_suffix(".png"))
+        plot_throughput(rows, stem.with_suffix(".png"))
+        written.append(stem.with_suffix(".png"))
+        pareto = stem.with_name(stem.name + "_pareto.png")
+        if plot_pareto(rows, judged, pareto):
+            written.append(pareto)
+    stem.with_suffix(".md").write_text(text + "\n")
     print(text)
-    print(f"wrote {stem}.md" + (f" and {stem}.png" if rows else ""))
+    print("wrote " + ", ".join(paths.shown(p) for p in written))
     return 0
 
 

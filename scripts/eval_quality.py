@@ -15,6 +15,7 @@ experiments/<variant>/quality_<YYYYMMDD-HHMMSS>.json only when the whole evaluat
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ import time
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.corpus import dataset_cached
+from scripts.common.gate import main_metric
 from scripts.common.launch import variant_server
 from scripts.common.records import envelope, write_record
 from scripts.common.server import ServerError, is_healthy
@@ -78,49 +80,71 @@ def lm_eval_run(model_type: str, model_args: dict, tasks: list[str], limit, chat
     )
 
 
-def scores(results: dict) -> tuple[dict, list]:
-    """lm-eval's results → {task: {metric: value, metric_stderr: se, n: samples}} and trimmed per-item samples."""
-    summary, samples = {}, []
+ITEM_ID_FIELDS = ("id", "key", "question_id")  # a dataset's own stable id, where it has one
+
+
+def item_id(sample: dict) -> str:
+    """A stable id of one lm-eval item: the dataset's own id field, else the hash lm-eval takes of the document."""
+    doc = sample.get("doc") or {}
+    own = next((doc[f] for f in ITEM_ID_FIELDS if isinstance(doc.get(f), (str, int))), None)
+    return str(own) if own is not None else sample["doc_hash"]
+
+
+def scores(results: dict) -> tuple[dict, dict, list]:
+    """lm-eval's results → ({task: {metric: value, metric_stderr: se, n: samples}}, {task: version, item-set hash,
+    main metric}, per-item samples keyed by a stable item id with the main metric's score)."""
+    summary, meta, samples = {}, {}, []
     for task, metrics in results["results"].items():
         entry = {}
         for key, value in metrics.items():
             if "," not in key or not isinstance(value, (int, float)):
                 continue
             metric, _filter = key.split(",", 1)
-            entry[metric.replace("_stderr", "_stderr")] = value if value == value else None  # NaN -> None
+            entry[metric] = value if value == value else None  # NaN -> None
         entry["n"] = results.get("n-samples", {}).get(task, {}).get("effective")
         summary[task] = entry
     for task, items in results.get("samples", {}).items():
+        metric = main_metric(summary[task])
+        ids = []
         for it in items:
-            samples.append({"task": task, "doc_id": it.get("doc_id"), "target": str(it.get("target"))[:200],
-                            "response": str(it.get("filtered_resps"))[:500], "raw": str(it.get("resps"))[:500],
+            iid = item_id(it)
+            ids.append(f"{iid}:{it.get('doc_hash')}")
+            samples.append({"task": task, "doc_id": it.get("doc_id"), "item_id": iid, "doc_hash": it.get("doc_hash"),
+                            "score": float(it[metric]) if metric in it else None,
+                            "target": str(it.get("target"))[:200], "response": str(it.get("filtered_resps"))[:200],
                             "metrics": {m: it[m] for m in it.get("metrics", []) if m in it}})
-    return summary, samples
+        if len(set(ids)) != len(ids):
+            raise EvalError(f"{task}: item ids are not unique; the gate could not pair its items")
+        meta[task] = {"version": str(results.get("versions", {}).get(task)), "metric": metric, "n": len(ids),
+                      "items_sha256": hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()}
+    return summary, meta, samples
 
 
-def evaluate(variant, base_url: str, tasks: list[str], limit) -> tuple[dict, list]:
+def evaluate(variant, base_url: str, tasks: list[str], limit) -> tuple[dict, dict, list]:
     served = variant.resolved.get("SERVE_SERVED_MODEL_NAME", variant.name)
     tokenizer = variant.resolved.get("TOKENIZER", variant.model)
     common = {"model": served, "num_concurrent": CONCURRENT, "max_retries": 2, "timeout": 600}
     max_gen = variant.resolved.get("EVAL_MAX_GEN_TOKS")
     if max_gen:
         common["max_gen_toks"] = int(max_gen)
-    summary, samples = {}, []
+    summary, meta, samples = {}, {}, []
     ll = [t for t in tasks if t in LOGLIKELIHOOD_TASKS]
     gen = [t for t in tasks if t not in LOGLIKELIHOOD_TASKS]
     if ll:
         args = {**common, "base_url": f"{base_url}/v1/completions", "tokenizer_backend": "huggingface",
                 "tokenizer": tokenizer, "max_length": int(variant.resolved.get("SERVE_MAX_MODEL_LEN", 2048))}
-        s, x = scores(lm_eval_run("local-completions", args, ll, limit, chat=False))
+        s, m, x = scores(lm_eval_run("local-completions", args, ll, limit, chat=False))
         summary.update(s)
+        meta.update(m)
         samples += x
     if gen:
         args = {**common, "base_url": f"{base_url}/v1/chat/completions", "tokenizer_backend": "none",
                 "tokenized_requests": False}
-        s, x = scores(lm_eval_run("local-chat-completions", args, gen, limit, chat=True))
+        s, m, x = scores(lm_eval_run("local-chat-completions", args, gen, limit, chat=True))
         summary.update(s)
+        meta.update(m)
         samples += x
-    return summary, samples
+    return summary, meta, samples
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                               server_command=server.argv if server else None)
             t0 = time.monotonic()
             try:
-                summary, samples = evaluate(variant, base_url, tasks, limit)
+                summary, meta, samples = evaluate(variant, base_url, tasks, limit)
             except Exception as e:  # noqa: BLE001 - lm-eval raises many types; the run failed as a whole
                 healthy = is_healthy(base_url)
                 raise EvalError(f"lm-eval failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
@@ -169,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     record["duration_s"] = round(time.monotonic() - t0, 1)
     record["inputs"] = {"kind": "lm-eval", "tasks": tasks, "profile": args.profile, "limit": limit,
                         "plumbing": all(t.startswith(PLUMBING_TAG) for t in tasks), "lm_eval": lm_eval.__version__,
+                        "task_meta": meta,
                         "base_url": base_url, "offline": os.environ.get("HF_DATASETS_OFFLINE") == "1"}
     record["summary"] = {"tasks": summary}
     record["samples"] = samples

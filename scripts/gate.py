@@ -1,9 +1,10 @@
-"""Print the parity gate's verdict for a variant from its newest quality records.
+"""Print the parity gate's verdict for a variant: each criterion with its estimate, interval and verdict.
 
-    python -m scripts.gate smollm2-int8          # `make gate VARIANT=smollm2-int8`
+    python -m scripts.gate smollm2-int8sq          # `make gate VARIANT=smollm2-int8sq`
 
-Tolerances are the variant's GATE_* keys (scripts/common/gate.py). Exit 0 when every criterion passes, 1 when any
-fails or has no record to judge it.
+Tolerances are the variant's GATE_* keys; evidence is its newest quality records (scripts/common/gate.py explains the
+intervals: one-sided 95% bounds, paired item by item for lm-eval tasks). Exit 0 when every criterion passes, 1 when
+any fails, is inconclusive or has no record to judge it, 2 on records the gate refuses to compare or unknown keys.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scripts.common.gate import gate_for, verdict
+from scripts.common.gate import GateError, gate_for, verdict
 from scripts.common.variants import VariantError, load_variant
 
 
@@ -25,14 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         variant = load_variant(args.variant)
-    except VariantError as e:
+        reference, criteria = gate_for(variant.name, variant.resolved)
+    except (VariantError, GateError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    reference, criteria = gate_for(variant.name, variant.resolved)
+        return 2
     if reference is None:
         print(f"{variant.name} is a reference variant (no PARENT / GATE_REFERENCE): nothing to gate")
         return 0
-    print(f"{variant.name} vs {reference}:")
+    print(f"{variant.name} vs {reference} (value [one-sided 95% bounds]):")
     for c in criteria:
         print(f"  {c.line()}")
     result = verdict(criteria)

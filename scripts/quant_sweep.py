@@ -22,7 +22,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
-from scripts.common.gate import evaluate_gate
+from scripts.common.gate import parity_criteria
 from scripts.common.records import now_utc
 from scripts.common.variants import VariantError, load_variant
 
@@ -110,7 +110,8 @@ def summary_table(spec: dict, source: str, reference: str, results: Path, settin
         cal = prov.get("calibration")
         calibration = f"{cal['samples']}×{cal['seq_len']}" if cal else "none (RTN)"
         groups = "/".join(map(str, prov.get("group_sizes", []))) or "—"
-        fails = [c.name.removeprefix("GATE_").lower() for c in evaluate_gate(gates, p, None, None) if c.status != "pass"]
+        fails = [f"{c.name.removeprefix('GATE_').lower()} ({c.status})" for c in parity_criteria(gates, rec)
+                 if c.status != "pass"]
         try:
             mib = f"{read_checkpoint(paths.resolve_model(rec['config']['MODEL'])).total_bytes / 2**20:.0f}"
         except CheckpointError:  # weights/ is not in git: a fresh clone rewrites the table without sizes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 
 import pytest
@@ -48,56 +49,168 @@ def test_plumbing_data_is_generated_by_the_committed_script():
         assert (make_plumbing_tasks.DATA / name).read_text() == text, f"{name}: run python -m scripts.make_plumbing_tasks"
 
 
-PASS_PARITY = {"mean_kld": 0.01, "top1_agreement": 0.95, "ppl_ratio": 1.01}
-SETTINGS = {"PARENT": "x-bf16", "GATE_MAX_MEAN_KLD": "0.05", "GATE_MIN_TOP1": "0.9", "GATE_MAX_PPL_RATIO": "1.05",
-            "GATE_MAX_TASK_DROP": "2"}
+# ---- the gate's statistics, checked against hand-computed answers (scripts/common/gate.py)
+BINARY_CASES = [
+    # n, ref-only right b, variant-only right c; Agresti-Min: pb=(b+.5)/(n+2), pc=(c+.5)/(n+2), d=pb-pc,
+    # se=sqrt((pb+pc-d^2)/(n+2)), bounds d -/+ 1.6449 se (points), verdict at a 2-point tolerance
+    (700, 35, 35, -1.9743, 1.9743, "pass"),  # pb=pc=35.5/702=.050570; se=sqrt(.10114/702)=.012003
+    (100, 10, 0, 4.6994, 14.9084, "fail"),  # pb=10.5/102=.102941 pc=.004902 d=.098039 se=sqrt(.098231/102)=.031033
+    (50, 2, 2, -7.0731, 7.0731, "inconclusive"),  # pb=pc=2.5/52=.048077 se=sqrt(.096154/52)=.043001
+    (5, 0, 0, -23.4979, 23.4979, "inconclusive"),  # five agreeing items never prove parity: se=sqrt((1/7)/7)=.142857
+]
 
 
-def test_gate_passes():
-    crit = gate_lib.evaluate_gate(SETTINGS, PASS_PARITY, {"t": {"acc": 0.50, "n": 10}}, {"t": {"acc": 0.51, "n": 10}})
-    assert gate_lib.verdict(crit) == "pass" and len(crit) == 4
+def paired_lists(n: int, b: int, c: int) -> tuple[list[int], list[int]]:
+    return [1] * b + [0] * c + [1] * (n - b - c), [0] * b + [1] * c + [1] * (n - b - c)
 
 
-@pytest.mark.parametrize("parity, var_acc, failing", [
-    ({**PASS_PARITY, "mean_kld": 0.151}, 0.50, "GATE_MAX_MEAN_KLD"),
-    ({**PASS_PARITY, "top1_agreement": 0.81}, 0.50, "GATE_MIN_TOP1"),
-    ({**PASS_PARITY, "ppl_ratio": 1.17}, 0.50, "GATE_MAX_PPL_RATIO"),
-    (PASS_PARITY, 0.40, "GATE_MAX_TASK_DROP[t]"),
+@pytest.mark.parametrize("n, b, c, lo, hi, status", BINARY_CASES)
+def test_paired_drop_by_hand(n, b, c, lo, hi, status):
+    p = gate_lib.paired_drop(*paired_lists(n, b, c))
+    assert (p.lo * 100, p.hi * 100) == (pytest.approx(lo, abs=1e-3), pytest.approx(hi, abs=1e-3))
+    assert p.drop == pytest.approx((b - c) / n) and (p.ref_only, p.var_only) == (b, c)
+    assert gate_lib.decide(p.lo * 100, p.hi * 100, 2.0, "max") == status
+
+
+def test_items_to_decide_by_hand():
+    # 50 items, 2+2 discordant: sd = sqrt(pb+pc-d^2) = sqrt(.096154) = .31009; n+2 = (1.6449 x .31009 / .02)^2 = 650.4
+    assert gate_lib.paired_drop(*paired_lists(50, 2, 2)).items_to_decide(0.02) == 649
+    # the rule of thumb: 10% disagreement, no drop -> about 700 items
+    assert 600 < gate_lib.paired_drop(*paired_lists(700, 35, 35)).items_to_decide(0.02) < 700
+
+
+def test_paired_drop_non_binary_scores():
+    # differences .5, 0, 0, 0: mean .125, sd = sqrt((.375^2 + 3 x .125^2) / 3) = .25, half-width 1.6449 x .25 / 2
+    p = gate_lib.paired_drop([1, 0.5, 1, 0], [0.5, 0.5, 1, 0])
+    assert p.drop == pytest.approx(0.125) and p.lo == pytest.approx(0.125 - 0.20561, abs=1e-4)
+    assert p.hi == pytest.approx(0.125 + 0.20561, abs=1e-4) and p.method.startswith("paired Wald")
+    with pytest.raises(ValueError):
+        gate_lib.paired_drop([1], [1, 0])
+
+
+def test_cluster_mean_by_hand():
+    # two chunks .1 and .3 of equal size: mean .2, var = 2/1 x (.1^2 + .1^2) / 2^2 = .01
+    mean, se = gate_lib.cluster_mean([0.1, 0.3], [256, 256])
+    assert mean == pytest.approx(0.2) and se == pytest.approx(0.1)
+    assert gate_lib.cluster_mean([0.1, 0.4], [1, 2])[0] == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("lo, hi, kind, status", [
+    (0.01, 0.04, "max", "pass"), (0.06, 0.08, "max", "fail"), (0.04, 0.06, "max", "inconclusive"),
+    (0.91, 0.95, "min", "pass"), (0.80, 0.89, "min", "fail"), (0.89, 0.91, "min", "inconclusive"),
 ])
-def test_gate_fails(parity, var_acc, failing):
-    crit = gate_lib.evaluate_gate(SETTINGS, parity, {"t": {"acc": var_acc, "n": 10}}, {"t": {"acc": 0.51, "n": 10}})
-    assert gate_lib.verdict(crit) == "fail"
-    assert [c.name for c in crit if c.status == "fail"] == [failing]
+def test_decide(lo, hi, kind, status):
+    assert gate_lib.decide(lo, hi, 0.05 if kind == "max" else 0.90, kind) == status
 
 
-def test_gate_missing_records_is_not_a_pass():
-    crit = gate_lib.evaluate_gate(SETTINGS, None, None, None)
-    assert gate_lib.verdict(crit) == "missing" and all(c.status == "missing" for c in crit)
+def test_verdict_precedence():
+    c = lambda s: gate_lib.Criterion("x", 1, "max", status=s)  # noqa: E731
+    assert gate_lib.verdict([c("pass"), c("pass")]) == "pass"
+    assert gate_lib.verdict([c("pass"), c("inconclusive")]) == "inconclusive"
+    assert gate_lib.verdict([c("inconclusive"), c("missing")]) == "missing"
+    assert gate_lib.verdict([c("missing"), c("fail"), c("pass")]) == "fail"
 
 
-def quality_record(variant: str, summary: dict, inputs: dict) -> dict:
+def chunks(values: list[float], field="mean_kld") -> list[dict]:
+    return [{"chunk": i, "tokens": 256, field: v, "nll_ref_sum": 256.0, "nll_var_sum": 256.0 * (1 + v)}
+            for i, v in enumerate(values)]
+
+
+def test_parity_criteria_from_chunks():
+    # KLD chunks .01/.03 alternating: mean .02, se = sqrt(n/(n-1) x sum((.01)^2)/n^2) = sqrt(32/31 x 32e-4/1024) ~ .0018
+    kld = [0.01, 0.03] * 16
+    c = gate_lib.parity_criterion("GATE_MAX_MEAN_KLD", 0.05, {"mean_kld": 0.02}, chunks(kld))
+    assert c.status == "pass" and c.hi == pytest.approx(0.02 + 1.6449 * math.sqrt(32 / 31 * 32e-4 / 1024), rel=1e-3)
+    assert gate_lib.parity_criterion("GATE_MAX_MEAN_KLD", 0.02, {"mean_kld": 0.02}, chunks(kld)).status == "inconclusive"
+    assert gate_lib.parity_criterion("GATE_MAX_MEAN_KLD", 0.01, {"mean_kld": 0.02}, chunks(kld)).status == "fail"
+    # PPL ratio from per-chunk NLL sums: log ratio per chunk = v, bounds reported as ratios
+    ppl = gate_lib.parity_criterion("GATE_MAX_PPL_RATIO", 1.05, {"ppl_ratio": math.exp(0.02)}, chunks(kld))
+    assert ppl.status == "pass" and ppl.lo == pytest.approx(math.exp(0.02 - (c.hi - 0.02)), rel=1e-6)
+    top1 = gate_lib.parity_criterion("GATE_MIN_TOP1", 0.9, {"top1_agreement": 0.9}, chunks([0.88, 0.92] * 16,
+                                                                                            "top1_agreement"))
+    assert top1.status == "inconclusive" and "the estimate sits on the limit" in top1.decide
+    assert gate_lib.parity_criterion("GATE_MIN_TOP1", 0.9, None, []).status == "missing"
+
+
+def quality_record(variant: str, summary: dict, inputs: dict, samples=None) -> dict:
     rec = records.envelope("quality", load_variant("smollm2-bf16", target="cpu"), command=["x"], server_command=None)
-    rec.update(variant=variant, summary=summary, inputs=inputs, samples=[{"chunk": 0, "tokens": 1, "mean_kld": 0.0}])
+    rec.update(variant=variant, summary=summary, inputs=inputs,
+               samples=samples or [{"chunk": 0, "tokens": 1, "mean_kld": 0.0}])
     return rec
 
 
-def test_gate_from_record_files(tmp_path):
+def lm_eval_record(variant: str, outcomes: list[int], version="2.0", with_items=True) -> dict:
+    items = [{"task": "t", "doc_id": i, "item_id": f"q{i}", "score": float(o), "metrics": {"acc": float(o)}}
+             for i, o in enumerate(outcomes)]
+    if not with_items:
+        items = [{k: v for k, v in it.items() if k not in ("item_id", "score")} for it in items]
+    meta = {"t": {"version": version, "metric": "acc", "n": len(outcomes), "items_sha256": "h" + version}}
+    return quality_record(variant, {"tasks": {"t": {"acc": sum(outcomes) / len(outcomes), "n": len(outcomes)}}},
+                          {"kind": "lm-eval", "tasks": ["t"], "profile": "full", "limit": None, "plumbing": True,
+                           "lm_eval": "x", "task_meta": meta}, items)
+
+
+def two_variants(tmp_path, gate_keys: str) -> dict:
     for name, cfg in (("x-bf16", "MODEL=weights/x\nBASE=x\n"),
-                      ("x-int8", "MODEL=weights/y\nBASE=x\nPARENT=x-bf16\nGATE_MAX_MEAN_KLD=0.05\nGATE_MIN_TOP1=0.9\n")):
+                      ("x-int8", f"MODEL=weights/y\nBASE=x\nPARENT=x-bf16\n{gate_keys}")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.env").write_text(cfg)
-    settings = load_variant("x-int8", root=tmp_path, target="cpu").resolved
-    assert gate_lib.gate_for("x-int8", settings, tmp_path)[1][0].status == "missing"
-    records.write_record(quality_record("x-int8", {"parity": {**PASS_PARITY, "mean_kld": 0.2}},
-                                        {"kind": "parity", "reference": "x-bf16"}), tmp_path / "x-int8", "quality")
+    return load_variant("x-int8", root=tmp_path, target="cpu").resolved
+
+
+def test_gate_from_record_files(tmp_path):
+    settings = two_variants(tmp_path, "GATE_MAX_MEAN_KLD=0.05\nGATE_MAX_TASK_DROP=2\n")
     ref, crit = gate_lib.gate_for("x-int8", settings, tmp_path)
-    assert ref == "x-bf16" and gate_lib.verdict(crit) == "fail"
+    assert ref == "x-bf16" and [c.status for c in crit] == ["missing", "missing"]
+    assert "make eval-quality-full VARIANT=x-int8" in crit[1].decide
+    records.write_record(quality_record("x-int8", {"parity": {"mean_kld": 0.2}}, {"kind": "parity", "reference": "x-bf16"},
+                                        chunks([0.19, 0.21] * 4)), tmp_path / "x-int8", "quality")
+    ref_outcomes = [1] * 35 + [0] * 35 + [1] * 630
+    records.write_record(lm_eval_record("x-bf16", ref_outcomes, with_items=False), tmp_path / "x-bf16", "quality")
+    records.write_record(lm_eval_record("x-int8", [1 - o if i < 70 else o for i, o in enumerate(ref_outcomes)]),
+                         tmp_path / "x-int8", "quality")
+    crit = gate_lib.gate_for("x-int8", settings, tmp_path)[1]
+    assert crit[0].status == "fail" and crit[1].status == "missing"  # the reference has no per-item outcomes
+    assert "make eval-quality-full VARIANT=x-bf16" in crit[1].decide
+    records.write_record(lm_eval_record("x-bf16", ref_outcomes), tmp_path / "x-bf16", "quality",
+                         when=records.now_utc() + dt.timedelta(seconds=1))
+    task = gate_lib.gate_for("x-int8", settings, tmp_path)[1][1]
+    assert task.name == "GATE_MAX_TASK_DROP[t]" and task.status == "pass"  # the 700-item hand case above
+    assert task.hi == pytest.approx(1.9743, abs=1e-3) and "700 paired items" in task.detail
     assert gate_lib.gate_for("x-bf16", {"MODEL": "m"}, tmp_path) == (None, [])
+
+
+def test_gate_refuses_different_task_versions(tmp_path):
+    settings = two_variants(tmp_path, "GATE_MAX_TASK_DROP=2\n")
+    records.write_record(lm_eval_record("x-bf16", [1, 0, 1], version="1.0"), tmp_path / "x-bf16", "quality")
+    records.write_record(lm_eval_record("x-int8", [1, 0, 1]), tmp_path / "x-int8", "quality")
+    with pytest.raises(gate_lib.GateError, match="refusing to pair t: x-int8 has version '2.0'.*x-bf16 has '1.0'"):
+        gate_lib.gate_for("x-int8", settings, tmp_path)
+
+
+def test_gate_refuses_unknown_keys(tmp_path, capsys):
+    settings = two_variants(tmp_path, "GATE_MAX_KLD=0.05\n")
+    with pytest.raises(gate_lib.GateError, match="unknown gate key.*GATE_MAX_KLD.*GATE_MAX_MEAN_KLD"):
+        gate_lib.gate_for("x-int8", settings, tmp_path)
+
+
+def test_identity_criterion():
+    ok = {"sequences": 16, "identical": 14, "near_tie_divergences": 2, "divergences_beyond_tie": 0}
+    assert gate_lib.identity_criterion(ok).status == "pass"
+    assert gate_lib.identity_criterion({**ok, "divergences_beyond_tie": 1}).status == "fail"
+    assert gate_lib.identity_criterion(None).status == "missing"
 
 
 def test_gate_cli_on_a_reference_variant(capsys):
     assert gate.main(["smollm2-bf16"]) == 0
     assert "reference variant" in capsys.readouterr().out
+
+
+def test_gate_cli_prints_intervals(capsys):
+    rc = gate.main(["smollm2-int8sq"])
+    out = capsys.readouterr().out
+    assert "GATE_MAX_MEAN_KLD = 0.01" in out and "[" in out and out.strip().splitlines()[-1].startswith("gate: ")
+    assert rc == (0 if out.strip().endswith("PASS") else 1)
 
 
 def test_parity_refuses_different_tokenizers(monkeypatch):

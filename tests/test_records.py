@@ -11,6 +11,7 @@ import pytest
 
 from scripts import check_schemas, compare
 from scripts.common import records
+from scripts.common.gate import Criterion
 from scripts.common.metrics import RequestSample, summarize
 from scripts.common.variants import load_variant
 
@@ -88,9 +89,13 @@ def test_compare_ratio_back_to_back_and_excludes_failed(tmp_path):
     bad["variant"], bad["status"], bad["failure"] = "smollm2-broken", "failed", "2 of 16 requests failed"
     for rec in (base, fast, bad):
         records.write_record(rec, exp / rec["variant"], "latency")
-    text, rows = compare.build_report(records.all_records("latency", exp), quality={"smollm2-bf16": "reference", "smollm2-fast": "missing: GATE_MAX_MEAN_KLD"})
+    missing = compare.Judged("missing", [Criterion("GATE_MAX_MEAN_KLD", 0.05, "max", detail="no parity record")])
+    text, rows = compare.build_report(records.all_records("latency", exp),
+                                      {"smollm2-bf16": compare.Judged("reference"), "smollm2-fast": missing,
+                                       "smollm2-broken": missing})
     line = next(x for x in text.splitlines() if x.startswith("| smollm2-fast"))
-    assert "| 2.00 |" in line and "| yes |" in line and "missing: GATE_MAX_MEAN_KLD (not rankable)" in line
+    assert "| 2.00 |" in line and "| yes |" in line and "missing: GATE_MAX_MEAN_KLD |" in line
+    assert "c=1: none certified" in text and "- smollm2-fast (2.00×): missing GATE_MAX_MEAN_KLD" in text
     assert "smollm2-broken (" in text and "2 of 16 requests failed" in text
     assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out")]) == 0
     assert list((tmp_path / "out").glob("compare_*.png"))
@@ -105,5 +110,45 @@ def test_compare_keeps_each_hardware_newest_record(tmp_path):
     records.write_record(cpu, exp / "smollm2-bf16", "latency", when=records.now_utc())
     records.write_record(gpu, exp / "smollm2-bf16", "latency",
                          when=records.now_utc() + dt.timedelta(seconds=5))
-    text, rows = compare.build_report(records.all_records("latency", exp), quality={"smollm2-bf16": "reference"})
+    text, rows = compare.build_report(records.all_records("latency", exp), {"smollm2-bf16": compare.Judged("reference")})
     assert "## NVIDIA H100 80GB HBM3 x1" in text and len([r for r in rows if r["variant"] == "smollm2-bf16"]) == 2
+
+
+def test_compare_names_the_fastest_certified_variant_per_level(tmp_path):
+    """The fastest variant is inconclusive: the winner is the fastest *certified* one, with its evidence lines."""
+    exp = tmp_path / "experiments"
+    recs = {"smollm2-bf16": make_record("smollm2-bf16", 1.0, ladder="L"),
+            "smollm2-a": make_record("smollm2-bf16", 1.5, ladder="L"),
+            "smollm2-b": make_record("smollm2-bf16", 3.0, ladder="L")}
+    for name, rec in recs.items():
+        if name != "smollm2-bf16":
+            rec["variant"], rec["config"]["PARENT"] = name, "smollm2-bf16"
+        records.write_record(rec, exp / name, "latency")
+    kld = Criterion("GATE_MAX_MEAN_KLD", 0.05, "max", value=0.02, lo=0.018, hi=0.022, status="pass")
+    top1 = Criterion("GATE_MIN_TOP1", 0.9, "min", value=0.9, lo=0.89, hi=0.91, status="inconclusive",
+                     decide="≈24320 tokens would decide it")
+    judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-a": compare.Judged("pass", [kld]),
+              "smollm2-b": compare.Judged("inconclusive", [kld, top1])}
+    text, rows = compare.build_report(records.all_records("latency", exp), judged)
+    assert "Fastest at certified parity, c=1: smollm2-a** — 1.50× smollm2-bf16" in text
+    assert "- PASS         GATE_MAX_MEAN_KLD = 0.02 [0.018, 0.022]" in text
+    assert "- smollm2-b: inconclusive GATE_MIN_TOP1 = 0.9 [0.89, 0.91] — ≈24320 tokens would decide it" in text
+    assert compare.plot_pareto(rows, judged, tmp_path / "p.png") and (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_pareto_front():
+    pts = [(1.6, 0.015), (1.5, 0.03), (1.05, 0.04), (2.0, 0.3), (0.9, 0.01)]
+    assert compare.pareto_front(pts) == [(0.9, 0.01), (1.6, 0.015), (2.0, 0.3)]
+
+
+def test_quality_v2_lm_eval_record_needs_per_item_outcomes(tmp_path):
+    rec = records.envelope("quality", load_variant("smollm2-bf16", target="cpu"), command=["x"], server_command=None)
+    rec["inputs"] = {"kind": "lm-eval", "tasks": ["t"], "profile": "full", "limit": None, "plumbing": True,
+                     "lm_eval": "0.4.13", "task_meta": {"t": {"version": "2.0", "metric": "acc", "n": 1,
+                                                              "items_sha256": "a" * 64}}}
+    rec["summary"] = {"tasks": {"t": {"acc": 1.0, "n": 1}}}
+    rec["samples"] = [{"task": "t", "doc_id": 0, "item_id": "q0", "score": 1.0, "metrics": {"acc": 1.0}}]
+    assert check_schemas.check_file(records.write_record(rec, tmp_path, "quality")) == []
+    del rec["samples"][0]["item_id"]
+    errors = check_schemas.check_file(records.write_record(rec, tmp_path, "quality"))
+    assert errors and "item_id" in errors[0]

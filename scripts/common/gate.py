@@ -1,80 +1,222 @@
-"""The parity gate: tolerances live in each variant's config.env (GATE_*), results in its newest quality records.
+"""The parity gate: tolerances live in each variant's config.env (GATE_*), evidence in its newest quality records.
 
     GATE_REFERENCE=smollm2-bf16      # default: PARENT
-    GATE_MAX_MEAN_KLD=0.05           # nats per token, from eval_parity
-    GATE_MIN_TOP1=0.90               # top-1 agreement with the reference
-    GATE_MAX_PPL_RATIO=1.05          # perplexity of variant / reference
-    GATE_MAX_TASK_DROP=2.0           # points (0-100 scale) lost on any task's main metric vs the reference's record
+    GATE_MAX_MEAN_KLD=0.05           # nats per token (eval_parity): weight / activation quantization
+    GATE_MIN_TOP1=0.90               # top-1 agreement with the reference (eval_parity)
+    GATE_MAX_PPL_RATIO=1.05          # perplexity of variant / reference on the same tokens (eval_parity)
+    GATE_MAX_TASK_DROP=2.0           # points (0-100) lost on any lm-eval task's main metric, paired item by item
+    GATE_GREEDY_IDENTITY=1           # lossless speculation: greedy token ids equal the reference's, up to near-ties
 
-A criterion without a record to judge it is `missing`, which fails the gate like a violated one.
+Each criterion is a one-sided test at 95% confidence, so every interval printed is the two-sided 90% interval whose
+ends are the two one-sided 95% bounds. A "max" tolerance passes when the upper bound is within it, fails when the
+lower bound is beyond it, and is inconclusive otherwise (mirrored for "min"); inconclusive never counts as a pass, and
+the criterion says how much more evidence would decide it at the effect observed so far.
+
+Intervals:
+- Parity metrics (KLD, top-1, PPL ratio): tokens within one chunk share their context, so the standard error comes
+  from the per-chunk values (a cluster / ratio-estimator SE), not from treating 8192 tokens as independent.
+- Task drop: the items both records scored, paired. For 0/1 outcomes the adjusted Wald interval for matched
+  proportions of Agresti & Min (2005): add 1/2 to each cell of the 2x2 table of (reference right?, variant right?)
+  and use the Wald interval of the difference. Chosen over the exact conditional McNemar interval and the paired
+  bootstrap because both of those collapse to zero width when the two models agree on every item (5 agreeing items
+  would "prove" a drop of exactly 0), while this one stays honest with few discordant pairs, is closed-form (tests
+  check it by hand) and needs no random numbers. Non-binary item scores use the paired Wald interval of the mean
+  per-item difference.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.records import hardware_key
 
-# Parity criteria: config key -> (summary field, "max" | "min")
+Z = 1.6448536269514722  # one-sided 95% normal quantile
+# Parity criteria: config key -> (summary field, per-chunk sample field, "max" | "min")
 PARITY_CRITERIA = {
-    "GATE_MAX_MEAN_KLD": ("mean_kld", "max"),
-    "GATE_MIN_TOP1": ("top1_agreement", "min"),
-    "GATE_MAX_PPL_RATIO": ("ppl_ratio", "max"),
+    "GATE_MAX_MEAN_KLD": ("mean_kld", "mean_kld", "max"),
+    "GATE_MIN_TOP1": ("top1_agreement", "top1_agreement", "min"),
+    "GATE_MAX_PPL_RATIO": ("ppl_ratio", None, "max"),  # from the per-chunk NLL sums
 }
-MAIN_METRICS = ("acc", "exact_match", "prompt_level_strict_acc", "acc_norm")
+TASK_KEY = "GATE_MAX_TASK_DROP"
+IDENTITY_KEY = "GATE_GREEDY_IDENTITY"
+TOLERANCES = {**{k: v[0] for k, v in PARITY_CRITERIA.items()}, TASK_KEY: "lm-eval main metrics, paired",
+              IDENTITY_KEY: "greedy-identity record", "GATE_REFERENCE": "the reference variant (default PARENT)"}
+MAIN_METRICS = ("acc", "exact_match", "prompt_level_strict_acc", "acc_norm")  # first one a task reports
+ITEMS_COMMAND = "make eval-quality-full VARIANT={v}"
+STATUSES = ("pass", "inconclusive", "missing", "fail")  # verdict precedence: the last present wins
+
+
+class GateError(ValueError):
+    """Records that must not be compared, or a tolerance the gate does not know; one line, ready to print."""
 
 
 @dataclass
 class Criterion:
     name: str
     limit: float
-    value: float | None
-    status: str  # pass | fail | missing
+    kind: str  # "max" | "min"
+    value: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    status: str = "missing"  # pass | fail | inconclusive | missing
     detail: str = ""
+    decide: str = ""  # what would decide an inconclusive / missing criterion
 
     def line(self) -> str:
         value = "—" if self.value is None else f"{self.value:.4g}"
-        return f"{self.status.upper():7s} {self.name} = {value} (limit {self.limit:g}){' — ' + self.detail if self.detail else ''}"
+        ci = "" if self.lo is None else f" [{self.lo:.4g}, {self.hi:.4g}]"
+        op = "≤" if self.kind == "max" else "≥"
+        tail = "; ".join(x for x in (self.detail, self.decide) if x)
+        return f"{self.status.upper():12s} {self.name} = {value}{ci} (limit {op} {self.limit:g}){' — ' + tail if tail else ''}"
 
 
-def main_metric(task_scores: dict) -> tuple[str, float] | None:
-    for m in MAIN_METRICS:
-        if isinstance(task_scores.get(m), (int, float)):
-            return m, float(task_scores[m])
-    return None
+# ---------------------------------------------------------------------------------------------------------- statistics
+def decide(lo: float, hi: float, limit: float, kind: str) -> str:
+    """pass / fail / inconclusive of a one-sided test whose bounds are lo and hi."""
+    if kind == "max":
+        return "pass" if hi <= limit else "fail" if lo > limit else "inconclusive"
+    return "pass" if lo >= limit else "fail" if hi < limit else "inconclusive"
 
 
-def evaluate_gate(settings: dict[str, str], parity: dict | None, var_tasks: dict | None,
-                  ref_tasks: dict | None) -> list[Criterion]:
-    """Pure: the gate's verdict per criterion from already-selected record summaries."""
-    out = []
-    for key, (field, kind) in PARITY_CRITERIA.items():
-        if key not in settings:
-            continue
-        limit = float(settings[key])
-        value = parity.get(field) if parity else None
-        if value is None:
-            out.append(Criterion(key, limit, None, "missing", "no parity record against the reference"))
-            continue
-        ok = value <= limit if kind == "max" else value >= limit
-        out.append(Criterion(key, limit, value, "pass" if ok else "fail"))
-    if "GATE_MAX_TASK_DROP" in settings:
-        limit = float(settings["GATE_MAX_TASK_DROP"])
-        if not var_tasks or not ref_tasks:
-            out.append(Criterion("GATE_MAX_TASK_DROP", limit, None, "missing",
-                                 "needs lm-eval records of the variant and the reference on the same tasks"))
-        else:
-            for task, scores in sorted(var_tasks.items()):
-                mv, mr = main_metric(scores), main_metric(ref_tasks.get(task, {}))
-                if mv is None or mr is None:
-                    out.append(Criterion(f"GATE_MAX_TASK_DROP[{task}]", limit, None, "missing", "no comparable metric"))
-                    continue
-                drop = (mr[1] - mv[1]) * 100
-                out.append(Criterion(f"GATE_MAX_TASK_DROP[{task}]", limit, drop, "pass" if drop <= limit else "fail",
-                                     f"{mv[0]} {mv[1]:.3f} vs reference {mr[1]:.3f}"))
-    return out
+def n_to_decide(sd: float, estimate: float, limit: float) -> float | None:
+    """Samples for a one-sided 95% bound to clear `limit`, at per-sample standard deviation sd: (z sd / gap)^2."""
+    gap = abs(limit - estimate)
+    if gap <= 1e-9 * max(1.0, abs(limit)):
+        return None  # the estimate sits on the limit: no sample size decides it
+    return (Z * sd / gap) ** 2
+
+
+def cluster_mean(values: list[float], weights: list[float]) -> tuple[float, float]:
+    """Weighted mean of per-cluster means and its ratio-estimator standard error (clusters independent)."""
+    n, total = len(values), sum(weights)
+    mean = sum(v * w for v, w in zip(values, weights, strict=True)) / total
+    if n < 2:
+        return mean, math.nan
+    var = n / (n - 1) * sum((w * (v - mean)) ** 2 for v, w in zip(values, weights, strict=True)) / total**2
+    return mean, math.sqrt(var)
+
+
+@dataclass
+class PairedDrop:
+    n: int
+    drop: float  # observed: mean of reference minus variant, 0-1 scale
+    lo: float
+    hi: float
+    center: float  # the interval's center (the adjusted estimate for binary outcomes)
+    sd: float  # per-item standard deviation behind the interval
+    extra: int  # pseudo-items the interval adds (2 for Agresti-Min)
+    ref_only: int = 0  # items the reference got right and the variant wrong (binary outcomes)
+    var_only: int = 0
+    method: str = ""
+
+    @property
+    def disagreement(self) -> float:
+        return (self.ref_only + self.var_only) / self.n
+
+    def items_to_decide(self, limit: float) -> int | None:
+        """Paired items at which the bound would clear `limit` if the disagreement and drop stayed as observed."""
+        need = n_to_decide(self.sd, self.center, limit)
+        return None if need is None else max(math.ceil(need - self.extra), 1)
+
+
+def paired_drop(ref: list[float], var: list[float]) -> PairedDrop:
+    """Drop of the variant vs the reference over paired items with one-sided 95% bounds (module docstring)."""
+    n = len(ref)
+    if n == 0 or n != len(var):
+        raise ValueError("paired_drop needs two equal, non-empty lists of item scores")
+    b = sum(1 for r, v in zip(ref, var, strict=True) if r > v)
+    c = sum(1 for r, v in zip(ref, var, strict=True) if r < v)
+    if all(x in (0, 1) for x in (*ref, *var)):
+        pb, pc = (b + 0.5) / (n + 2), (c + 0.5) / (n + 2)  # Agresti-Min: 1/2 added to each of the 4 cells
+        center = pb - pc
+        sd = math.sqrt(pb + pc - center * center)
+        half = Z * sd / math.sqrt(n + 2)
+        return PairedDrop(n, (b - c) / n, center - half, center + half, center, sd, 2, b, c,
+                          "Agresti-Min adjusted Wald, matched pairs")
+    diffs = [r - v for r, v in zip(ref, var, strict=True)]
+    mean = sum(diffs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1)) if n > 1 else math.inf
+    half = Z * sd / math.sqrt(n)
+    return PairedDrop(n, mean, mean - half, mean + half, mean, sd, 0, b, c, "paired Wald on item differences")
+
+
+# ---------------------------------------------------------------------------------------------------------- criteria
+def parity_criterion(key: str, limit: float, parity: dict | None, chunks: list[dict]) -> Criterion:
+    field, sample_field, kind = PARITY_CRITERIA[key]
+    c = Criterion(key, limit, kind)
+    if parity is None:
+        c.detail, c.decide = "no parity record against the reference", "make eval-parity VARIANT=…"
+        return c
+    c.value = parity[field]
+    usable = [s for s in chunks if s.get("tokens")]
+    if sample_field is None:  # PPL ratio: exp of the mean per-token NLL difference
+        usable = [s for s in usable if "nll_ref_sum" in s and "nll_var_sum" in s]
+        values = [(s["nll_var_sum"] - s["nll_ref_sum"]) / s["tokens"] for s in usable]
+    else:
+        usable = [s for s in usable if sample_field in s]
+        values = [s[sample_field] for s in usable]
+    if len(usable) < 2:
+        c.status, c.detail = "inconclusive", "the parity record has no per-chunk samples to bound the estimate"
+        return c
+    weights = [s["tokens"] for s in usable]
+    mean, se = cluster_mean(values, weights)
+    lo, hi = mean - Z * se, mean + Z * se
+    lim = limit
+    if sample_field is None:  # bounds of the log ratio, reported as ratios
+        lo, hi, lim = math.exp(lo), math.exp(hi), math.log(limit)
+    c.lo, c.hi = lo, hi
+    c.status = decide(lo, hi, limit, kind)
+    tokens = sum(weights)
+    c.detail = f"{tokens} tokens in {len(usable)} chunks"
+    if c.status == "inconclusive":
+        per_chunk_sd = se * math.sqrt(len(usable))
+        need = n_to_decide(per_chunk_sd, mean, lim)
+        c.decide = ("the estimate sits on the limit: no sample size decides it" if need is None else
+                    f"≈{math.ceil(need) * tokens // len(usable)} tokens would decide it at this effect "
+                    f"(eval_parity --tokens)")
+    return c
+
+
+def task_criterion(task: str, limit_points: float, ref_items: dict[str, float], var_items: dict[str, float],
+                   metric: str) -> Criterion:
+    shared = sorted(set(ref_items) & set(var_items))
+    c = Criterion(f"{TASK_KEY}[{task}]", limit_points, "max")
+    if not shared:
+        c.detail = "the two records share no item"
+        return c
+    p = paired_drop([ref_items[i] for i in shared], [var_items[i] for i in shared])
+    c.value, c.lo, c.hi = p.drop * 100, p.lo * 100, p.hi * 100
+    c.status = decide(c.lo, c.hi, limit_points, "max")
+    c.detail = (f"{metric}, {p.n} paired items, reference-only right {p.ref_only}, variant-only right {p.var_only} "
+                f"({p.disagreement:.1%} disagree; {p.method})")
+    if c.status == "inconclusive":
+        need = p.items_to_decide(limit_points / 100)
+        c.decide = ("the drop sits on the limit: no item count decides it" if need is None else
+                    f"≈{need} paired items would decide it at this disagreement rate ({max(need - p.n, 0)} more)")
+    return c
+
+
+def identity_criterion(summary: dict | None) -> Criterion:
+    """Lossless speculation: every divergence from the reference's greedy ids is a teacher-forced near-tie."""
+    c = Criterion(IDENTITY_KEY, 0, "max")
+    if summary is None:
+        c.detail, c.decide = "no greedy-identity record against the reference", "the greedy-identity check of the variant"
+        return c
+    beyond = summary["divergences_beyond_tie"]
+    c.value = float(beyond)
+    c.status = "pass" if beyond == 0 and summary["sequences"] > 0 else "fail"
+    c.detail = (f"{summary['identical']}/{summary['sequences']} sequences identical, "
+                f"{summary['near_tie_divergences']} diverge at a near-tie, {beyond} beyond one")
+    return c
+
+
+# ---------------------------------------------------------------------------------------------------------- records
+def main_metric(task_scores: dict) -> str | None:
+    return next((m for m in MAIN_METRICS if isinstance(task_scores.get(m), (int, float))), None)
 
 
 def quality_records(variant: str, root: Path | None = None) -> list[dict]:
@@ -90,27 +232,87 @@ def newest(records: list[dict], **inputs) -> dict | None:
     return None
 
 
+def has_items(record: dict) -> bool:
+    """Per-item outcomes keyed by a stable item id (scripts/eval_quality.py, schema v2 samples)."""
+    return bool(record.get("samples")) and all("item_id" in s for s in record["samples"])
+
+
+def item_scores(record: dict, task: str) -> tuple[str, dict[str, float]]:
+    metric = record["inputs"]["task_meta"][task]["metric"]
+    return metric, {s["item_id"]: s["score"] for s in record["samples"] if s["task"] == task}
+
+
+def check_pairable(var: dict, ref: dict, task: str) -> None:
+    """Same task version and item set, or refuse naming the difference."""
+    a, b = var["inputs"]["task_meta"].get(task), ref["inputs"]["task_meta"].get(task)
+    if b is None:
+        raise GateError(f"{ref['variant']}'s record has no {task}: run `{ITEMS_COMMAND.format(v=ref['variant'])}"
+                        f" TASKS={','.join(var['inputs']['tasks'])}`")
+    for what in ("version", "items_sha256", "metric"):
+        if a.get(what) != b.get(what):
+            raise GateError(f"refusing to pair {task}: {var['variant']} has {what} {a.get(what)!r} ({a.get('n')} items), "
+                            f"{ref['variant']} has {b.get(what)!r} ({b.get('n')} items); re-run the older one")
+
+
+def task_criteria(limit: float, var_rec: dict | None, ref_recs: list[dict], variant: str,
+                  reference: str) -> list[Criterion]:
+    if var_rec is None:
+        return [Criterion(TASK_KEY, limit, "max", detail="no lm-eval record with per-item outcomes",
+                          decide=f"`{ITEMS_COMMAND.format(v=variant)}`")]
+    tasks = var_rec["inputs"]["tasks"]
+    ref = newest([r for r in ref_recs if has_items(r) and r["inputs"].get("kind") == "lm-eval"
+                  and set(tasks) <= set(r["inputs"]["tasks"])
+                  and hardware_key(r["hardware"]) == hardware_key(var_rec["hardware"])])
+    if ref is None:
+        return [Criterion(TASK_KEY, limit, "max", detail=f"{reference} has no lm-eval record with per-item outcomes on "
+                          f"{', '.join(tasks)} from the same hardware",
+                          decide=f"`{ITEMS_COMMAND.format(v=reference)}`")]
+    out = []
+    for task in tasks:
+        check_pairable(var_rec, ref, task)
+        metric, var_items = item_scores(var_rec, task)
+        _, ref_items = item_scores(ref, task)
+        out.append(task_criterion(task, limit, ref_items, var_items, metric))
+    return out
+
+
+def parity_record(records: list[dict], reference: str) -> dict | None:
+    """The newest parity record against the reference, full-distribution KL preferred over vLLM's top-K approximation."""
+    return newest(records, kind="parity", reference=reference, backend="transformers") or newest(
+        records, kind="parity", reference=reference)
+
+
+def parity_criteria(settings: dict[str, str], record: dict | None) -> list[Criterion]:
+    """The label-free criteria the settings name, judged on one parity record (None: missing)."""
+    return [parity_criterion(key, float(settings[key]), record["summary"]["parity"] if record else None,
+                             record["samples"] if record else []) for key in PARITY_CRITERIA if key in settings]
+
+
+def check_keys(settings: dict[str, str]) -> None:
+    unknown = sorted(k for k in settings if k.startswith("GATE_") and k not in TOLERANCES)
+    if unknown:
+        raise GateError(f"unknown gate key(s) {', '.join(unknown)}; the gate knows {', '.join(TOLERANCES)}")
+
+
 def gate_for(variant: str, settings: dict[str, str], root: Path | None = None) -> tuple[str | None, list[Criterion]]:
     """(reference, criteria) from the newest records; reference None means the variant is itself a reference."""
+    check_keys(settings)
     reference = settings.get("GATE_REFERENCE") or settings.get("PARENT")
     if not reference:
         return None, []
     mine = quality_records(variant, root)
-    parity = newest(mine, kind="parity", reference=reference)
-    tasks = newest(mine, kind="lm-eval")
-    ref_tasks = None
-    if tasks:
-        ref_tasks = newest(quality_records(reference, root), kind="lm-eval", tasks=tasks["inputs"]["tasks"],
-                           limit=tasks["inputs"]["limit"])
-    criteria = evaluate_gate(settings, parity["summary"]["parity"] if parity else None,
-                             tasks["summary"]["tasks"] if tasks else None,
-                             ref_tasks["summary"]["tasks"] if ref_tasks else None)
-    if not criteria:
-        criteria = [Criterion("GATE_*", 0, None, "missing", f"{variant} sets no GATE_* tolerance")]
-    return reference, criteria
+    out = parity_criteria(settings, parity_record(mine, reference))
+    if TASK_KEY in settings:
+        var_rec = newest([r for r in mine if has_items(r)], kind="lm-eval")
+        out += task_criteria(float(settings[TASK_KEY]), var_rec, quality_records(reference, root), variant, reference)
+    if settings.get(IDENTITY_KEY) == "1":
+        ident = newest(mine, kind="greedy-identity", reference=reference)
+        out.append(identity_criterion(ident["summary"]["identity"] if ident else None))
+    if not out:
+        out = [Criterion("GATE_*", 0, "max", detail=f"{variant} sets no GATE_* tolerance")]
+    return reference, out
 
 
 def verdict(criteria: list[Criterion]) -> str:
-    if any(c.status == "fail" for c in criteria):
-        return "fail"
-    return "missing" if any(c.status == "missing" for c in criteria) else "pass"
+    """fail if any criterion fails; else missing if one lacks its record; else inconclusive if one is; else pass."""
+    return max((c.status for c in criteria), key=STATUSES.index, default="missing")

