@@ -7,6 +7,8 @@ BENCH_ARGS ?=
 BACKEND ?= transformers
 SWEEP ?= eval/sweeps/smollm2-w4.yaml
 TASKS ?=
+# redistill budget: full (the variant's REDISTILL_* keys) | tiny (minutes on two CPU cores)
+BUDGET ?= full
 # cpu | cuda: vLLM's CPU build where no nvidia-smi is found (scripts/common/variants.py::serving_target, same rule)
 VLLM_TARGET ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
 export VLLM_TARGET
@@ -24,7 +26,7 @@ QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant lock lock-quant calibrate download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean
+.PHONY: help install install-quant lock lock-quant calibrate redistill download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -58,6 +60,9 @@ lock-quant: ## re-resolve requirements/quant.in into the lock requirements/quant
 
 calibrate: $(QSTAMP) ## build VARIANT's weights from its PARENT with llm-compressor (CALIBRATE_RECIPE in config.env)
 	$(QPY) -m scripts.llmcompressor_calibrate --variant $(VARIANT)
+
+redistill: weights ## distill VARIANT's EAGLE-3 draft head against its PARENT (BUDGET=tiny for minutes on a CPU)
+	$(PY) -m scripts.redistill_mtp $(VARIANT) --budget $(BUDGET)
 
 lock: ## re-resolve requirements/cpu.in into the pinned lock requirements/cpu.txt (CPU machines)
 	rm -rf $(VENV)-lock && $(PYTHON_BASE) -m venv $(VENV)-lock

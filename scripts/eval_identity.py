@@ -15,7 +15,6 @@ tests' rule); anything larger is a real divergence, which fails GATE_GREEDY_IDEN
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.launch import variant_server
-from scripts.common.loadgen import PromptSetError, load_prompts, openai_client
+from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts, openai_client
 from scripts.common.metrics import TIE_NATS
 from scripts.common.records import envelope, write_record
 from scripts.common.server import ServerError
@@ -38,20 +37,6 @@ class IdentityError(RuntimeError):
 
 def served_name(variant) -> str:
     return variant.resolved.get("SERVE_SERVED_MODEL_NAME", variant.name)
-
-
-def greedy_ids(base_url: str, model: str, rows: list[dict], max_tokens: int, concurrency: int) -> list[dict]:
-    """Prompt and output token ids of every row, answered greedily with at most `concurrency` in flight."""
-    client = openai_client(base_url)
-
-    def one(row: dict) -> dict:
-        r = client.chat.completions.create(model=model, messages=row["messages"], temperature=0,
-                                           max_tokens=min(max_tokens, row["max_tokens"]),
-                                           extra_body={"return_token_ids": True}).model_dump()
-        return {"id": row["id"], "prompt_ids": r["prompt_token_ids"], "ids": r["choices"][0]["token_ids"]}
-
-    with cf.ThreadPoolExecutor(concurrency) as ex:
-        return list(ex.map(one, rows))
 
 
 def tie_gaps(base_url: str, model: str, prompt_ids: list[int], ids: list[int]) -> list[float]:
@@ -99,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=32, help="first N prompts (default %(default)s)")
     p.add_argument("--max-tokens", type=int, default=64, help="cap on each prompt's max_tokens (default %(default)s)")
     p.add_argument("--concurrency", default="1,8", help="levels the variant is run at (default %(default)s)")
+    p.add_argument("--var-url", help="the variant's running server (default: start one)")
+    p.add_argument("--ref-url", help="the reference's running server (default: start one)")
     p.add_argument("--port", type=int, default=8126)
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
     return p
@@ -115,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         ref = load_variant(ref_name)
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
         rows, info = load_prompts(args.prompts, args.limit)
-        with variant_server(var, base_url=None, port=args.port, purpose="identity") as (url, server):
-            var_server = server.argv
+        with variant_server(var, base_url=args.var_url, port=args.port, purpose="identity") as (url, server):
+            var_server = server.argv if server else None
             outputs = {c: greedy_ids(url, served_name(var), rows, args.max_tokens, c) for c in levels}
-        with variant_server(ref, base_url=None, port=args.port, purpose="identity") as (url, server):
-            ref_server = server.argv
+        with variant_server(ref, base_url=args.ref_url, port=args.port, purpose="identity") as (url, server):
+            ref_server = server.argv if server else None
             reference = {r["id"]: r for r in greedy_ids(url, served_name(ref), rows, args.max_tokens, 1)}
             samples = []
             for c, outs in outputs.items():

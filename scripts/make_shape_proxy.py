@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 # Qwen3.5-4B's text model: 32 layers, every 4th full attention (GQA 16/4, head_dim 256, gated output), the others
-# Gated-DeltaNet (16 key heads / 32 value heads of dim 128), MLP 9216, vocab 248320, tied embeddings.
+# Gated-DeltaNet (16 key heads / 32 value heads of dim 128), MLP 9216, vocab 248320, tied embeddings; one native MTP
+# layer (mtp_num_hidden_layers=1, as in the released config), which vLLM serves as the draft of `"method": "mtp"`.
 QWEN35_4B_TEXT = dict(
     hidden_size=2560, intermediate_size=9216, num_hidden_layers=32, full_attention_interval=4,
     num_attention_heads=16, num_key_value_heads=4, head_dim=256,
@@ -27,7 +28,7 @@ QWEN35_4B_TEXT = dict(
     linear_conv_kernel_dim=4, vocab_size=248320, tie_word_embeddings=True, max_position_embeddings=262144,
     rope_parameters={"rope_type": "default", "rope_theta": 10_000_000, "partial_rotary_factor": 0.25,
                      "mrope_section": [11, 11, 10], "mrope_interleaved": True},
-    eos_token_id=248046, bos_token_id=None, pad_token_id=248044,
+    eos_token_id=248046, bos_token_id=None, pad_token_id=248044, mtp_num_hidden_layers=1,
 )
 QWEN35_4B_VISION = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2560,
                         patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304)
@@ -62,6 +63,27 @@ def build_config(name: str):
     return cfg
 
 
+def mtp_shapes(cfg, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The native multi-token-prediction head, named as in the released checkpoint and as vLLM 0.26's Qwen3_5MTP loads
+    it (vllm/model_executor/models/qwen3_5_mtp.py: `mtp.` -> its predictor): `mtp.fc` (2h -> h, over the concatenation
+    of the normed next-token embedding and the normed last hidden state), three norms, and mtp_num_hidden_layers
+    full-attention decoder layers shaped like the main model's. The embedding and the (tied) output head are shared
+    with the main model. transformers has no MTP module, so these are added beside its parameter list."""
+    text = cfg.text_config
+    n = getattr(text, "mtp_num_hidden_layers", 0) or 0
+    if not n:
+        return {}
+    h = text.hidden_size
+    full = text.layer_types.index("full_attention")
+    prefix = f"model.language_model.layers.{full}."
+    layer = {k[len(prefix):]: s for k, s in shapes.items() if k.startswith(prefix)}
+    out = {"mtp.fc.weight": (h, 2 * h)}
+    for i in range(n):
+        out.update({f"mtp.layers.{i}.{k}": s for k, s in layer.items()})
+    out.update({f"mtp.{norm}.weight": (h,) for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")})
+    return out
+
+
 def parameter_shapes(cfg) -> dict[str, tuple[int, ...]]:
     import torch
     import transformers
@@ -71,6 +93,7 @@ def parameter_shapes(cfg) -> dict[str, tuple[int, ...]]:
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
+    shapes.update(mtp_shapes(cfg, shapes))
     return shapes
 
 

@@ -59,6 +59,22 @@ def test_qwen35_4b_proxy_has_the_flagship_shapes():
     assert full == [3, 7, 11, 15, 19, 23, 27, 31]
 
 
+def test_qwen35_4b_proxy_carries_the_native_mtp_layer():
+    """The names and shapes vLLM 0.26's Qwen3_5MTP loads (`--speculative-config '{"method": "mtp", ...}'`)."""
+    cfg = make_shape_proxy.build_config("qwen35-4b")
+    assert cfg.text_config.mtp_num_hidden_layers == 1
+    shapes = make_shape_proxy.parameter_shapes(cfg)
+    mtp = {k: v for k, v in shapes.items() if k.startswith("mtp.")}
+    assert mtp["mtp.fc.weight"] == (2560, 2 * 2560)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        assert mtp[f"mtp.{norm}.weight"] == (2560,)
+    assert mtp["mtp.layers.0.self_attn.q_proj.weight"] == (2 * 16 * 256, 2560)
+    assert mtp["mtp.layers.0.mlp.down_proj.weight"] == (2560, 9216)
+    assert not any(k.startswith("mtp.layers.1.") for k in mtp)
+    assert not any("embed_tokens" in k or "lm_head" in k for k in mtp)  # shared with the main model
+    assert len(mtp) == 15
+
+
 @pytest.mark.parametrize("args, message", [
     (["no-such-variant"], "unknown variant 'no-such-variant'; valid variants:"),
     (["smollm2-bf16", "--set", "SERVE_NO_SUCH_FLAG=1"], "vLLM has no flag --no-such-flag"),

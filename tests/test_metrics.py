@@ -77,7 +77,13 @@ def test_server_counters_deltas_and_rates():
     assert c["prefix_cache_hit_rate"] == pytest.approx(0.5)
     assert c["spec_decode_acceptance_rate"] == pytest.approx(0.5)
     assert c["spec_decode_mean_acceptance_length"] == pytest.approx(3.0)
+    assert c["spec_decode_acceptance_per_position"] is None  # no per-position series in this scrape
     assert server_counters(None, parse(after)) == {"available": False}
+    per_pos = "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n" + "".join(
+        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {n}\n'
+        for i, n in enumerate((8.0, 6.0, 4.0, 2.0)))
+    c = server_counters(parse(METRICS_BEFORE), parse(after + per_pos))
+    assert c["spec_decode_acceptance_per_position"] == pytest.approx([0.8, 0.6, 0.4, 0.2])  # of 10 drafts
 
 
 def test_drift_warnings():

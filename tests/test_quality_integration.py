@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from scripts import check_schemas, eval_parity, eval_quality
-from scripts.common import paths
+from scripts import check_schemas, eval_identity, eval_parity, eval_quality
+from scripts.common import gate, paths
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +33,28 @@ def test_lm_eval_smoke_on_plumbing_tasks(embedded_server, tmp_path, monkeypatch)
     assert "acc_stderr" in tasks["lab_arith_mc"]
     assert rec["inputs"]["plumbing"] is True
     assert len([s for s in rec["samples"] if s["task"] == "lab_ifeval"]) == 5
+    assert all(isinstance(s["item_id"], str) and s["score"] in (0.0, 1.0) for s in rec["samples"])
+    assert rec["inputs"]["task_meta"]["lab_arith_mc"]["version"] == "2.0"
+    # The same record as a variant of itself: five agreeing items never certify parity (inconclusive, never pass)
+    (tmp_path / "smollm2-self").mkdir()
+    (tmp_path / "smollm2-self" / "config.env").write_text(
+        "MODEL=weights/SmolLM2-135M-Instruct\nBASE=smollm2\nPARENT=smollm2-bf16\nGATE_MAX_TASK_DROP=2.0\n")
+    (tmp_path / "smollm2-self" / path.name).write_text(json.dumps({**rec, "variant": "smollm2-self"}))
+    crit = gate.gate_for("smollm2-self", {"PARENT": "smollm2-bf16", "GATE_MAX_TASK_DROP": "2.0"}, tmp_path)[1]
+    assert [c.status for c in crit] == ["inconclusive"] * 3 and all(c.value == 0 for c in crit)
+    assert all("paired items would decide it" in c.decide for c in crit)
+
+
+def test_greedy_identity_of_a_server_with_itself(embedded_server, tmp_path):
+    """eval_identity end to end on the shared server as both variant and reference: batch 1 and batch 4 outputs
+    equal the batch-1 reference up to teacher-forced near-ties, and the record is valid."""
+    code = eval_identity.main(["smollm2-bf16", "--reference", "smollm2-bf16", "--limit", "4", "--max-tokens", "24",
+                               "--concurrency", "1,4", "--var-url", embedded_server.base_url,
+                               "--ref-url", embedded_server.base_url, "--out-dir", str(tmp_path)])
+    path, rec = newest_quality(tmp_path)
+    assert code == 0 and check_schemas.check_file(path) == []
+    s = rec["summary"]["per_concurrency"]
+    assert s["1"]["identical"] == 4 and s["4"]["divergences_beyond_tie"] == 0
 
 
 def test_quality_eval_refuses_missing_datasets(capsys):

@@ -1,11 +1,14 @@
-"""Speculative decoding: the prompt set's splits (no server)."""
+"""Speculative decoding: the prompt set's splits, variant and head checks, identity and distillation logic."""
 
 from __future__ import annotations
 
 import json
 
-from scripts import make_spec_prompts
-from scripts.common import paths
+import pytest
+
+from scripts import eval_identity, make_spec_prompts, redistill_mtp
+from scripts.common import launch, paths, variants
+from scripts.common.checkpoint import CheckpointError
 
 
 def rows(split: str) -> list[dict]:
@@ -28,3 +31,67 @@ def test_spec_prompt_splits_never_overlap():
         stems = [{text(r).split(" to ")[part] for r in rows if r["group"] == kind} for rows in (train, held)]
         assert not stems[0] & stems[1]
     assert {r["group"] for r in held} == {"explain", "list", "code", "writing", "rewrite", "passage-qa"}
+
+
+# ---- speculative variants: config validation, the head check (no server)
+
+
+@pytest.mark.parametrize("value, message", [
+    ('{"method": "eagle3", "num_speculative_tokens": 17}', "integer in 1..16, got 17"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', "integer in 1..16, got 0"),
+    ('{"num_speculative_tokens": 4}', 'JSON object with a "method"'),
+    ('["ngram", 4]', 'JSON object with a "method"'),
+])
+def test_speculative_config_is_checked_with_file_and_line(tmp_path, value, message):
+    (tmp_path / "x-spec").mkdir()
+    (tmp_path / "x-spec" / "config.env").write_text(f"MODEL=weights/x\nBASE=x\n# K\nSERVE_SPECULATIVE_CONFIG={value}\n")
+    with pytest.raises(variants.VariantError, match=f"config.env:4: .*{message}"):
+        variants.load_variant("x-spec", root=tmp_path, target="cpu")
+
+
+def test_head_path_becomes_absolute_for_vllm():
+    v = variants.load_variant("smollm2-bf16-eagle4", target="cpu")
+    spec = json.loads(v.serve_settings()["speculative-config"])
+    assert spec["model"] == str(paths.WEIGHTS / "smollm2-bf16-eagle4-head") and spec["num_speculative_tokens"] == 4
+    assert variants.head_dir(variants.load_variant("smollm2-ngram4", target="cpu")) is None
+
+
+def test_missing_or_mismatched_head_is_refused(tmp_path, monkeypatch):
+    target, head = tmp_path / "target", tmp_path / "head"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"hidden_size": 576, "vocab_size": 49152}))
+    v = variants.Variant("x-eagle4", tmp_path, {}, {"MODEL": str(target), "BASE": "x", "SERVE_SPECULATIVE_CONFIG":
+                         json.dumps({"method": "eagle3", "model": "weights/h", "num_speculative_tokens": 4})})
+    monkeypatch.setattr(launch, "head_dir", lambda _v: head)
+    with pytest.raises(CheckpointError, match="make redistill VARIANT=x-eagle4"):
+        launch.check_head(v)
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"transformer_layer_config": {"hidden_size": 960, "vocab_size": 49152}}))
+    (head / "PROVENANCE.json").write_text(json.dumps({"target": "other-bf16"}))
+    with pytest.raises(CheckpointError, match=r"built for other-bf16 \(hidden size 960\); x-eagle4 serves .* \(hidden size 576\)"):
+        launch.check_head(v)
+    (head / "config.json").write_text(json.dumps({"transformer_layer_config": {"hidden_size": 576, "vocab_size": 49152}}))
+    launch.check_head(v)
+
+
+def test_redistill_pure_parts():
+    from collections import Counter
+
+    assert redistill_mtp.aux_layer_ids(30) == [2, 15, 27]  # vLLM's default for SmolLM2's 30 layers
+    freq = Counter({1: 50, 2: 30, 3: 20})
+    assert redistill_mtp.coverage(freq, (1, 2, 3)) == {"1": 0.5, "2": 0.8, "3": 1.0}
+    assert redistill_mtp.pack([300, 300, 100, 600, 50], [0, 1, 2, 3, 4], 512) == [[0], [1, 2], [3], [4]]
+
+
+def test_identity_compare_by_hand():
+    ref = {"id": "a", "ids": [1, 2, 3, 4]}
+    assert eval_identity.compare(ref, {"id": "a", "ids": [1, 2, 3, 4]}, None)["identical"]
+    tie = eval_identity.compare(ref, {"id": "a", "ids": [1, 2, 9, 9]}, [0.0, 0.0, 0.125, 0.0])
+    far = eval_identity.compare(ref, {"id": "a", "ids": [1, 2, 9, 9]}, [0.0, 0.0, 2.5, 0.0])
+    assert tie["first_divergence"] == 2 and tie["near_tie"] and not far["near_tie"]
+    short = eval_identity.compare(ref, {"id": "a", "ids": [1, 2]}, [0.0, 0.0])
+    assert short["first_divergence"] == 2
+    s = eval_identity.summarize_identity([eval_identity.compare(ref, {"id": "a", "ids": [1, 2, 3, 4]}, None), tie, far])
+    assert (s["identical"], s["near_tie_divergences"], s["divergences_beyond_tie"]) == (1, 1, 1)
+    with pytest.raises(eval_identity.IdentityError, match="not teacher-forced"):
+        eval_identity.compare(ref, {"id": "a", "ids": [5]}, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.server import Server, ServerError, is_healthy
-from scripts.common.variants import Variant, VariantError
+from scripts.common.variants import Variant, VariantError, head_dir
 from scripts.common.vllm_cli import build_serve_argv, vllm_flag_table
 
 
@@ -33,6 +34,25 @@ def check_model_present(variant: Variant) -> None:
         raise CheckpointError(f"{model} does not exist: run `make weights VARIANT={variant.name}` "
                               f"(or `make calibrate VARIANT={variant.name}` for a lever-built variant)")
     read_checkpoint(path)  # files present, config parses, shards whole; full checks: scripts.verify_checkpoint
+    check_head(variant)
+
+
+def check_head(variant: Variant) -> None:
+    """A draft head under weights/ exists and was built for this target's shapes and vocabulary."""
+    head = head_dir(variant)
+    if head is None:
+        return
+    if not (head / "config.json").exists():
+        raise CheckpointError(f"{paths.shown(head)} does not exist: run `make redistill VARIANT={variant.name}`")
+    cfg = json.loads((head / "config.json").read_text())
+    layer = cfg.get("transformer_layer_config", {})
+    target = json.loads((Path(variant.model) / "config.json").read_text())
+    built = json.loads((head / "PROVENANCE.json").read_text()).get("target", "?") if (head / "PROVENANCE.json").exists() else "?"
+    for what, mine, theirs in (("hidden size", layer.get("hidden_size"), target.get("hidden_size")),
+                               ("vocabulary", layer.get("vocab_size"), target.get("vocab_size"))):
+        if mine != theirs:
+            raise CheckpointError(f"{paths.shown(head)} was built for {built} ({what} {mine}); {variant.name} serves "
+                                  f"{variant.resolved['MODEL']} ({what} {theirs})")
 
 
 def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, log_path: Path | None = None) -> Server:

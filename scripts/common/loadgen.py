@@ -76,3 +76,17 @@ def run_level(client, model: str, rows: list[dict], mode: str, concurrency: int,
     with cf.ThreadPoolExecutor(concurrency) as ex:
         samples = list(ex.map(lambda r: stream_one(client, model, r, mode, t0, cap), rows))
     return samples, time.perf_counter() - t0
+
+
+def greedy_ids(base_url: str, model: str, rows: list[dict], max_tokens: int, concurrency: int) -> list[dict]:
+    """Prompt and output token ids of every row, answered greedily with at most `concurrency` in flight."""
+    client = openai_client(base_url)
+
+    def one(row: dict) -> dict:
+        r = client.chat.completions.create(model=model, messages=row["messages"], temperature=0,
+                                           max_tokens=min(max_tokens, row["max_tokens"]),
+                                           extra_body={"return_token_ids": True}).model_dump()
+        return {"id": row["id"], "prompt_ids": r["prompt_token_ids"], "ids": r["choices"][0]["token_ids"]}
+
+    with cf.ThreadPoolExecutor(concurrency) as ex:
+        return list(ex.map(one, rows))

@@ -16,6 +16,9 @@ def parse(text: str) -> tuple[Samples, dict[str, dict[str, str]]]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             values[s.name] = values.get(s.name, 0.0) + float(s.value)
+            if "position" in s.labels:  # per-position series (speculative acceptance) are also kept apart
+                key = f"{s.name}[{s.labels['position']}]"
+                values[key] = values.get(key, 0.0) + float(s.value)
             if s.name.endswith("_info"):
                 infos[s.name] = dict(s.labels)
     return values, infos
@@ -64,4 +67,10 @@ def server_counters(before, after) -> dict:
     drafts, dtoks, acc = out["spec_decode_drafts"], out["spec_decode_draft_tokens"], out["spec_decode_accepted_tokens"]
     out["spec_decode_acceptance_rate"] = acc / dtoks if dtoks else None
     out["spec_decode_mean_acceptance_length"] = 1 + acc / drafts if drafts else None
+    # acceptance rate of draft position i = accepted at i / drafts (vLLM counts a position only after all before it)
+    per_pos, i = [], 0
+    while (d := _delta(b, a, f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{i}]")) is not None:
+        per_pos.append(d / drafts if drafts else None)
+        i += 1
+    out["spec_decode_acceptance_per_position"] = per_pos or None
     return out

@@ -37,7 +37,9 @@ PREFIXES: dict[str, str] = {
     "GATE_": "a parity tolerance against the reference variant (read by the quality gate)",
     "EVAL_": "an evaluation option (read by eval/ drivers)",
     "CALIBRATE_": "a quantization lever option (read by scripts.llmcompressor_calibrate)",
+    "REDISTILL_": "a draft-head distillation option (read by scripts.redistill_mtp)",
 }
+MAX_SPECULATIVE_TOKENS = 16  # K: draft tokens verified per step
 REQUIRED = ("MODEL", "BASE")
 
 # Defaults per serving target; the one place they are written. A variant's config.env overrides any of them.
@@ -115,8 +117,20 @@ def parse_config_env(path: Path) -> dict[str, str]:
                 raise VariantError(f"{where}: {key} is not valid JSON: {e.msg} at column {e.colno}") from None
         if key == "SHAPE_PROXY" and value not in ("0", "1"):
             raise VariantError(f"{where}: SHAPE_PROXY must be 0 or 1, got {value!r}")
+        if key == "SERVE_SPECULATIVE_CONFIG":
+            check_speculative_config(value, where)
         settings[key] = value
     return settings
+
+
+def check_speculative_config(value: str, where: str) -> None:
+    """A JSON object with a method and 1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS."""
+    spec = json.loads(value) if value[0] == "{" else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("method"), str):
+        raise VariantError(f"{where}: SERVE_SPECULATIVE_CONFIG must be a JSON object with a \"method\"")
+    k = spec.get("num_speculative_tokens")
+    if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise VariantError(f"{where}: num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
 
 
 @dataclass
@@ -136,11 +150,22 @@ class Variant:
         return self.resolved.get("SHAPE_PROXY") == "1"
 
     def serve_settings(self) -> dict[str, str]:
-        """SERVE_* settings as vLLM flag names (dashes) → raw string values."""
-        return {k[len("SERVE_"):].lower().replace("_", "-"): v for k, v in self.resolved.items() if k.startswith("SERVE_")}
+        """SERVE_* settings as vLLM flag names (dashes) → string values; a draft model under weights/ named in the
+        speculative config becomes an absolute path (vLLM resolves relative paths against its own working dir)."""
+        out = {k[len("SERVE_"):].lower().replace("_", "-"): v for k, v in self.resolved.items() if k.startswith("SERVE_")}
+        if (head := head_dir(self)) is not None:
+            out["speculative-config"] = json.dumps({**json.loads(out["speculative-config"]), "model": str(head)})
+        return out
 
     def env(self) -> dict[str, str]:
         return {k[len("ENV_"):]: v for k, v in self.resolved.items() if k.startswith("ENV_")}
+
+
+def head_dir(variant: Variant) -> Path | None:
+    """The draft model a variant's speculative config names under weights/ (an EAGLE head, a draft model), if any."""
+    raw = variant.resolved.get("SERVE_SPECULATIVE_CONFIG")
+    model = json.loads(raw).get("model") if raw else None
+    return Path(paths.resolve_model(model)) if isinstance(model, str) and model.startswith("weights/") else None
 
 
 def load_variant(
@@ -167,5 +192,7 @@ def load_variant(
     for key, value in (overrides or {}).items():
         if not _valid_key(key):
             raise VariantError(f"override {key}: unknown key; valid keys: {', '.join(list(KEYS) + [p + '*' for p in PREFIXES])}")
+        if key == "SERVE_SPECULATIVE_CONFIG":
+            check_speculative_config(value, f"override {key}")
         resolved[key] = value
     return Variant(name=name, path=path.parent, settings=settings, resolved=resolved, target=target)

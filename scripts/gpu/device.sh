@@ -7,6 +7,18 @@
 #                                               # stay in the machine's tree between calls: moving avoids repeats)
 #   bash scripts/gpu/device.sh setup            # check the payload (.gpu/xfer.sha256), unpack vLLM 0.26, wheels, weights
 #   bash scripts/gpu/device.sh bench V [V ...]  # build weights if needed, serve and measure each variant (c=1,8)
+#   SET="K=V ..." bash scripts/gpu/device.sh start V[+K=V...] ...   # build weights, start every server AT ONCE (each in
+#                                               # its own session: they outlive the call), wait until all are healthy
+#   SET="K=V ..." bash scripts/gpu/device.sh measure   # bench those servers one after another (c=1,8, --base-url),
+#                                               # stop them; records + log excerpts come back as $OUT/${TAR:-results}.tar
+#
+# start/measure exist because one start of the Qwen3.5 proxy takes ~285-345 s (records of 2026-11-21), so a ladder of
+# five proxy variants started one by one does not fit a session's device time; started together they compile at once.
+# Servers that share the GPU need a memory budget each: SET="SERVE_GPU_MEMORY_UTILIZATION=0.12
+# SERVE_KV_CACHE_MEMORY_BYTES=2147483648" (a fixed KV size skips vLLM's memory profiling, which other processes'
+# allocations would disturb); the same SET is passed to the bench so each record's config names it. Only one server
+# runs requests at a time; the others sit idle (no GPU work) while one is measured. V+K=V adds an override for one
+# server (e.g. smollm2-bf16+ENV_VLLM_USE_V2_MODEL_RUNNER=0); its records land under that tag.
 #
 # Build the payload here first (scripts/gpu/README.md): the vLLM bundle, wheels, the embedded GGUF and any CPU-built
 # checkpoints, as one tar cut into 60 MiB chunks, one chunk per call.
@@ -14,7 +26,11 @@ set -uo pipefail
 step=${1:?step}; shift
 export PYTHONUNBUFFERED=1 VLLM_TARGET=cuda TRITON_CACHE_AUTOTUNING=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage
+SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage RUN=/root/run
+EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|SpecDecoding|draft|mtp|runner|KV cache|memory"
+sets=(); for kv in ${SET:-}; do sets+=(--set "$kv"); done
+ready() { grep -q "^ready:" "$RUN/$1.serve" 2>/dev/null; }
+gone() { ! kill -0 "$1" 2>/dev/null; }
 case $step in
   recv)
     mkdir -p $STAGE && mv -v .gpu/xfer/c* $STAGE/ && rm -f $STAGE/payload.tar; ls $STAGE ;;
@@ -57,5 +73,63 @@ case $step in
       { grep -hiE "marlin|machete|cutlass|kernel|backend|quantiz|took|compil" .cache/bench-"$v".log | grep -v Route | tail -40
         echo "--- tail"; tail -${LOG_TAIL:-40} .cache/bench-"$v".log; } > "$OUT/$v/server.log"
     done ;;
+  start)
+    export PYTHONPATH=$SITE:$EXTRA PYTHONFAULTHANDLER=1
+    if ls $STAGE/gguf/smollm2.gguf.part* >/dev/null 2>&1 && [ ! -f $STAGE/smollm2.gguf ]; then
+      cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
+    fi
+    export LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
+    mkdir -p $RUN; t0=$(date +%s)
+    for spec in "$@"; do
+      timeout 300 python3 -m scripts.download_weights --for-variant "${spec%%+*}" || echo "weights for ${spec%%+*} failed"
+    done
+    echo "weights $(( $(date +%s) - t0 )) s"; n=$(cat $RUN/servers 2>/dev/null | wc -l)
+    for spec in "$@"; do
+      v=${spec%%+*}; extra=""; [ "$spec" != "$v" ] && extra=${spec#*+}
+      xs=(); for kv in ${extra//+/ }; do xs+=(--set "$kv"); done
+      tag=$(printf %s "$spec" | tr -c 'A-Za-z0-9._-' _); port=$((8200 + n)); n=$((n + 1))
+      # the server's own session leader writes its pid (setsid forks when its caller leads a process group)
+      setsid bash -c 'echo $$ > "$0"; exec "$@"' $RUN/$tag.pid python3 -m scripts.serve "$v" --port $port \
+        "${sets[@]}" "${xs[@]}" --log $RUN/$tag.log --timeout 900 > $RUN/$tag.serve 2>&1 < /dev/null &
+      for _ in $(seq 50); do [ -s $RUN/$tag.pid ] && break; sleep 0.1; done
+      echo "$tag $v $port $(cat $RUN/$tag.pid) ${extra:--}" >> $RUN/servers
+      echo "started $tag on :$port (pid $(cat $RUN/$tag.pid)) at $(date +%T)"
+    done
+    while :; do
+      left=0; while read -r tag v port pid extra; do ready $tag || gone $pid || left=$((left + 1)); done < $RUN/servers
+      [ $left = 0 ] && break
+      [ $(( $(date +%s) - t0 )) -gt ${WAIT:-540} ] && { echo "still starting: $left"; break; }
+      sleep 5
+    done
+    while read -r tag v port pid extra; do
+      if ready $tag; then echo "$tag: $(grep '^ready:' $RUN/$tag.serve)"
+      else echo "$tag: NOT READY"; tail -5 $RUN/$tag.serve; grep -E "Error|error" $RUN/$tag.log | tail -5; fi
+    done < $RUN/servers
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+    echo "start $(( $(date +%s) - t0 )) s" ;;
+  measure)
+    export PYTHONPATH=$SITE:$EXTRA PYTHONFAULTHANDLER=1
+    res=$RUN/res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
+    while read -r tag v port pid extra <&3; do
+      xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done
+      for _ in $(seq ${WAIT:-120}); do ready $tag || gone $pid && break; sleep 1; done
+      mkdir -p $res/$tag
+      if ready $tag; then
+        echo "== $tag $(date +%T)"
+        timeout ${BENCH_LIMIT:-240} python3 -m scripts.bench_latency "$v" --base-url http://127.0.0.1:$port \
+          --concurrency 1,8 --modes fixed "${sets[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null || echo "bench $tag failed ($?)"
+      else
+        echo "== $tag never became healthy"
+      fi
+      sleep 11  # let vLLM's periodic stats (SpecDecoding metrics) reach the log
+      { grep -m1 "vllm" $RUN/$tag.serve; echo "--- excerpt"; grep -hiE "$EXCERPT" $RUN/$tag.log | grep -v Route | tail -60
+        echo "--- tail"; tail -${LOG_TAIL:-40} $RUN/$tag.log; } > $res/$tag/server.log
+    done 3< $RUN/servers
+    while read -r tag v port pid extra; do kill -TERM $pid 2>/dev/null; done < $RUN/servers
+    for _ in $(seq 60); do alive=0; while read -r tag v port pid extra; do gone $pid || alive=1; done < $RUN/servers
+      [ $alive = 0 ] && break; sleep 1; done
+    mv $RUN/servers $RUN/servers.done-$(date +%H%M%S)
+    tar cf $OUT/${TAR:-results}.tar -C $res . && ls -lR $res | head -40
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader; echo "measure $(( $(date +%s) - t0 )) s" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
