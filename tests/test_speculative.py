@@ -95,3 +95,26 @@ def test_identity_compare_by_hand():
     assert (s["identical"], s["near_tie_divergences"], s["divergences_beyond_tie"]) == (1, 1, 1)
     with pytest.raises(eval_identity.IdentityError, match="not teacher-forced"):
         eval_identity.compare(ref, {"id": "a", "ids": [5]}, None)
+
+
+@pytest.mark.slow
+def test_tiny_eagle_head_serves_and_is_lossless(embedded_server, tmp_path):
+    """`make redistill BUDGET=tiny` end to end (responses from the real server, hidden states, speculators training),
+    then vLLM serves the head (EAGLE-3, K=4) and its greedy token ids equal the reference server's at batch 1 and 4,
+    up to teacher-forced near-ties. A tiny head accepts little: this checks the format and losslessness, not speed."""
+    from tests.conftest import serve
+
+    head = tmp_path / "head"
+    assert redistill_mtp.main(["smollm2-bf16-eagle4", "--budget", "tiny", "--base-url", embedded_server.base_url,
+                               "--out", str(head)]) == 0
+    prov = json.loads((head / "PROVENANCE.json").read_text())
+    assert prov["target"] == "smollm2-bf16" and prov["steps"] == redistill_mtp.BUDGETS["tiny"][2] and prov["curve"]
+    spec = json.dumps({"method": "eagle3", "model": str(head), "num_speculative_tokens": 4})
+    with serve("smollm2-bf16-eagle4", tmp_path, [f"SERVE_SPECULATIVE_CONFIG={spec}", "SERVE_ENFORCE_EAGER=1"]) as s:
+        code = eval_identity.main(["smollm2-bf16-eagle4", "--limit", "4", "--max-tokens", "32", "--concurrency", "1,4",
+                                   "--var-url", s.base_url, "--ref-url", embedded_server.base_url,
+                                   "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("quality_*.json")
+    rec = json.loads(path.read_text())
+    assert code == 0 and rec["summary"]["identity"]["divergences_beyond_tie"] == 0
+    assert rec["summary"]["identity"]["sequences"] == 8

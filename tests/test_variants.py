@@ -36,8 +36,8 @@ def test_layering_platform_then_file_then_override(tmp_path):
 
 
 def test_comments_blank_lines_and_json_values(tmp_path):
-    p = write_variant(tmp_path, "x", '# c\n\nMODEL=weights/x\nBASE=x\nSERVE_SPECULATIVE_CONFIG={"method": "ngram", "x": "#"}\n')
-    assert parse_config_env(p)["SERVE_SPECULATIVE_CONFIG"] == '{"method": "ngram", "x": "#"}'
+    p = write_variant(tmp_path, "x", '# c\n\nMODEL=weights/x\nBASE=x\nSERVE_SPECULATIVE_CONFIG={"method": "ngram", "num_speculative_tokens": 2, "x": "#"}\n')
+    assert parse_config_env(p)["SERVE_SPECULATIVE_CONFIG"] == '{"method": "ngram", "num_speculative_tokens": 2, "x": "#"}'
 
 
 @pytest.mark.parametrize(
