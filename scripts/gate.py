@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     if reference is None:
         print(f"{variant.name} is a reference variant (no PARENT / GATE_REFERENCE): nothing to gate")
         return 0
+    if variant.is_shape_proxy:
+        print(f"{variant.name} is a shape proxy (random weights): speed only, never certified")
+        return 1
     print(f"{variant.name} vs {reference} (value [one-sided 95% bounds]):")
     for c in criteria:
         print(f"  {c.line()}")
