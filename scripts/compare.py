@@ -10,7 +10,8 @@ The gate column is the parity gate's verdict (scripts/common/gate.py) from the v
 variant whose every criterion passes is certified; the fastest certified variant is named per group at c=1 and at
 c=8 with the evidence line of each criterion, and inconclusive variants are listed with what would decide them.
 The Pareto plot puts each gated variant's speed over BF16 (x; c=1 and c=8 panels) against its mean KL divergence
-(y, log scale), marker by verdict, with the frontier (no other variant both faster and closer) drawn.
+(y, log scale), marker by verdict, with the frontier (no other variant both faster and closer) drawn; lossless
+variants (judged by greedy identity, no KL divergence) and shape proxies have no y value and are not drawn.
 """
 
 from __future__ import annotations
@@ -105,8 +106,13 @@ def winner_lines(group_rows: list[dict], judged: dict[str, Judged]) -> list[str]
     for level in LEVELS:
         ranked = sorted((r for r in group_rows if r["vs_base"].get(level) is not None),
                         key=lambda r: -r["vs_base"][level])
-        best = next((r for r in ranked if judged[r["variant"]].certified), None)
-        if best is None:
+        certified = next((r for r in ranked if judged[r["variant"]].certified), None)
+        best = certified if certified and certified["vs_base"][level] > 1.0 else None
+        if certified and best is None:
+            lines.append(f"**Fastest at certified parity, c={level}: the BF16 reference** — no certified variant is "
+                         f"faster (the fastest certified, {certified['variant']}, runs at "
+                         f"{certified['vs_base'][level]:.2f}× {certified['base']})")
+        elif best is None:
             lines.append(f"**Fastest at certified parity, c={level}: none certified** "
                          f"({len(ranked)} variant(s) with a BF16 reference measured here; why, fastest first:)")
             for r in ranked:

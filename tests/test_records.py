@@ -134,6 +134,11 @@ def test_compare_names_the_fastest_certified_variant_per_level(tmp_path):
     assert "- PASS         GATE_MAX_MEAN_KLD = 0.02 [0.018, 0.022]" in text
     assert "- smollm2-b: inconclusive GATE_MIN_TOP1 = 0.9 [0.89, 0.91] — ≈24320 tokens would decide it" in text
     assert compare.plot_pareto(rows, judged, tmp_path / "p.png") and (tmp_path / "p.png").stat().st_size > 0
+    # a certified variant slower than BF16 is never "the fastest": the reference is
+    judged["smollm2-b"] = compare.Judged("fail", [kld])
+    rows_slow = [{**r, "vs_base": {"1": 0.5}} if r["variant"] == "smollm2-a" else r for r in rows]
+    assert "c=1: the BF16 reference** — no certified variant is faster (the fastest certified, smollm2-a, runs at " \
+           "0.50×" in "\n".join(compare.winner_lines([r for r in rows_slow if r["base"]], judged))
 
 
 def test_pareto_front():
