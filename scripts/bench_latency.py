@@ -136,7 +136,7 @@ def run_variant(name: str, args, ladder_id: str | None = None) -> int:
     """Measure one variant (starting its server unless --base-url) and write its record. Returns an exit code."""
     try:
         variant = load_variant(name, overrides=parse_overrides(args.set))
-        args.served_model = variant.resolved.get("SERVE_SERVED_MODEL_NAME", variant.name)
+        args.served_model = variant.served_name
         with variant_server(variant, base_url=args.base_url, port=args.port, purpose="bench") as (base_url, server):
             record = measure(args, variant, base_url, server)
         record["inputs"]["ladder_id"] = ladder_id

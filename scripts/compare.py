@@ -86,14 +86,15 @@ def baseline_of(variant: str, members: dict[str, dict]) -> str | None:
     return root
 
 
+def throughput(rec: dict | None, level) -> float | None:
+    """Output tok/s of a record at one concurrency (None where it was not measured)."""
+    return ((rec or {}).get("summary", {}).get(MODE, {}).get(str(level)) or {}).get("output_throughput")
+
+
 def speedups(rec: dict, ref: dict | None) -> dict[str, float | None]:
     if ref is None:
         return {}
-    out = {}
-    for c, level in rec["summary"].get(MODE, {}).items():
-        ref_level = ref["summary"].get(MODE, {}).get(c)
-        out[c] = ratio(level["output_throughput"], ref_level["output_throughput"]) if ref_level else None
-    return out
+    return {c: ratio(throughput(rec, c), throughput(ref, c)) for c in rec["summary"].get(MODE, {})}
 
 
 def fmt(x: float | None, spec: str = ".2f") -> str:
@@ -173,7 +174,7 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) ->
             refs = [x for x in (pref, bref) if x]
             b2b = "yes" if refs and ladder and all(x["inputs"].get("ladder_id") == ladder for x in refs) else (
                 "—" if not refs else "no (separate runs)")
-            tput = [r["summary"][MODE].get(str(c), {}).get("output_throughput") for c in levels]
+            tput = [throughput(r, c) for c in levels]
             wb = (r.get("model") or {}).get("weight_bytes")
             kv = r.get("server_metrics", {}).get("kv_cache_tokens")
             lines.append(f"| {v}{' (shape proxy)' if r.get('shape_proxy') else ''} | {parent or '—'} | "
@@ -183,9 +184,7 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) ->
                          + " | ".join(fmt(vs_base.get(c)) for c in LEVELS) + f" | {b2b} | {judged[v].short()} |")
             row = {"group": (hw, prompts), "variant": v, "levels": levels, "throughput": tput, "vs_base": vs_base,
                    "base": base, "b2b": b2b,
-                   "tput": {c: r["summary"][MODE].get(c, {}).get("output_throughput") for c in LEVELS},
-                   "base_tput": {c: (bref or {}).get("summary", {}).get(MODE, {}).get(c, {}).get("output_throughput")
-                                 for c in LEVELS}}
+                   "tput": {c: throughput(r, c) for c in LEVELS}, "base_tput": {c: throughput(bref, c) for c in LEVELS}}
             rows.append(row)
             if base:
                 group_rows.append(row)
@@ -268,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"error: no latency records under {args.experiments}; run `make eval-latency` first", file=sys.stderr)
         return 1
-    judged = {r["variant"]: judge(r["variant"], r["config"], args.experiments) for _, r in records}
+    configs = {r["variant"]: r["config"] for _, r in records}  # records run oldest first: the newest config wins
+    judged = {v: judge(v, config, args.experiments) for v, config in configs.items()}
     text, rows = build_report(records, judged)
     import matplotlib
 

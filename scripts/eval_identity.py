@@ -26,17 +26,13 @@ from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts, ope
 from scripts.common.metrics import TIE_NATS
 from scripts.common.records import envelope, write_record
 from scripts.common.server import ServerError
-from scripts.common.variants import VariantError, load_variant
+from scripts.common.variants import VariantError, load_variant, reference_name
 
 DEFAULT_PROMPTS = paths.EVAL / "prompts" / "spec-v1-eval.jsonl"
 
 
 class IdentityError(RuntimeError):
     pass
-
-
-def served_name(variant) -> str:
-    return variant.resolved.get("SERVE_SERVED_MODEL_NAME", variant.name)
 
 
 def tie_gaps(base_url: str, model: str, prompt_ids: list[int], ids: list[int]) -> list[float]:
@@ -96,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         var = load_variant(args.variant)
-        ref_name = args.reference or var.resolved.get("GATE_REFERENCE") or var.resolved.get("PARENT")
+        ref_name = args.reference or reference_name(var.resolved)
         if not ref_name:
             raise IdentityError(f"{var.name} has no PARENT or GATE_REFERENCE: nothing to compare it with")
         ref = load_variant(ref_name)
@@ -104,17 +100,17 @@ def main(argv: list[str] | None = None) -> int:
         rows, info = load_prompts(args.prompts, args.limit)
         with variant_server(var, base_url=args.var_url, port=args.port, purpose="identity") as (url, server):
             var_server = server.argv if server else None
-            outputs = {c: greedy_ids(url, served_name(var), rows, args.max_tokens, c) for c in levels}
+            outputs = {c: greedy_ids(url, var.served_name, rows, args.max_tokens, c) for c in levels}
         with variant_server(ref, base_url=args.ref_url, port=args.port, purpose="identity") as (url, server):
             ref_server = server.argv if server else None
-            reference = {r["id"]: r for r in greedy_ids(url, served_name(ref), rows, args.max_tokens, 1)}
+            reference = {r["id"]: r for r in greedy_ids(url, ref.served_name, rows, args.max_tokens, 1)}
             samples = []
             for c, outs in outputs.items():
                 for o in outs:
                     r = reference[o["id"]]
                     if o["prompt_ids"] != r["prompt_ids"]:
                         raise IdentityError(f"{o['id']}: the two servers tokenized the prompt differently")
-                    gaps = None if o["ids"] == r["ids"] else tie_gaps(url, served_name(ref), o["prompt_ids"], o["ids"])
+                    gaps = None if o["ids"] == r["ids"] else tie_gaps(url, ref.served_name, o["prompt_ids"], o["ids"])
                     samples.append({"concurrency": c, **compare(r, o, gaps)})
     except (IdentityError, VariantError, PromptSetError, ServerError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -33,7 +33,7 @@ from scripts.common.loadgen import openai_client
 from scripts.common.metrics import parity_stats
 from scripts.common.records import envelope, write_record
 from scripts.common.server import ServerError
-from scripts.common.variants import Variant, VariantError, load_variant
+from scripts.common.variants import Variant, VariantError, load_variant, reference_name
 
 DEFAULT_TOKENS = 8192
 DEFAULT_CTX = 512
@@ -45,7 +45,7 @@ class ParityError(RuntimeError):
 
 
 def reference_of(variant: Variant) -> str:
-    ref = variant.resolved.get("GATE_REFERENCE") or variant.resolved.get("PARENT")
+    ref = reference_name(variant.resolved)
     if not ref:
         raise ParityError(f"{variant.name} has no PARENT or GATE_REFERENCE: nothing to compare it with")
     return ref
@@ -142,7 +142,7 @@ def per_token_vllm(ref: Variant, var: Variant, chunks: list[list[int]], urls: di
     logprobs = {}
     for role, v in (("ref", ref), ("var", var)):
         with variant_server(v, base_url=urls[role], port=port, purpose="parity") as (url, _):
-            logprobs[role] = prompt_logprobs(url, v.resolved.get("SERVE_SERVED_MODEL_NAME", v.name), chunks)
+            logprobs[role] = prompt_logprobs(url, v.served_name, chunks)
     for chunk, lr, lv in zip(chunks, logprobs["ref"], logprobs["var"], strict=True):
         half = len(chunk) // 2
         kld, agree, nll_r, nll_v = [], [], [], []

@@ -121,29 +121,27 @@ def scores(results: dict) -> tuple[dict, dict, list]:
 
 
 def evaluate(variant, base_url: str, tasks: list[str], limit) -> tuple[dict, dict, list]:
-    served = variant.resolved.get("SERVE_SERVED_MODEL_NAME", variant.name)
+    served = variant.served_name
     tokenizer = variant.resolved.get("TOKENIZER", variant.model)
     common = {"model": served, "num_concurrent": CONCURRENT, "max_retries": 2, "timeout": 600}
     max_gen = variant.resolved.get("EVAL_MAX_GEN_TOKS")
     if max_gen:
         common["max_gen_toks"] = int(max_gen)
+    runs = [  # (lm-eval model type, its tasks, its arguments, chat template)
+        ("local-completions", [t for t in tasks if t in LOGLIKELIHOOD_TASKS],
+         {**common, "base_url": f"{base_url}/v1/completions", "tokenizer_backend": "huggingface",
+          "tokenizer": tokenizer, "max_length": int(variant.resolved.get("SERVE_MAX_MODEL_LEN", 2048))}, False),
+        ("local-chat-completions", [t for t in tasks if t not in LOGLIKELIHOOD_TASKS],
+         {**common, "base_url": f"{base_url}/v1/chat/completions", "tokenizer_backend": "none",
+          "tokenized_requests": False}, True),
+    ]
     summary, meta, samples = {}, {}, []
-    ll = [t for t in tasks if t in LOGLIKELIHOOD_TASKS]
-    gen = [t for t in tasks if t not in LOGLIKELIHOOD_TASKS]
-    if ll:
-        args = {**common, "base_url": f"{base_url}/v1/completions", "tokenizer_backend": "huggingface",
-                "tokenizer": tokenizer, "max_length": int(variant.resolved.get("SERVE_MAX_MODEL_LEN", 2048))}
-        s, m, x = scores(lm_eval_run("local-completions", args, ll, limit, chat=False))
-        summary.update(s)
-        meta.update(m)
-        samples += x
-    if gen:
-        args = {**common, "base_url": f"{base_url}/v1/chat/completions", "tokenizer_backend": "none",
-                "tokenized_requests": False}
-        s, m, x = scores(lm_eval_run("local-chat-completions", args, gen, limit, chat=True))
-        summary.update(s)
-        meta.update(m)
-        samples += x
+    for model_type, group, args, chat in runs:
+        if group:
+            s, m, x = scores(lm_eval_run(model_type, args, group, limit, chat=chat))
+            summary.update(s)
+            meta.update(m)
+            samples += x
     return summary, meta, samples
 
 

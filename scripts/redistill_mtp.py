@@ -62,8 +62,7 @@ def aux_layer_ids(num_layers: int) -> list[int]:
 def target_responses(target, rows: list[dict], max_tokens: int, base_url: str | None, port: int) -> list[dict]:
     """The target's own greedy answers: prompt ids (chat template applied by the server) and response ids."""
     with variant_server(target, base_url=base_url, port=port, purpose="redistill") as (url, _):
-        name = target.resolved.get("SERVE_SERVED_MODEL_NAME", target.name)
-        return greedy_ids(url, name, rows, max_tokens, concurrency=int(target.resolved.get("SERVE_MAX_NUM_SEQS", 8)))
+        return greedy_ids(url, target.served_name, rows, max_tokens, concurrency=int(target.resolved.get("SERVE_MAX_NUM_SEQS", 8)))
 
 
 def write_hidden_states(model_dir: str, seqs: list[dict], out: Path) -> Counter:

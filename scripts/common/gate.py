@@ -33,6 +33,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.records import hardware_key
+from scripts.common.variants import reference_name
 
 Z = 1.6448536269514722  # one-sided 95% normal quantile
 # Parity criteria: config key -> (summary field, per-chunk sample field, "max" | "min")
@@ -43,8 +44,7 @@ PARITY_CRITERIA = {
 }
 TASK_KEY = "GATE_MAX_TASK_DROP"
 IDENTITY_KEY = "GATE_GREEDY_IDENTITY"
-TOLERANCES = {**{k: v[0] for k, v in PARITY_CRITERIA.items()}, TASK_KEY: "lm-eval main metrics, paired",
-              IDENTITY_KEY: "greedy-identity record", "GATE_REFERENCE": "the reference variant (default PARENT)"}
+GATE_KEYS = (*PARITY_CRITERIA, TASK_KEY, IDENTITY_KEY, "GATE_REFERENCE")
 MAIN_METRICS = ("acc", "exact_match", "prompt_level_strict_acc", "acc_norm")  # first one a task reports
 ITEMS_COMMAND = "make eval-quality-full VARIANT={v}"
 STATUSES = ("pass", "inconclusive", "missing", "fail")  # verdict precedence: the last present wins
@@ -289,15 +289,15 @@ def parity_criteria(settings: dict[str, str], record: dict | None) -> list[Crite
 
 
 def check_keys(settings: dict[str, str]) -> None:
-    unknown = sorted(k for k in settings if k.startswith("GATE_") and k not in TOLERANCES)
+    unknown = sorted(k for k in settings if k.startswith("GATE_") and k not in GATE_KEYS)
     if unknown:
-        raise GateError(f"unknown gate key(s) {', '.join(unknown)}; the gate knows {', '.join(TOLERANCES)}")
+        raise GateError(f"unknown gate key(s) {', '.join(unknown)}; the gate knows {', '.join(GATE_KEYS)}")
 
 
 def gate_for(variant: str, settings: dict[str, str], root: Path | None = None) -> tuple[str | None, list[Criterion]]:
     """(reference, criteria) from the newest records; reference None means the variant is itself a reference."""
     check_keys(settings)
-    reference = settings.get("GATE_REFERENCE") or settings.get("PARENT")
+    reference = reference_name(settings)
     if not reference:
         return None, []
     mine = quality_records(variant, root)

@@ -146,6 +146,11 @@ class Variant:
         return paths.resolve_model(self.resolved["MODEL"])
 
     @property
+    def served_name(self) -> str:
+        """The model name its server answers to (requests must name it)."""
+        return self.resolved.get("SERVE_SERVED_MODEL_NAME", self.name)
+
+    @property
     def is_shape_proxy(self) -> bool:
         return self.resolved.get("SHAPE_PROXY") == "1"
 
@@ -159,6 +164,11 @@ class Variant:
 
     def env(self) -> dict[str, str]:
         return {k[len("ENV_"):]: v for k, v in self.resolved.items() if k.startswith("ENV_")}
+
+
+def reference_name(settings: dict[str, str]) -> str | None:
+    """The variant a variant is judged against: GATE_REFERENCE, else its PARENT (None for a reference itself)."""
+    return settings.get("GATE_REFERENCE") or settings.get("PARENT")
 
 
 def head_dir(variant: Variant) -> Path | None:
