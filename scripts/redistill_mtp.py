@@ -206,6 +206,28 @@ def train(target_dir: str, hidden: int, data: Path, freq: Counter, cfg: dict, st
     return model, curve, [s / max(t, 1.0) for s, t in zip(sums, totals, strict=True)]
 
 
+def cached_data(target, rows: list[dict], info: dict, max_tokens: int, base_url: str | None, port: int) -> Path:
+    """.cache/redistill/<hash of target, prompts, length>: responses + hidden states, built once (temp dir, rename)."""
+    key = hashlib.sha256(json.dumps([target.name, target.resolved["MODEL"], info["prompt_set_sha256"], len(rows),
+                                     max_tokens]).encode()).hexdigest()[:16]
+    data = paths.CACHE / "redistill" / key
+    if (data / "responses.json").exists():
+        print(f"reusing {paths.shown(data)}")
+        return data
+    seqs = target_responses(target, rows, max_tokens, base_url, port)
+    data.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=data.parent))
+    try:
+        freq = write_hidden_states(target.model, seqs, tmp / "data")
+        (tmp / "data" / "responses.json").write_text(json.dumps({"seqs": seqs, "freq": freq}))
+        shutil.rmtree(data, ignore_errors=True)
+        (tmp / "data").rename(data)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"cached {len(seqs)} responses and hidden states in {paths.shown(data)}")
+    return data
+
+
 def settings_of(variant) -> dict:
     r = {**DEFAULTS, **{k: v for k, v in variant.resolved.items() if k.startswith("REDISTILL_")}}
     try:
@@ -246,32 +268,16 @@ def main(argv: list[str] | None = None) -> int:
         n_prompts, max_tokens, steps = BUDGETS[args.budget]
         steps = args.steps or steps or cfg["steps"]
         rows, info = load_prompts(args.prompts, n_prompts)
-        key = hashlib.sha256(json.dumps([target.name, target.resolved["MODEL"], info["prompt_set_sha256"],
-                                         len(rows), max_tokens]).encode()).hexdigest()[:16]
-        data = paths.CACHE / "redistill" / key
-        if not (data / "responses.json").exists():
-            seqs = target_responses(target, rows, max_tokens, args.base_url, args.port)
-            data.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=data.parent))
-            try:
-                freq = write_hidden_states(target.model, seqs, tmp / "data")
-                (tmp / "data" / "responses.json").write_text(json.dumps({"seqs": seqs, "freq": freq}))
-                shutil.rmtree(data, ignore_errors=True)
-                (tmp / "data").rename(data)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-            print(f"cached {len(seqs)} responses and hidden states in {paths.shown(data)}")
-        else:
-            print(f"reusing {paths.shown(data)}")
+        data = cached_data(target, rows, info, max_tokens, args.base_url, args.port)
         cached = json.loads((data / "responses.json").read_text())
         freq = Counter({int(k): v for k, v in cached["freq"].items()})
         from transformers import AutoConfig
 
         tcfg = AutoConfig.from_pretrained(target.model)
+        cov = coverage(freq)
         if cfg["draft_vocab"] == "auto":
-            cov = coverage(freq)
-            cfg["draft_vocab"] = next((n for n in COVERAGE_SIZES if cov[str(n)] >= AUTO_COVERAGE), COVERAGE_SIZES[-1])
-        cfg["draft_vocab"] = min(cfg["draft_vocab"], tcfg.vocab_size)
+            auto = next((n for n in COVERAGE_SIZES if cov[str(n)] >= AUTO_COVERAGE), COVERAGE_SIZES[-1])
+            cfg["draft_vocab"] = min(auto, tcfg.vocab_size)
         if cfg["draft_vocab"] > tcfg.vocab_size or cfg["draft_vocab"] < 16:
             raise RedistillError(f"REDISTILL_DRAFT_VOCAB={cfg['draft_vocab']}: must lie in 16..{tcfg.vocab_size}")
         model, curve, val_acc = train(target.model, tcfg.hidden_size, data, freq, cfg, steps, cfg["seed"])
@@ -292,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             "prompts": info, "budget": args.budget, "responses": len(cached["seqs"]), "max_tokens": max_tokens,
             "response_tokens": sum(freq.values()), "data_sha256": data_sha, "settings": cfg, "steps": steps,
             "pack_tokens": PACK_TOKENS, "curve": curve, "val_cond_acc": [round(a, 4) for a in val_acc],
-            "draft_vocab_coverage": coverage(freq), "seconds": round(time.monotonic() - t0, 1)}, indent=1))
+            "draft_vocab_coverage": cov, "seconds": round(time.monotonic() - t0, 1)}, indent=1))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     except BaseException:
