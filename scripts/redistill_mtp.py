@@ -32,16 +32,17 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
-from scripts.common.launch import variant_server
+from scripts.common.launch import parse_overrides, variant_server
 from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, head_dir, load_variant
 
 TRAIN_PROMPTS = paths.EVAL / "prompts" / "spec-v1-train.jsonl"
 # budget -> (prompts, max response tokens, optimizer steps); `full` is what the variant's REDISTILL_* keys say
+# (tiny also takes no sampled responses: REDISTILL_SAMPLES is for `full`)
 BUDGETS = {"tiny": (24, 48, 60), "full": (None, 128, None)}
 DEFAULTS = {"REDISTILL_DRAFT_VOCAB": "auto", "REDISTILL_STEPS": "400", "REDISTILL_TTT_STEPS": "3",
-            "REDISTILL_LR": "1e-3", "REDISTILL_SEED": "0"}
+            "REDISTILL_LR": "1e-3", "REDISTILL_SEED": "0", "REDISTILL_SAMPLES": "0", "REDISTILL_TEMPERATURE": "0.8"}
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 # REDISTILL_DRAFT_VOCAB=auto: the smallest COVERAGE_SIZES entry covering this share of the target's response tokens
 # (a token outside the draft vocabulary can never be proposed, so this caps acceptance per position)
@@ -59,10 +60,14 @@ def aux_layer_ids(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def target_responses(target, rows: list[dict], max_tokens: int, base_url: str | None, port: int) -> list[dict]:
-    """The target's own greedy answers: prompt ids (chat template applied by the server) and response ids."""
+def target_responses(target, rows: list[dict], max_tokens: int, cfg: dict, base_url: str | None, port: int) -> list[dict]:
+    """The target's own answers: the greedy one and cfg["samples"] sampled at cfg["temperature"] per prompt (more
+    of the target's distribution for the same prompts); prompt ids (chat template applied by the server) and
+    response ids."""
     with variant_server(target, base_url=base_url, port=port, purpose="redistill") as (url, _):
-        return greedy_ids(url, target.served_name, rows, max_tokens, concurrency=int(target.resolved.get("SERVE_MAX_NUM_SEQS", 8)))
+        return greedy_ids(url, target.served_name, rows, max_tokens,
+                          concurrency=int(target.resolved.get("SERVE_MAX_NUM_SEQS", 8)),
+                          samples=cfg["samples"], temperature=cfg["temperature"], seed=cfg["seed"])
 
 
 def write_hidden_states(model_dir: str, seqs: list[dict], out: Path) -> Counter:
@@ -74,7 +79,8 @@ def write_hidden_states(model_dir: str, seqs: list[dict], out: Path) -> Counter:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
     layers = aux_layer_ids(model.config.num_hidden_layers)
     captured = {}
     hook = model.model.layers[-1].register_forward_hook(
@@ -85,8 +91,8 @@ def write_hidden_states(model_dir: str, seqs: list[dict], out: Path) -> Counter:
         for i, s in enumerate(tqdm(seqs, desc="hidden states", unit="seq")):
             ids = torch.tensor([s["prompt_ids"] + s["ids"]])
             with torch.no_grad():
-                hs = model(ids, output_hidden_states=True).hidden_states
-            stack = torch.stack([hs[layer][0] for layer in layers] + [captured["last"][0]], dim=1)
+                hs = model(ids.to(device), output_hidden_states=True).hidden_states
+            stack = torch.stack([hs[layer][0] for layer in layers] + [captured["last"][0]], dim=1).cpu()
             mask = torch.zeros(ids.shape[1], dtype=torch.long)
             mask[len(s["prompt_ids"]):] = 1
             save_file({"token_ids": ids[0], "hidden_states": stack.to(torch.bfloat16).contiguous()},
@@ -206,15 +212,18 @@ def train(target_dir: str, hidden: int, data: Path, freq: Counter, cfg: dict, st
     return model, curve, [s / max(t, 1.0) for s, t in zip(sums, totals, strict=True)]
 
 
-def cached_data(target, rows: list[dict], info: dict, max_tokens: int, base_url: str | None, port: int) -> Path:
-    """.cache/redistill/<hash of target, prompts, length>: responses + hidden states, built once (temp dir, rename)."""
+def cached_data(target, rows: list[dict], info: dict, max_tokens: int, cfg: dict, base_url: str | None,
+                port: int) -> Path:
+    """.cache/redistill/<hash of target, prompts, length, sampling>: responses + hidden states, built once (temp
+    dir, rename)."""
+    sampling = [cfg["samples"], cfg["temperature"], cfg["seed"]] if cfg["samples"] else []
     key = hashlib.sha256(json.dumps([target.name, target.resolved["MODEL"], info["prompt_set_sha256"], len(rows),
-                                     max_tokens]).encode()).hexdigest()[:16]
+                                     max_tokens, *sampling]).encode()).hexdigest()[:16]
     data = paths.CACHE / "redistill" / key
     if (data / "responses.json").exists():
         print(f"reusing {paths.shown(data)}")
         return data
-    seqs = target_responses(target, rows, max_tokens, base_url, port)
+    seqs = target_responses(target, rows, max_tokens, cfg, base_url, port)
     data.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=data.parent))
     try:
@@ -228,13 +237,28 @@ def cached_data(target, rows: list[dict], info: dict, max_tokens: int, base_url:
     return data
 
 
+def drop_frozen_embedding(model, head: Path) -> None:
+    """Remove the head's input embedding from the checkpoint when training kept it frozen: it is then the target's
+    own, and vLLM shares the target's embedding with a head that has none (llm_base_proposer._maybe_share_embeddings),
+    which it also does when the two are equal. The SmolLM2 head shrinks from 72 MB to ~15 MB."""
+    from safetensors.torch import load_file, save_file
+
+    if model.embed_tokens.weight.requires_grad:
+        return
+    for shard in head.glob("*.safetensors"):
+        tensors = load_file(shard)
+        if tensors.pop("embed_tokens.weight", None) is not None:
+            save_file(tensors, str(shard), metadata={"format": "pt"})
+
+
 def settings_of(variant) -> dict:
     r = {**DEFAULTS, **{k: v for k, v in variant.resolved.items() if k.startswith("REDISTILL_")}}
     try:
         vocab = r["REDISTILL_DRAFT_VOCAB"]
         return {"draft_vocab": vocab if vocab == "auto" else int(vocab), "steps": int(r["REDISTILL_STEPS"]),
                 "ttt_steps": int(r["REDISTILL_TTT_STEPS"]), "lr": float(r["REDISTILL_LR"]),
-                "seed": int(r["REDISTILL_SEED"])}
+                "seed": int(r["REDISTILL_SEED"]), "samples": int(r["REDISTILL_SAMPLES"]),
+                "temperature": float(r["REDISTILL_TEMPERATURE"])}
     except ValueError as e:
         raise RedistillError(f"{variant.path / 'config.env'}: a REDISTILL_* value is not a number ({e})") from None
 
@@ -248,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", help="the target's running server (default: start it)")
     p.add_argument("--port", type=int, default=8127)
     p.add_argument("--out", type=Path, help="write the head here instead of the variant's head folder")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     return p
 
 
@@ -255,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     t0 = time.monotonic()
     try:
-        variant = load_variant(args.variant)
+        variant = load_variant(args.variant, overrides=parse_overrides(args.set))
         out = args.out or head_dir(variant)
         if out is None:
             raise RedistillError(f"{variant.name}: SERVE_SPECULATIVE_CONFIG names no eagle3 head under weights/")
@@ -266,9 +291,11 @@ def main(argv: list[str] | None = None) -> int:
             raise RedistillError(f"{target.resolved['MODEL']} does not exist: build {target.name} first")
         cfg = settings_of(variant)
         n_prompts, max_tokens, steps = BUDGETS[args.budget]
+        if args.budget == "tiny":
+            cfg["samples"] = 0
         steps = args.steps or steps or cfg["steps"]
         rows, info = load_prompts(args.prompts, n_prompts)
-        data = cached_data(target, rows, info, max_tokens, args.base_url, args.port)
+        data = cached_data(target, rows, info, max_tokens, cfg, args.base_url, args.port)
         cached = json.loads((data / "responses.json").read_text())
         freq = Counter({int(k): v for k, v in cached["freq"].items()})
         from transformers import AutoConfig
@@ -290,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         model.to(torch.bfloat16).save_pretrained(tmp)
+        drop_frozen_embedding(model, tmp)
         data_sha = hashlib.sha256((data / "responses.json").read_bytes()).hexdigest()
         (tmp / "PROVENANCE.json").write_text(json.dumps({
             "lever": "redistill_mtp (EAGLE-3 via speculators)", "variant": variant.name, "target": target.name,

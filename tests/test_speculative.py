@@ -52,7 +52,7 @@ def test_speculative_config_is_checked_with_file_and_line(tmp_path, value, messa
 def test_head_path_becomes_absolute_for_vllm():
     v = variants.load_variant("smollm2-bf16-eagle4", target="cpu")
     spec = json.loads(v.serve_settings()["speculative-config"])
-    assert spec["model"] == str(paths.WEIGHTS / "smollm2-bf16-eagle4-head") and spec["num_speculative_tokens"] == 4
+    assert spec["model"] == str(paths.WEIGHTS / "smollm2-bf16-eagle-head") and spec["num_speculative_tokens"] == 4
     assert variants.head_dir(variants.load_variant("smollm2-ngram4", target="cpu")) is None
 
 

@@ -31,7 +31,7 @@ def test_layering_platform_then_file_then_override(tmp_path):
     assert v.resolved["SERVE_DTYPE"] == "float16" != PLATFORM_DEFAULTS["cpu"]["SERVE_DTYPE"]  # file beats platform
     assert v.resolved["ENV_VLLM_CPU_KVCACHE_SPACE"] == PLATFORM_DEFAULTS["cpu"]["ENV_VLLM_CPU_KVCACHE_SPACE"]
     assert v.serve_settings()["max-num-seqs"] == "4"
-    assert v.env() == {"VLLM_CPU_KVCACHE_SPACE": PLATFORM_DEFAULTS["cpu"]["ENV_VLLM_CPU_KVCACHE_SPACE"]}
+    assert v.env()["VLLM_CPU_KVCACHE_SPACE"] == PLATFORM_DEFAULTS["cpu"]["ENV_VLLM_CPU_KVCACHE_SPACE"]
     assert "ENV_VLLM_CPU_KVCACHE_SPACE" not in load_variant("x-bf16", root=tmp_path, target="cuda").resolved
 
 
@@ -85,3 +85,20 @@ def test_serving_target(monkeypatch):
     monkeypatch.delenv("VLLM_TARGET")
     monkeypatch.setattr(variants.shutil, "which", lambda _: None)
     assert variants.serving_target() == "cpu"
+
+
+def test_cpu_preload_auto_resolves_to_the_libraries_found(tmp_path, monkeypatch):
+    """ENV_LD_PRELOAD=auto (the CPU default) becomes the paths of the libraries present; a missing one is named with
+    where it comes from, and an explicit value (empty: preload nothing) is kept as written."""
+    from scripts.common import variants
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libfound.so").write_text("")
+    monkeypatch.setattr(variants.sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(variants, "CPU_PRELOAD", (("libfound.so", "here"), ("libnowhere-xyz.so.9", "apt-get install it")))
+    assert variants.cpu_preload() == ([str(tmp_path / "lib" / "libfound.so")], ["libnowhere-xyz.so.9 (apt-get install it)"])
+    write_variant(tmp_path / "exp", "x-bf16", "MODEL=weights/x\nBASE=x\n")
+    assert load_variant("x-bf16", root=tmp_path / "exp", target="cpu").env()["LD_PRELOAD"] == str(tmp_path / "lib" / "libfound.so")
+    v = load_variant("x-bf16", root=tmp_path / "exp", target="cpu", overrides={"ENV_LD_PRELOAD": ""})
+    assert v.env()["LD_PRELOAD"] == ""
+    assert "ENV_LD_PRELOAD" not in load_variant("x-bf16", root=tmp_path / "exp", target="cuda").resolved

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.server import Server, ServerError, is_healthy
-from scripts.common.variants import Variant, VariantError, head_dir
+from scripts.common.variants import Variant, VariantError, cpu_preload, head_dir
 from scripts.common.vllm_cli import build_serve_argv, vllm_flag_table
 
 
@@ -59,6 +60,9 @@ def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, 
     """The variant's server, not started: flags checked against vLLM first, then the checkpoint."""
     argv = build_serve_argv(variant, vllm_flag_table(), host=host, port=port, api_key=api_key)
     check_model_present(variant)
+    if variant.settings.get("ENV_LD_PRELOAD", "auto") == "auto" and variant.target == "cpu":
+        for hint in cpu_preload()[1]:
+            print(f"warning: not preloaded, {hint}: vLLM on CPU runs slower without it", file=sys.stderr)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     return Server(argv=argv, base_url=f"http://{url_host}:{port}", env=variant.env(), log_path=log_path)
 

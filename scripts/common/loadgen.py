@@ -78,15 +78,22 @@ def run_level(client, model: str, rows: list[dict], mode: str, concurrency: int,
     return samples, time.perf_counter() - t0
 
 
-def greedy_ids(base_url: str, model: str, rows: list[dict], max_tokens: int, concurrency: int) -> list[dict]:
-    """Prompt and output token ids of every row, answered greedily with at most `concurrency` in flight."""
+def greedy_ids(base_url: str, model: str, rows: list[dict], max_tokens: int, concurrency: int,
+               samples: int = 0, temperature: float = 1.0, seed: int = 0) -> list[dict]:
+    """Prompt and output token ids of every row, answered greedily with at most `concurrency` in flight; with
+    samples > 0, also that many answers sampled at `temperature` (request seeds seed+1 .. seed+samples), each as its own entry."""
     client = openai_client(base_url)
 
-    def one(row: dict) -> dict:
-        r = client.chat.completions.create(model=model, messages=row["messages"], temperature=0,
-                                           max_tokens=min(max_tokens, row["max_tokens"]),
-                                           extra_body={"return_token_ids": True}).model_dump()
-        return {"id": row["id"], "prompt_ids": r["prompt_token_ids"], "ids": r["choices"][0]["token_ids"]}
+    def one(row: dict) -> list[dict]:
+        out = []
+        for i in range(1 + samples):
+            sampled = {"temperature": temperature, "seed": seed + i} if i else {"temperature": 0}
+            r = client.chat.completions.create(model=model, messages=row["messages"], **sampled,
+                                               max_tokens=min(max_tokens, row["max_tokens"]),
+                                               extra_body={"return_token_ids": True}).model_dump()
+            out.append({"id": row["id"], "sample": i, "prompt_ids": r["prompt_token_ids"],
+                        "ids": r["choices"][0]["token_ids"]})
+        return out
 
     with cf.ThreadPoolExecutor(concurrency) as ex:
-        return list(ex.map(one, rows))
+        return [s for group in ex.map(one, rows) for s in group]

