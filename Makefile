@@ -26,7 +26,7 @@ QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant lock lock-quant calibrate redistill download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean
+.PHONY: help install install-quant lock lock-quant calibrate redistill draft download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ calibrate: $(QSTAMP) ## build VARIANT's weights from its PARENT with llm-compres
 
 redistill: weights ## distill VARIANT's EAGLE-3 draft head against its PARENT (BUDGET=tiny for minutes on a CPU)
 	$(PY) -m scripts.redistill_mtp $(VARIANT) --budget $(BUDGET)
+
+draft: weights ## build VARIANT's layer-truncated draft model from its PARENT (DRAFT_LAYERS in config.env)
+	$(PY) -m scripts.make_draft_model $(VARIANT)
 
 lock: ## re-resolve requirements/cpu.in into the pinned lock requirements/cpu.txt (CPU machines)
 	rm -rf $(VENV)-lock && $(PYTHON_BASE) -m venv $(VENV)-lock

@@ -118,3 +118,30 @@ def test_tiny_eagle_head_serves_and_is_lossless(embedded_server, tmp_path):
     rec = json.loads(path.read_text())
     assert code == 0 and rec["summary"]["identity"]["divergences_beyond_tie"] == 0
     assert rec["summary"]["identity"]["sequences"] == 8
+
+
+def test_truncated_draft_keeps_the_first_layers_and_refuses_bad_counts(tmp_path):
+    """make_draft_model.truncate: layers < N, embedding, norm and tokenizer files kept; config says N; N outside
+    1..layers-1 refused naming the limit."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from scripts import make_draft_model
+
+    parent, out = tmp_path / "p", tmp_path / "d"
+    parent.mkdir()
+    out.mkdir()
+    (parent / "config.json").write_text(json.dumps({"num_hidden_layers": 3, "hidden_size": 4}))
+    (parent / "tokenizer.json").write_text("{}")
+    save_file({"model.embed_tokens.weight": torch.zeros(8, 4), "model.norm.weight": torch.ones(4),
+               **{f"model.layers.{i}.mlp.up_proj.weight": torch.full((4, 4), float(i)) for i in range(3)}},
+              str(parent / "model.safetensors"))
+    info = make_draft_model.truncate(parent, out, 2)
+    kept = load_file(out / "model.safetensors")
+    assert sorted(kept) == ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight",
+                            "model.layers.1.mlp.up_proj.weight", "model.norm.weight"]
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2 == info["layers"]
+    assert (out / "tokenizer.json").exists()
+    for bad in (0, 3):
+        with pytest.raises(make_draft_model.DraftError, match=r"must lie in 1\.\.2"):
+            make_draft_model.truncate(parent, tmp_path, bad)

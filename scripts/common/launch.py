@@ -44,9 +44,10 @@ def check_head(variant: Variant) -> None:
     if head is None:
         return
     if not (head / "config.json").exists():
-        raise CheckpointError(f"{paths.shown(head)} does not exist: run `make redistill VARIANT={variant.name}`")
+        make = "draft" if json.loads(variant.resolved["SERVE_SPECULATIVE_CONFIG"])["method"] == "draft_model" else "redistill"
+        raise CheckpointError(f"{paths.shown(head)} does not exist: run `make {make} VARIANT={variant.name}`")
     cfg = json.loads((head / "config.json").read_text())
-    layer = cfg.get("transformer_layer_config", {})
+    layer = cfg.get("transformer_layer_config", cfg)  # an EAGLE head's layer config, else a draft model's own
     target = json.loads((Path(variant.model) / "config.json").read_text())
     built = json.loads((head / "PROVENANCE.json").read_text()).get("target", "?") if (head / "PROVENANCE.json").exists() else "?"
     for what, mine, theirs in (("hidden size", layer.get("hidden_size"), target.get("hidden_size")),

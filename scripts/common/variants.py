@@ -31,6 +31,7 @@ KEYS: dict[str, str] = {
     "SHAPE_PROXY": "1 when MODEL holds random weights with the real shapes: speed only, never quality",
     "SOURCE": "where MODEL's weights come from: embedded | <org>/<repo> (hub) | shape-proxy:<config> | lever",
     "TOKENIZER": "tokenizer directory or hub id when it differs from MODEL",
+    "DRAFT_LAYERS": "decoder layers of PARENT a layer-truncated draft model keeps (scripts.make_draft_model)",
 }
 # Key families: a prefix and what the rest of the key means.
 PREFIXES: dict[str, str] = {
