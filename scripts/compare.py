@@ -26,7 +26,7 @@ from scripts.common import paths
 from scripts.common.gate import Criterion, GateError, gate_for, verdict
 from scripts.common.metrics import ratio
 from scripts.common.records import all_records, hardware_key, now_utc
-from scripts.common.variants import VariantError, load_variant
+from scripts.common.variants import VariantError, load_variant, reference_name
 
 MODE = "fixed"  # speed is compared at fixed output length (ignore_eos)
 LEVELS = ("1", "8")  # the concurrencies a winner is named at
@@ -69,6 +69,26 @@ def judge(variant: str, config: dict[str, str], root: Path | None = None) -> Jud
     except GateError as e:
         return Judged("error", note=str(e))
     return Judged("reference") if reference is None else Judged(verdict(criteria), criteria)
+
+
+def chain(judged: dict[str, Judged], configs: dict[str, dict[str, str]]) -> dict[str, Judged]:
+    """A pass counts only if the variant's reference is certified too, up to the BF16 reference: lossless speculation
+    on an INT8 model that is inconclusive against BF16 is itself inconclusive against BF16."""
+    out = dict(judged)
+
+    def settle(v: str, seen: tuple[str, ...] = ()) -> Judged:
+        j = out[v]
+        ref = reference_name(configs.get(v, {}))
+        if j.verdict != "pass" or ref is None or ref in seen or ref not in out:
+            return j
+        up = settle(ref, (*seen, v))
+        if up.verdict not in ("pass", "reference"):
+            out[v] = Judged(up.verdict, j.criteria, note=f"its own gate passes; its reference {ref} is {up.verdict}")
+        return out[v]
+
+    for v in judged:
+        settle(v)
+    return out
 
 
 def group_key(rec: dict) -> tuple[str, str]:
@@ -268,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no latency records under {args.experiments}; run `make eval-latency` first", file=sys.stderr)
         return 1
     configs = {r["variant"]: r["config"] for _, r in records}  # records run oldest first: the newest config wins
-    judged = {v: judge(v, config, args.experiments) for v, config in configs.items()}
+    judged = chain({v: judge(v, config, args.experiments) for v, config in configs.items()}, configs)
     text, rows = build_report(records, judged)
     import matplotlib
 

@@ -157,3 +157,17 @@ def test_quality_v2_lm_eval_record_needs_per_item_outcomes(tmp_path):
     del rec["samples"][0]["item_id"]
     errors = check_schemas.check_file(records.write_record(rec, tmp_path, "quality"))
     assert errors and "item_id" in errors[0]
+
+
+def test_compare_certifies_only_through_a_certified_reference():
+    """A passing lossless variant on an inconclusive parent is inconclusive against BF16; on a passing parent it
+    passes; the reference itself and a failing variant keep their verdicts."""
+    from scripts.compare import Judged, chain
+
+    configs = {"b": {}, "q": {"PARENT": "b"}, "q-spec": {"PARENT": "q"}, "ok": {"PARENT": "b"},
+               "ok-spec": {"PARENT": "ok"}, "bad": {"PARENT": "b"}}
+    judged = {"b": Judged("reference"), "q": Judged("inconclusive"), "q-spec": Judged("pass"), "ok": Judged("pass"),
+              "ok-spec": Judged("pass"), "bad": Judged("fail")}
+    out = chain(judged, configs)
+    assert out["q-spec"].verdict == "inconclusive" and "reference q is inconclusive" in out["q-spec"].note
+    assert [out[v].verdict for v in ("b", "q", "ok", "ok-spec", "bad")] == ["reference", "inconclusive", "pass", "pass", "fail"]
