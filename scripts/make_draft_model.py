@@ -48,9 +48,9 @@ def truncate(parent: Path, out: Path, layers: int) -> dict:
                 kept[name] = tensor
     save_file(kept, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": layers}, indent=2))
+    skip = {"config.json", "model.safetensors.index.json", "PROVENANCE.json"}  # written here, or not the draft's
     for f in parent.iterdir():
-        if f.suffix not in (".safetensors",) and f.name not in ("config.json", "model.safetensors.index.json",
-                                                                  "PROVENANCE.json") and f.is_file():
+        if f.is_file() and f.suffix != ".safetensors" and f.name not in skip:
             shutil.copy2(f, out / f.name)
     return {"parent_layers": total, "layers": layers, "tensors": len(kept),
             "params": sum(t.numel() for t in kept.values())}
