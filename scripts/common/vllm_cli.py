@@ -90,8 +90,8 @@ def serve_flags(variant: Variant, table: FlagTable) -> list[str]:
                 argv.append(f"--no-{flag_name}")
         elif kind == "multi":
             argv += [flag, *value.split()]
-        else:
-            argv += [flag, value]
+        else:  # a value starting with ./ names a file of this repository (e.g. SERVE_CHAT_TEMPLATE)
+            argv += [flag, paths.resolve_model(value) if value.startswith("./") else value]
     return argv
 
 
