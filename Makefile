@@ -26,7 +26,7 @@ QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant lock lock-quant calibrate redistill draft analyze-vocab prune-vocab download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean
+.PHONY: help install install-quant lock lock-quant calibrate redistill draft analyze-vocab prune-vocab bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -81,6 +81,9 @@ prune-vocab: $(STAMP) ## build VARIANT's pruned output layer from its PARENT (PR
 	$(PY) -m scripts.download_weights --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
 	$(PY) -m scripts.prune_vocab_v2 $(VARIANT)
 
+bake-cache: weights ## pre-bake VARIANT's compile caches into cache_import.tar.gz (MEASURE=1: + a warm start, records)
+	$(PY) -m scripts.bake_cache $(VARIANT) $(if $(MEASURE),--measure-warm)
+
 lock: ## re-resolve requirements/cpu.in into the pinned lock requirements/cpu.txt (CPU machines)
 	rm -rf $(VENV)-lock && $(PYTHON_BASE) -m venv $(VENV)-lock
 	$(VENV)-lock/bin/pip install -q -r requirements/cpu.in && $(VENV)-lock/bin/pip uninstall -q -y $(BROKEN_ON_CPU)
@@ -93,7 +96,7 @@ download: $(STAMP) ## materialize base weights: MODEL=embedded (default) | org/r
 weights: $(STAMP) ## materialize what VARIANT's MODEL needs (no-op when present)
 	$(PY) -m scripts.download_weights --for-variant $(VARIANT)
 
-serve: weights ## serve VARIANT with vLLM's OpenAI server (HOST, PORT, API_KEY); Ctrl-C stops it
+serve: weights ## serve VARIANT with vLLM's OpenAI server (HOST, PORT, API_KEY, CACHE=cache_import.tar.gz); Ctrl-C stops it
 	$(PY) -m scripts.serve $(VARIANT)
 
 verify: weights ## check VARIANT's checkpoint (files, shapes, dtypes, tokenizer)

