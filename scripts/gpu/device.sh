@@ -6,11 +6,15 @@
 #   bash scripts/gpu/device.sh recv             # move the carried .gpu/xfer/c?? chunk to /root/stage (carried paths
 #                                               # stay in the machine's tree between calls: moving avoids repeats)
 #   bash scripts/gpu/device.sh setup            # check the payload (.gpu/xfer.sha256), unpack vLLM 0.26, wheels, weights
+#   bash scripts/gpu/device.sh build V [V ...]  # build each variant's weights (and its PARENT's first) if missing:
+#                                               # shape proxy, calibrate (CALIBRATE_RECIPE), prune (PRUNE_KEEP);
+#                                               # prune records come back as $OUT/build.tar
 #   bash scripts/gpu/device.sh bench V [V ...]  # build weights if needed, serve and measure each variant (c=1,8)
 #   SET="K=V ..." bash scripts/gpu/device.sh start V[+K=V...] ...   # build weights, start every server AT ONCE (each in
 #                                               # its own session: they outlive the call), wait until all are healthy
 #   SET="K=V ..." [BENCH_ARGS="--prompts …"] bash scripts/gpu/device.sh measure   # bench those servers one after another (c=1,8, --base-url),
 #                                               # stop them; records + log excerpts come back as $OUT/${TAR:-results}.tar
+#                                               # (ROUNDS=2: every server benched twice, in start order, for a spread)
 #
 # start/measure exist because one start of the Qwen3.5 proxy takes ~285-345 s (records of 2026-11-21), so a ladder of
 # five proxy variants started one by one does not fit a session's device time; started together they compile at once.
@@ -30,6 +34,23 @@ SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage RUN=/root/
 EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|SpecDecoding|draft|mtp|runner|KV cache|memory"
 sets=(); for kv in ${SET:-}; do sets+=(--set "$kv"); done
 ready() { grep -q "^ready:" "$RUN/$1.serve" 2>/dev/null; }
+cfg() { sed -n "s/^$2=//p" "experiments/$1/config.env"; }
+# MODEL of variant $1 if missing, its PARENT's first: a lever variant is pruned (PRUNE_KEEP) or calibrated; any other
+# is materialized by download_weights (shape proxy). The repo root is on PYTHONPATH: vLLM's processes import the
+# project's model plugin (scripts.pruned_vocab_model) through the entry point written by `setup`.
+build() {
+  local v=$1 parent; [ -d "$(cfg $v MODEL)" ] && return 0
+  parent=$(cfg $v PARENT); [ -n "$parent" ] && { build "$parent" || return 1; }
+  local t=$(date +%s)
+  if [ -n "$(cfg $v PRUNE_KEEP)" ]; then
+    timeout 600 python3 -m scripts.prune_vocab_v2 "$v" --timing-repeat ${PRUNE_TIMING_REPEAT:-20} 2>&1 | tail -4
+  elif [ "$(cfg $v SOURCE)" = lever ]; then  # llm-compressor's own pins first; pydantic & co. from the vLLM bundle
+    PYTHONPATH=$QUANT:$EXTRA:$SITE timeout 400 python3 -m scripts.llmcompressor_calibrate --variant "$v" 2>&1 | tail -5
+  else
+    timeout 300 python3 -m scripts.download_weights --for-variant "$v"
+  fi
+  [ -d "$(cfg $v MODEL)" ] && echo "built $v in $(( $(date +%s) - t )) s" || { echo "weights for $v failed"; return 1; }
+}
 gone() { ! kill -0 "$1" 2>/dev/null; }
 case $step in
   recv)
@@ -48,20 +69,36 @@ case $step in
     if ls $STAGE/quant/*.whl >/dev/null 2>&1; then  # llm-compressor pins compressed-tensors 0.19, vLLM 0.17: own folder
       mkdir -p $QUANT && python3 -m pip install -q --no-index --no-deps --no-compile --target $QUANT $STAGE/quant/*.whl || exit 1
     fi
-    PYTHONPATH=$SITE:$EXTRA python3 -c "import vllm; print('vllm', vllm.__version__)"
+    # vLLM loads model plugins through installed entry points; the project is not installed here (no network, no
+    # build): a dist-info holding pyproject.toml's entry points, on PYTHONPATH, stands in for `pip install -e .`
+    python3 - "$EXTRA" <<'PY' || exit 1
+import sys, tomllib
+from pathlib import Path
+proj = tomllib.loads(Path("pyproject.toml").read_text())["project"]
+d = Path(sys.argv[1]) / f"{proj['name'].replace('-', '_')}-{proj['version']}.dist-info"
+d.mkdir(parents=True, exist_ok=True)
+(d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {proj['name']}\nVersion: {proj['version']}\n")
+(d / "entry_points.txt").write_text("".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
+                                            for g, eps in proj.get("entry-points", {}).items()))
+print("entry points:", (d / "entry_points.txt").read_text().strip().replace("\n", "; "))
+PY
+    PYTHONPATH=$SITE:$EXTRA:$PWD python3 -c "import vllm, importlib.metadata as m; print('vllm', vllm.__version__, \
+      [e.value for e in m.entry_points(group='vllm.general_plugins')])"
     echo "setup $(( $(date +%s) - t0 )) s" ;;
+  build)
+    export PYTHONPATH=$SITE:$EXTRA:$PWD; t0=$(date +%s); since=$RUN/build-$t0; mkdir -p $RUN && touch $since
+    for v in "$@"; do build "$v"; done
+    find experiments -name 'prune_*.json' -newer $since | tar cf $OUT/build.tar -T - && tar tf $OUT/build.tar
+    df -h . | tail -1; echo "build $(( $(date +%s) - t0 )) s" ;;
   bench)
-    export PYTHONPATH=$SITE:$EXTRA PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
     if ls $STAGE/gguf/smollm2.gguf.part* >/dev/null 2>&1 && [ ! -f $STAGE/smollm2.gguf ]; then
       cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
     fi
     export LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
     for v in "$@"; do
       echo "== $v $(date +%T)"
-      if grep -q "^SOURCE=lever" "experiments/$v/config.env" && [ ! -d "$(sed -n 's/^MODEL=//p' experiments/$v/config.env)" ]; then
-        PYTHONPATH=$QUANT:$EXTRA timeout 400 python3 -m scripts.llmcompressor_calibrate --variant "$v" 2>&1 | tail -5
-      fi
-      timeout 300 python3 -m scripts.download_weights --for-variant "$v" || { echo "weights for $v failed"; continue; }
+      build "$v" || continue
       mkdir -p "$OUT/$v"
       # A start that hangs (seen once with a tiny Llama) gets its Python stacks dumped (faulthandler, SIGABRT) into the
       # server log before the bench is stopped; BENCH_LIMIT seconds per variant.
@@ -74,16 +111,13 @@ case $step in
         echo "--- tail"; tail -${LOG_TAIL:-40} .cache/bench-"$v".log; } > "$OUT/$v/server.log"
     done ;;
   start)
-    export PYTHONPATH=$SITE:$EXTRA PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
     if ls $STAGE/gguf/smollm2.gguf.part* >/dev/null 2>&1 && [ ! -f $STAGE/smollm2.gguf ]; then
       cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
     fi
     export LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
     mkdir -p $RUN; t0=$(date +%s)
-    for spec in "$@"; do  # variants that share a checkpoint build it once
-      [ -d "$(sed -n 's/^MODEL=//p' experiments/${spec%%+*}/config.env)" ] && continue
-      timeout 300 python3 -m scripts.download_weights --for-variant "${spec%%+*}" || echo "weights for ${spec%%+*} failed"
-    done
+    for spec in "$@"; do build "${spec%%+*}"; done  # variants that share a checkpoint build it once
     echo "weights $(( $(date +%s) - t0 )) s"; n=$(cat $RUN/servers* 2>/dev/null | wc -l)
     for spec in "$@"; do
       v=${spec%%+*}; extra=""; [ "$spec" != "$v" ] && extra=${spec#*+}
@@ -109,14 +143,15 @@ case $step in
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
     echo "start $(( $(date +%s) - t0 )) s" ;;
   measure)
-    export PYTHONPATH=$SITE:$EXTRA PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
     res=$RUN/res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
+    for round in $(seq ${ROUNDS:-1}); do
     while read -r tag v port pid extra <&3; do
       xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done
       for _ in $(seq ${WAIT:-120}); do ready $tag || gone $pid && break; sleep 1; done
       mkdir -p $res/$tag
       if ready $tag; then
-        echo "== $tag $(date +%T)"
+        echo "== $tag (round $round) $(date +%T)"
         # the bench warms up with 2 requests at c=1; the first c=8 batch of an MTP server stalled 1.8-3.2 s (one-time
         # compilation for the batched shapes, 2026-11-22): PREWARM=1 sends one c=8 round first (record discarded)
         [ -n "${PREWARM:-}" ] && timeout 120 python3 -m scripts.bench_latency "$v" --base-url http://127.0.0.1:$port \
@@ -131,6 +166,7 @@ case $step in
       { grep -m1 "vllm" $RUN/$tag.serve; echo "--- excerpt"; grep -hiE "$EXCERPT" $RUN/$tag.log | grep -v Route | tail -60
         echo "--- tail"; tail -${LOG_TAIL:-40} $RUN/$tag.log; } > $res/$tag/server.log
     done 3< $RUN/servers
+    done
     while read -r tag v port pid extra; do kill -TERM $pid 2>/dev/null; done < $RUN/servers
     for _ in $(seq 60); do alive=0; while read -r tag v port pid extra; do gone $pid || alive=1; done < $RUN/servers
       [ $alive = 0 ] && break; sleep 1; done
