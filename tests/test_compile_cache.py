@@ -80,7 +80,7 @@ def test_phases_from_a_vllm_log():
     assert p["to_event_s"] == {"engine_start": 18.0, "weights_loaded": 32.0, "compile_start": 33.0,
                                "compile_done": 55.0, "engine_ready": 57.0}
     assert p["reported_s"] == {"weights_load_s": 0.29, "engine_init_s": 25.01, "cache_load_s": 1.5}
-    assert p["cache_hit"] and not p["recompiled_after_load_failure"]
+    assert p["cache_load_logged"] and not p["recompiled_after_load_failure"]
     json.dumps(p)
 
 

@@ -206,7 +206,7 @@ REPORTED = {  # durations vLLM prints itself (seconds)
     "engine_init_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
     "cache_load_s": re.compile(r"Directly load the compiled graph.*took ([\d.]+) s"),
 }
-FLAGS = {"cache_hit": re.compile(r"Directly load the compiled graph|load the compiled graph"),
+FLAGS = {"cache_load_logged": re.compile(r"Directly load the compiled graph|load the compiled graph"),
          "recompiled_after_load_failure": re.compile(r"Compiling model again due to a load failure")}
 
 
