@@ -116,7 +116,8 @@ def parity_stats(kld: list[float], top1_agree: list[bool], nll_ref: list[float],
     PPL = exp(mean NLL); its standard error by the delta method (PPL x SEM of NLL).
     """
     n = len(kld)
-    if not (n == len(top1_agree) == len(nll_ref) == len(nll_var)) or n == 0:
+    # nll_* may cover fewer positions than kld (a pruned vocabulary leaves out those whose gold id is dropped)
+    if not (n == len(top1_agree)) or n == 0 or len(nll_ref) != len(nll_var) or not nll_ref:
         raise ValueError("parity_stats needs equal, non-empty per-token lists")
     k_mean, k_sem = mean_sem(kld)
     agree = sum(top1_agree) / n
@@ -131,4 +132,5 @@ def parity_stats(kld: list[float], top1_agree: list[bool], nll_ref: list[float],
         "ppl_ref": ppl_ref, "ppl_ref_se": ppl_ref * r_sem if n > 1 else None,
         "ppl_var": ppl_var, "ppl_var_se": ppl_var * v_sem if n > 1 else None,
         "ppl_ratio": ppl_var / ppl_ref,
+        "nll_tokens": len(nll_ref),
     }
