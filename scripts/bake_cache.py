@@ -43,6 +43,7 @@ from scripts.common.compile_cache import (
     now_stamp,
     pack,
     phases,
+    shim_env,
 )
 from scripts.common.launch import make_server, parse_overrides
 from scripts.common.loadgen import openai_client
@@ -86,40 +87,49 @@ def timed_start(variant, env: dict[str, str], log: Path, port: int, warm: bool) 
     return {"command": server.argv, "env": env, **phases(log.read_text(errors="replace"), start_wall, ready)}, sizes
 
 
-def bake(variant_name: str, out: Path, overrides: dict[str, str], port: int, measure_warm: bool) -> Path:
+def bake(variant_name: str, out: Path, overrides: dict[str, str], port: int, measure_warm: bool,
+         device_name: str | None = None) -> Path:
+    """device_name: bake through the device-name shim under another GPU name of this architecture (a cache made
+    "elsewhere" on one GPU model); the manifest records that name, and --measure-warm imports with the shim."""
     variant = load_variant(variant_name, overrides=overrides)
     target = variant.target
+    here = expected_manifest(variant)
+    shim = shim_env({**here, "device_name": device_name}) if device_name else {}
     paths.CACHE.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"bake-{variant_name}-", dir=paths.CACHE))
     try:
         caches = work / "caches"
         print(f"cold start of {variant_name} with empty caches in {paths.shown(caches)}", flush=True)
-        cold, sizes = timed_start(variant, cache_env(caches, target), work / "cold.log", port, warm=True)
+        if shim:
+            print(f"device-name shim: {here['device_name']} reports itself as {device_name}", flush=True)
+        cold, sizes = timed_start(variant, cache_env(caches, target) | shim, work / "cold.log", port, warm=True)
         print(f"  healthy after {cold['ready_s']} s; warmed up at batch sizes {sizes}", flush=True)
-        manifest = {"manifest_version": MANIFEST_VERSION, **expected_manifest(variant),
+        manifest = {"manifest_version": MANIFEST_VERSION, **here, **({"device_name": device_name} if shim else {}),
                     "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "git": git_state(),
                     "warm_up_batch_sizes": sizes, "vllm_key_factors": key_factors(caches), "bake_start": cold}
         pack(caches, manifest, out)
         size_mb = out.stat().st_size / 1e6
         print(f"wrote {paths.shown(out)} ({size_mb:.1f} MB)", flush=True)
         if measure_warm:
-            env, message = import_cache(out, variant)
+            env, message = import_cache(out, variant, shim=bool(shim))
             print(message, flush=True)
             if not env:
                 raise CacheError(message)
             warm, _ = timed_start(variant, env, work / "warm.log", port, warm=False)
             print(f"  warm start healthy after {warm['ready_s']} s ({warm['ready_s'] / cold['ready_s']:.0%} of cold)")
             record = {"kind": "startup", "variant": variant_name, "config": dict(variant.resolved),
+                      **({"baked_as_device": device_name} if shim else {}),
                       "command": ["python", "-m", "scripts.bake_cache", *sys.argv[1:]], "git": git_state(),
                       "versions": versions(), "hardware": hardware(), "cache_tarball_mb": round(size_mb, 1),
                       "manifest": {k: v for k, v in manifest.items() if k != "bake_start"},
                       "cold": cold, "warm": warm, "warm_over_cold": round(warm["ready_s"] / cold["ready_s"], 3)}
             rdir = paths.RESULTS / f"cold-start-{target}-{dt.datetime.now(dt.UTC):%Y%m%d}"
             rdir.mkdir(parents=True, exist_ok=True)
-            rpath = rdir / f"startup_{variant_name}_{now_stamp()}.json"
+            tag = "_shim" if shim else ""
+            rpath = rdir / f"startup_{variant_name}{tag}_{now_stamp()}.json"
             rpath.write_text(json.dumps(record, indent=1) + "\n")
             for name in ("cold.log", "warm.log"):
-                shutil.copy(work / name, rdir / f"{variant_name}-{name}")
+                shutil.copy(work / name, rdir / f"{variant_name}{tag}-{name}")
             print(f"wrote {paths.shown(rpath)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -133,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure-warm", action="store_true", help="start again from the packed cache; write both starts")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--port", type=int, default=8127)
+    p.add_argument("--device-name", metavar="NAME", help="bake under this GPU name through the device-name shim (same "
+                   "architecture; LAB_CACHE_SHIM_NAME/ARCH in the server): the manifest records it, --measure-warm "
+                   "imports with the shim")
     return p
 
 
@@ -142,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: which variant? python -m scripts.bake_cache VARIANT (make bake-cache VARIANT=…)", file=sys.stderr)
         return 2
     try:
-        bake(args.variant, args.out.resolve(), parse_overrides(args.set), args.port, args.measure_warm)
+        bake(args.variant, args.out.resolve(), parse_overrides(args.set), args.port, args.measure_warm,
+             args.device_name)
     except (VariantError, CheckpointError, ServerError, CacheError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

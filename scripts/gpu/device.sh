@@ -15,6 +15,15 @@
 #   SET="K=V ..." [BENCH_ARGS="--prompts …"] bash scripts/gpu/device.sh measure   # bench those servers one after another (c=1,8, --base-url),
 #                                               # stop them; records + log excerpts come back as $OUT/${TAR:-results}.tar
 #                                               # (ROUNDS=2: every server benched twice, in start order, for a spread)
+#   [BAKE_ARGS="--device-name 'NVIDIA H200'"] bash scripts/gpu/device.sh bake V [V ...]   # build weights, then
+#                                               # scripts.bake_cache V --measure-warm for each (cold start with empty
+#                                               # caches, warm-up, pack, warm start from the tarball); tarballs in
+#                                               # /root/bake/<V><BAKE_TAG>.tar.gz, records + logs as $OUT/bake.tar (and
+#                                               # in /root/bake/results: run it under setsid to outlive the call)
+#   [LAB_CACHE_SHIM=1] [FORCE=1] bash scripts/gpu/device.sh startc V TARBALL   # one timed start from a baked
+#                                               # tarball as `scripts.serve --cache` imports it (FORCE=1: its caches
+#                                               # used even where the manifest differs, to see what really hits); the
+#                                               # record (phases, cache folders' sizes before/after) joins /root/bake
 #
 # start/measure exist because one start of the Qwen3.5 proxy takes ~285-345 s (records of 2026-11-21), so a ladder of
 # five proxy variants started one by one does not fit a session's device time; started together they compile at once.
@@ -173,5 +182,64 @@ PY
     mv $RUN/servers $RUN/servers.done-$(date +%H%M%S)
     tar cf $OUT/${TAR:-results}.tar -C $res . && ls -lR $res | head -40
     nvidia-smi --query-gpu=memory.used --format=csv,noheader; echo "measure $(( $(date +%s) - t0 )) s" ;;
+  bake)
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    if ls $STAGE/gguf/smollm2.gguf.part* >/dev/null 2>&1 && [ ! -f $STAGE/smollm2.gguf ]; then
+      cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
+    fi
+    export LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
+    mkdir -p /root/bake/results; t0=$(date +%s)
+    for v in "$@"; do
+      echo "== $v $(date +%T)"; build "$v" || continue
+      # BAKE_ARGS is split like a command line (eval): --device-name 'NVIDIA H200' keeps its quotes
+      eval "timeout ${BAKE_LIMIT:-900} python3 -m scripts.bake_cache $v --out /root/bake/$v${BAKE_TAG:-}.tar.gz ${BAKE_ARGS:---measure-warm}" \
+        || echo "bake $v failed ($?)"
+      cp -r results/cold-start-cuda-* /root/bake/results/ 2>/dev/null
+    done
+    ls -la /root/bake; tar cf $OUT/bake.tar -C /root/bake results 2>/dev/null; echo "bake $(( $(date +%s) - t0 )) s" ;;
+  startc)
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1 LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
+    mkdir -p /root/bake/results; build "$1" || exit 1
+    python3 - "$1" "$2" <<'PY'
+import datetime as dt, json, os, subprocess, sys
+from pathlib import Path
+from scripts.bake_cache import timed_start
+from scripts.common.compile_cache import IMPORTS, cache_env, import_cache, now_stamp, read_manifest
+from scripts.common.records import git_state, hardware, versions
+from scripts.common.variants import load_variant
+
+v, tar = load_variant(sys.argv[1]), Path(sys.argv[2])
+shim, force = os.environ.get("LAB_CACHE_SHIM") == "1", os.environ.get("FORCE") == "1"
+env, msg = import_cache(tar, v, shim=shim)
+print(msg, flush=True)
+if force and not env:  # the tarball's caches without the shim: does the real name miss?
+    import hashlib, tarfile
+    root = IMPORTS / ("forced-" + hashlib.sha256(tar.read_bytes()).hexdigest()[:16])
+    if not root.exists():
+        with tarfile.open(tar, "r:gz") as t:
+            t.extractall(root, filter="data")
+    env = cache_env(root / "caches", v.target)
+    msg += f"; FORCE=1: caches used anyway from {root}"
+home = Path.home()
+dirs = [Path(p) for k, p in env.items() if k.endswith(("_DIR", "_ROOT", "_PATH", "_BASE")) and k != "PYTHONPATH"] or [
+    home / ".cache/vllm", home / ".triton/cache", Path("/tmp/torchinductor_root"), home / ".nv/ComputeCache",
+    home / ".cache/flashinfer"]
+def sizes():
+    return {str(d): int(subprocess.run(["du", "-sb", str(d)], capture_output=True, text=True).stdout.split()[0])
+            if d.exists() else 0 for d in dirs}
+before = sizes()
+tag = "-".join(["shim" if shim else "plain", *(["forced"] if force else [])])
+log = Path(f"/root/bake/{v.name}-from-{tag}.log")
+rec, _ = timed_start(v, env, log, 8127, warm=False)
+record = {"kind": "startup", "variant": v.name, "start": f"from tarball, {tag}", "message": msg,
+          "tarball": str(tar), "manifest": {k: x for k, x in read_manifest(tar).items() if k != "bake_start"},
+          "config": dict(v.resolved), "git": git_state(), "versions": versions(), "hardware": hardware(),
+          "cache_bytes_before": before, "cache_bytes_after": sizes(), **rec}
+rdir = Path(f"/root/bake/results/cold-start-cuda-{dt.datetime.now(dt.UTC):%Y%m%d}"); rdir.mkdir(parents=True, exist_ok=True)
+(rdir / f"startup_{v.name}_from-{tag}_{now_stamp()}.json").write_text(json.dumps(record, indent=1) + "\n")
+(rdir / f"{v.name}-from-{tag}.log").write_text(log.read_text(errors="replace"))
+print(f"healthy after {rec['ready_s']} s; reported {rec['reported_s']}; bytes {before} -> {record['cache_bytes_after']}")
+PY
+    ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
