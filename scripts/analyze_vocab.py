@@ -105,22 +105,27 @@ def lexicon_counts(tok, words: int) -> Counter:
     return counts
 
 
-def generations(variant, rows: list[dict], info: dict, max_tokens: int, port: int, base_url: str | None) -> list[list[int]]:
-    """The variant's greedy answers' token ids, cached under .cache/vocab/<hash>."""
-    key = hashlib.sha256(json.dumps([variant.name, variant.resolved["MODEL"], info["prompt_set_sha256"], len(rows),
-                                     max_tokens]).encode()).hexdigest()[:16]
-    cache = paths.CACHE / "vocab" / f"{key}.json"
-    if cache.exists():
-        return json.loads(cache.read_text())
-    with variant_server(variant, base_url=base_url, port=port, purpose="vocab") as (url, _):
-        seqs = greedy_ids(url, variant.served_name, rows, max_tokens,
-                          concurrency=int(variant.resolved.get("SERVE_MAX_NUM_SEQS", 8)))
-    out = [s["ids"] for s in seqs]
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out))
-    tmp.rename(cache)
-    return out
+def generations(variant, sets: dict[str, tuple[list[dict], dict]], max_tokens: int, port: int,
+                base_url: str | None) -> dict[str, list[list[int]]]:
+    """Per named prompt set, the variant's greedy answers' token ids, cached under .cache/vocab/<hash>; one server
+    answers every set not cached yet."""
+    def cache_of(rows: list[dict], info: dict) -> Path:
+        key = hashlib.sha256(json.dumps([variant.name, variant.resolved["MODEL"], info["prompt_set_sha256"],
+                                         len(rows), max_tokens]).encode()).hexdigest()[:16]
+        return paths.CACHE / "vocab" / f"{key}.json"
+
+    missing = {name: rs for name, rs in sets.items() if not cache_of(*rs).exists()}
+    if missing:
+        with variant_server(variant, base_url=base_url, port=port, purpose="vocab") as (url, _):
+            for rows, info in missing.values():
+                seqs = greedy_ids(url, variant.served_name, rows, max_tokens,
+                                  concurrency=int(variant.resolved.get("SERVE_MAX_NUM_SEQS", 8)))
+                cache = cache_of(rows, info)
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache.with_suffix(".tmp")
+                tmp.write_text(json.dumps([s["ids"] for s in seqs]))
+                tmp.rename(cache)
+    return {name: json.loads(cache_of(*rs).read_text()) for name, rs in sets.items()}
 
 
 def load_tokenizer(variant, scratch: Path):
@@ -205,8 +210,9 @@ def analyze(variant_name: str, keeps: list[int] | None, eval_prompts: int, max_t
     if not variant.is_shape_proxy:
         train, train_info = load_prompts(TRAIN_PROMPTS)
         held, held_info = load_prompts(EVAL_PROMPTS, limit=eval_prompts)
-        gen = {"calibration": Counter(t for ids in generations(variant, train, train_info, max_tokens, port, base_url) for t in ids),
-               "held_out": Counter(t for ids in generations(variant, held, held_info, max_tokens, port, base_url) for t in ids)}
+        answers = generations(variant, {"calibration": (train, train_info), "held_out": (held, held_info)},
+                              max_tokens, port, base_url)
+        gen = {part: Counter(t for ids in seqs for t in ids) for part, seqs in answers.items()}
         sources["generations"] = gen
         prompt_info = {"train": train_info, "held_out": held_info, "max_tokens": max_tokens}
     sources["lexicon"] = {"calibration": lexicon_counts(tok, lexicon_words)}
