@@ -26,7 +26,7 @@ QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant lock lock-quant calibrate redistill draft analyze-vocab prune-vocab bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean
+.PHONY: help install install-quant lock lock-quant calibrate redistill draft analyze-vocab prune-vocab bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -142,11 +142,26 @@ check: $(STAMP) ## validate every record under experiments/ and results/ against
 	$(PY) -m scripts.check_schemas
 
 test: $(STAMP) $(QSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor (< 20 min on 2 cores)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not image" $(PYTEST_ARGS)
 	$(QPY) -m pytest tests/quant $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## unit tests only (seconds; no vLLM server)
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+# The image targets take no default variant: VARIANT must be named (make build VARIANT=smollm2-bf16).
+IMAGE_VARIANT = $(if $(filter file,$(origin VARIANT)),,$(VARIANT))
+
+build: ## build VARIANT's serving image with buildah, no daemon -> .cache/images/VARIANT.oci.tar (VLLM_TARGET=cpu|cuda)
+	$(PYTHON_BASE) -m scripts.build_image build $(IMAGE_VARIANT)
+
+build-import: ## build VARIANT's image with a baked compile cache (CACHE=cache_import.tar.gz from make bake-cache; no GPU)
+	$(PYTHON_BASE) -m scripts.build_image build $(IMAGE_VARIANT) --cache "$(CACHE)"
+
+verify-image: ## check VARIANT's image: labels, contents, run it until /health and a chat answer (CACHE=: the build-import one)
+	$(PYTHON_BASE) -m scripts.build_image verify $(IMAGE_VARIANT) $(if $(CACHE),--cache "$(CACHE)")
+
+test-image: $(STAMP) ## build and verify smollm2-bf16's image (tests/test_image.py; buildah; not part of make test)
+	$(PY) -m pytest -m image tests/test_image.py $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff
 	$(PY) -m ruff check scripts tests eval
