@@ -152,7 +152,7 @@ def import_cache(tarball: Path, variant, *, shim: bool = False) -> tuple[dict[st
         tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=IMPORTS))
         try:
             with tarfile.open(tarball, "r:gz") as tar:
-                tar.extractall(tmp, filter="data")
+                safe_extract(tar, tmp)
             tmp.rename(root)
         except (tarfile.TarError, EOFError, OSError) as e:
             raise CacheError(f"{tarball}: damaged or truncated ({type(e).__name__}: {e})") from None
@@ -173,6 +173,20 @@ def shim_env(manifest: dict) -> dict[str, str]:
     pythonpath = os.pathsep.join(p for p in (str(paths.ROOT / "scripts"), os.environ.get("PYTHONPATH", "")) if p)
     return {"LAB_CACHE_SHIM_NAME": manifest["device_name"], "LAB_CACHE_SHIM_ARCH": manifest["arch"],
             "PYTHONPATH": pythonpath}
+
+
+def safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
+    """Extract refusing absolute paths, '..' and links out of dest; tarfile's `data` filter where this Python has it
+    (3.11.4+; Debian bookworm's 3.11.2, the image's, lacks it)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    root = dest.resolve()
+    for m in tar.getmembers():
+        target = (dest / m.name).resolve()
+        if not target.is_relative_to(root) or m.issym() or m.islnk() or m.isdev():
+            raise CacheError(f"{m.name}: refusing a member outside the cache directory or a link/device")
+    tar.extractall(dest)
 
 
 def pack(bake: Path, manifest: dict, out: Path) -> None:
