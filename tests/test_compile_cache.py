@@ -118,3 +118,20 @@ def test_shim_env_puts_sitecustomize_on_the_path():
     env = cc.shim_env({"device_name": "NVIDIA H200", "arch": "sm_90"})
     assert env["PYTHONPATH"].split(":")[0].endswith("/scripts")
     assert (cc.paths.ROOT / "scripts" / "sitecustomize.py").exists()
+
+
+def test_extraction_without_tarfile_filter_refuses_escapes(tmp_path, monkeypatch):
+    """Python < 3.11.4 (Debian bookworm's 3.11.2, the image's) has no extraction filter: members are checked."""
+    import io
+
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        info = tarfile.TarInfo("../outside")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with tarfile.open(evil, "r:gz") as tar, pytest.raises(cc.CacheError, match="outside the cache directory"):
+        cc.safe_extract(tar, dest)
+    assert not (tmp_path / "outside").exists()
