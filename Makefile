@@ -73,9 +73,9 @@ draft: weights ## build VARIANT's layer-truncated draft model from its PARENT (D
 VOCAB_REFS ?= smollm2-bf16 gemma3-270m-bf16 qwen35-4b-proxy-bf16
 
 analyze-vocab: $(STAMP) ## token frequencies, coverage curves and keep lists of VOCAB_REFS (results/vocab/<base>/)
-	$(PY) -m scripts.download_weights --for-variant smollm2-bf16
-	$(PY) -m scripts.download_weights --for-variant gemma3-270m-bf16
-	set -e; for v in $(VOCAB_REFS); do $(PY) -m scripts.analyze_vocab $$v; done
+	set -e; for v in $(VOCAB_REFS); do \
+	  grep -q '^SHAPE_PROXY=1' experiments/$$v/config.env || $(PY) -m scripts.download_weights --for-variant $$v; \
+	  $(PY) -m scripts.analyze_vocab $$v; done
 
 prune-vocab: $(STAMP) ## build VARIANT's pruned output layer from its PARENT (PRUNE_KEEP in config.env)
 	$(PY) -m scripts.download_weights --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)

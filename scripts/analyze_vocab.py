@@ -119,7 +119,7 @@ def generations(variant, sets: dict[str, tuple[list[dict], dict]], max_tokens: i
         with variant_server(variant, base_url=base_url, port=port, purpose="vocab") as (url, _):
             for rows, info in missing.values():
                 seqs = greedy_ids(url, variant.served_name, rows, max_tokens,
-                                  concurrency=int(variant.resolved.get("SERVE_MAX_NUM_SEQS", 8)))
+                                  concurrency=variant.max_num_seqs)
                 cache = cache_of(rows, info)
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cache.with_suffix(".tmp")

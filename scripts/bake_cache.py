@@ -81,7 +81,7 @@ def timed_start(variant, env: dict[str, str], log: Path, port: int, warm: bool) 
     try:
         ready = server.wait_healthy()
         if warm:
-            sizes = warm_up(server.base_url, variant.served_name, int(variant.resolved.get("SERVE_MAX_NUM_SEQS", 8)))
+            sizes = warm_up(server.base_url, variant.served_name, variant.max_num_seqs)
     finally:
         server.stop()
     return {"command": server.argv, "env": env, **phases(log.read_text(errors="replace"), start_wall, ready)}, sizes

@@ -91,7 +91,7 @@ def assemble_gemma3(out_dir: Path) -> Path:
     return target
 
 
-def _chat_tokens(tok, model, bos: str, eos: str, pad: str) -> None:
+def _special_tokens(tok, model, bos: str, eos: str, pad: str) -> None:
     from transformers import GenerationConfig
 
     ids = {t: tok.convert_tokens_to_ids(t) for t in (bos, eos, pad)}
@@ -115,14 +115,14 @@ def convert_gguf(gguf: Path, out: Path, family: str = "smollm2") -> dict:
     if family == "smollm2":
         model.config._name_or_path = paths.EMBEDDED_NAME
         # SmolLM2-Instruct's special tokens: turns are <|im_start|> … <|im_end|>; generation ends at <|im_end|>.
-        _chat_tokens(tok, model, "<|im_start|>", "<|im_end|>", "<|im_end|>")
+        _special_tokens(tok, model, "<|im_start|>", "<|im_end|>", "<|im_end|>")
         if not tok.chat_template:
             raise DownloadError(f"{gguf}: carries no chat template")
     else:
         # Gemma 3 270M base: no chat template (completions are its interface); it was trained with <bos> first, which
         # the GGUF tokenizer does not add by itself (without it greedy text degenerates at once).
         model.config._name_or_path = paths.GEMMA3_NAME
-        _chat_tokens(tok, model, "<bos>", "<eos>", "<pad>")
+        _special_tokens(tok, model, "<bos>", "<eos>", "<pad>")
         tok.add_bos_token = True
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)

@@ -33,6 +33,7 @@ from scripts.common.metrics import parity_stats
 from scripts.common.records import envelope, write_record
 from scripts.common.server import ServerError
 from scripts.common.variants import Variant, VariantError, load_variant, reference_name
+from scripts.common.vocab import kept_ids
 from scripts.common.vocab import tokenizer_fingerprint as vocab_fingerprint
 
 DEFAULT_TOKENS = 8192
@@ -96,7 +97,7 @@ def load_transformers(model_dir: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    pruning = pruned_ids(model_dir)
+    pruning = kept_ids(model_dir)
     if pruning is None:
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     from safetensors import safe_open
@@ -106,14 +107,6 @@ def load_transformers(model_dir: str):
         rows = f.get_tensor("lm_head.weight")
     model.lm_head = ScatterHead(rows, pruning, model.config.get_text_config().vocab_size)
     return model
-
-
-def pruned_ids(model_dir: str) -> list[int] | None:
-    """The kept ids of a vocabulary-pruned checkpoint, else None."""
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    if "vocab_pruning" not in cfg:
-        return None
-    return json.loads((Path(model_dir) / cfg["vocab_pruning"]["id_map"]).read_text())["kept_ids"]
 
 
 def ScatterHead(rows, kept: list[int], vocab_size: int):  # noqa: N802 - builds a module (torch imported lazily)
@@ -142,7 +135,7 @@ def per_token_transformers(ref_dir: str, var_dir: str, chunks: list[list[int]]):
     import torch
 
     models = [load_transformers(d) for d in (ref_dir, var_dir)]
-    kept_list = pruned_ids(var_dir)
+    kept_list = kept_ids(var_dir)
     kept = None if kept_list is None else torch.tensor(kept_list)
     for chunk in chunks:
         x = torch.tensor([chunk])
@@ -265,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             per_chunk = per_token_transformers(ref.model, var.model, chunks)
         else:
             per_chunk = per_token_vllm(ref, var, chunks, {"ref": args.ref_url, "var": args.var_url}, args.port)
-        if args.backend == "vllm" and pruned_ids(var.model) is not None:
+        if args.backend == "vllm" and kept_ids(var.model) is not None:
             raise ParityError(f"{var.name} has a pruned vocabulary: its parity needs full distributions (--backend "
                               f"transformers)")
         kld, agree, nll_r, nll_v, samples = [], [], [], [], []

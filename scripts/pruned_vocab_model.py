@@ -19,11 +19,9 @@ compute_logits calls the language model's). HEAD_OWNER names that submodule; the
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from scripts.common.vocab import PLUGIN_BASES as SUPPORTED
 from scripts.common.vocab import PLUGIN_PREFIX as PREFIX
+from scripts.common.vocab import kept_ids
 
 # the submodule that holds lm_head and logits_processor, per base ("" = the model itself)
 HEAD_OWNER = {"Qwen3_5ForConditionalGeneration": "language_model"}
@@ -45,16 +43,6 @@ def register() -> None:
             hooks.setdefault(PREFIX + base, hooks[base])
 
 
-def read_id_map(model_dir: Path, pruning: dict) -> list[int]:
-    """The kept original ids, in lm_head row order; checked against the config it came with."""
-    data = json.loads((model_dir / pruning["id_map"]).read_text())
-    kept = data["kept_ids"]
-    if len(kept) != pruning["kept"] or len(set(kept)) != len(kept) or max(kept) >= data["vocab_size"]:
-        raise ValueError(f"{model_dir}: {pruning['id_map']} does not match config.json's vocab_pruning "
-                         f"({len(kept)} ids, {len(set(kept))} distinct, config says {pruning['kept']})")
-    return kept
-
-
 def _wrap(base_name: str):
     import torch
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
@@ -70,9 +58,8 @@ def _wrap(base_name: str):
     class Pruned(base):
         def __init__(self, *, vllm_config, prefix: str = ""):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
-            pruning = vllm_config.model_config.hf_config.vocab_pruning
             text = vllm_config.model_config.hf_text_config  # the config itself unless it nests a text_config
-            kept = read_id_map(Path(vllm_config.model_config.model), pruning)
+            kept = kept_ids(vllm_config.model_config.model)
             owner = self.get_submodule(owner_name)
             owner.lm_head = ParallelLMHead(len(kept), text.hidden_size,
                                            prefix=".".join(p for p in (prefix, owner_name, "lm_head") if p))

@@ -66,7 +66,7 @@ def target_responses(target, rows: list[dict], max_tokens: int, cfg: dict, base_
     response ids."""
     with variant_server(target, base_url=base_url, port=port, purpose="redistill") as (url, _):
         return greedy_ids(url, target.served_name, rows, max_tokens,
-                          concurrency=int(target.resolved.get("SERVE_MAX_NUM_SEQS", 8)),
+                          concurrency=target.max_num_seqs,
                           samples=cfg["samples"], temperature=cfg["temperature"], seed=cfg["seed"])
 
 

@@ -230,3 +230,15 @@ def test_parity_of_a_pruned_checkpoint_on_a_tiny_model(tmp_path):
     assert stats["gold_kept"] == gold_kept and len(nll_r) == len(nll_v) == sum(gold_kept)
     assert all(v <= r + 1e-4 for r, v in zip(nll_r, nll_v, strict=True))  # renormalized on fewer ids
     assert all(0 < m < 1 for m in stats["dropped_mass"])
+
+
+def test_base_model_chat_template_joins_contents_after_bos():
+    """eval/templates/base-plain.jinja (SERVE_CHAT_TEMPLATE of the gemma3-270m variants): no turn markers."""
+    import jinja2
+
+    from scripts.common import paths
+
+    template = jinja2.Template((paths.EVAL / "templates" / "base-plain.jinja").read_text())
+    text = template.render(bos_token="<bos>", messages=[{"role": "system", "content": "A"},
+                                                        {"role": "user", "content": "B"}])
+    assert text == "<bos>A\n\nB"

