@@ -602,7 +602,7 @@ def verify(tools: Tools, name: str, *, target: str, cache: Path | None, archive:
         ready = re.search(r"startup ([\d.]+) s", text)
         imported = re.search(r"compile cache \S+ (imported|not used[^\n]*)", text)
     finally:
-        stop_s = stop(proc) if proc else None
+        stop_s = stop(proc, log) if proc else None
         _quietly(lambda: tools.buildah("rm", ctr))
     record = {"kind": "image-verify", "variant": name, "target": target, "archive": paths.shown(archive), "ref": ref,
               "config_digest": f"sha256:{digest}", "labels": labels, "contents": facts, "command": cmd,
@@ -639,8 +639,12 @@ def failure(log_text: str) -> str:
     return "; ".join(x[:200] for x in (said, cause) if x) or (lines[-1][:300] if lines else "no output")
 
 
-def stop(proc: subprocess.Popen) -> float:
-    """SIGTERM to `buildah run`'s process group (scripts.serve inside stops its vLLM group), SIGKILL after 90 s."""
+def stop(proc: subprocess.Popen, log: Path) -> float:
+    """SIGTERM to `buildah run`'s process group, SIGKILL after 90 s; then the vLLM process group scripts.serve started
+    inside (its own session, so the signal to buildah's group does not reach it; the pid is in its ready line) is
+    stopped too — left running, it held ~6 GiB after a verify."""
+    from scripts.common.server import group_pids
+
     t0 = time.monotonic()
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -649,6 +653,14 @@ def stop(proc: subprocess.Popen) -> float:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    engine = re.search(r"\(pid (\d+), startup", log.read_text(errors="replace")) if log.exists() else None
+    if engine:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not group_pids(int(engine.group(1))):
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(engine.group(1)), sig)
+            time.sleep(10 if sig == signal.SIGTERM else 1)
     return round(time.monotonic() - t0, 1)
 
 
