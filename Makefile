@@ -81,8 +81,13 @@ prune-vocab: $(STAMP) ## build VARIANT's pruned output layer from its PARENT (PR
 	$(PY) -m scripts.download_weights --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
 	$(PY) -m scripts.prune_vocab_v2 $(VARIANT)
 
-bake-cache: weights ## pre-bake VARIANT's compile caches into cache_import.tar.gz (MEASURE=1: + a warm start, records)
+bake-cache: ## pre-bake VARIANT's compile caches into cache_import.tar.gz (MEASURE=1: + a warm start, records; IMAGE=1: inside its image)
+ifeq ($(IMAGE),1)
+	$(PYTHON_BASE) -m scripts.build_image bake $(IMAGE_VARIANT)
+else
+	$(MAKE) weights
 	$(PY) -m scripts.bake_cache $(VARIANT) $(if $(MEASURE),--measure-warm)
+endif
 
 lock: ## re-resolve requirements/cpu.in into the pinned lock requirements/cpu.txt (CPU machines)
 	rm -rf $(VENV)-lock && $(PYTHON_BASE) -m venv $(VENV)-lock

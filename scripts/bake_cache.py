@@ -6,7 +6,8 @@
 
 Starts the variant's server with every cache it fills pointed into one empty bake directory (scripts/common/
 compile_cache.py: VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR with TRITON_CACHE_AUTOTUNING=1, and on a
-GPU CUDA_CACHE_PATH and FlashInfer's workspace), waits for /health, sends a warm-up at every batch size 1, 2, 4, …
+GPU CUDA_CACHE_PATH and FlashInfer's workspace) — the directory an import of the tarball unpacks into, so
+caches that record absolute paths stay valid — waits for /health, sends a warm-up at every batch size 1, 2, 4, …
 up to SERVE_MAX_NUM_SEQS (the sizes CUDA graphs are captured for), stops the server cleanly, and packs the directory
 with manifest.json: the variant, its serve-config hash (SERVE_*/ENV_* settings and the checkpoint's config.json), the
 vLLM / torch / Triton versions, the device (GPU name and sm_XX, or CPU model and ISA flags), vLLM's own
@@ -43,6 +44,7 @@ from scripts.common.compile_cache import (
     now_stamp,
     pack,
     phases,
+    place,
     shim_env,
 )
 from scripts.common.launch import make_server, parse_overrides
@@ -96,9 +98,11 @@ def bake(variant_name: str, out: Path, overrides: dict[str, str], port: int, mea
     here = expected_manifest(variant)
     shim = shim_env({**here, "device_name": device_name}) if device_name else {}
     paths.CACHE.mkdir(exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"bake-{variant_name}-", dir=paths.CACHE))
+    work = Path(tempfile.mkdtemp(prefix=f"bake-{variant_name}-", dir=paths.CACHE))  # logs
+    home = place(variant)  # baked where it will be imported: caches that record absolute paths stay valid
+    shutil.rmtree(home, ignore_errors=True)
     try:
-        caches = work / "caches"
+        caches = home / "caches"
         print(f"cold start of {variant_name} with empty caches in {paths.shown(caches)}", flush=True)
         if shim:
             print(f"device-name shim: {here['device_name']} reports itself as {device_name}", flush=True)
@@ -108,6 +112,7 @@ def bake(variant_name: str, out: Path, overrides: dict[str, str], port: int, mea
                     "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "git": git_state(),
                     "warm_up_batch_sizes": sizes, "vllm_key_factors": key_factors(caches), "bake_start": cold}
         pack(caches, manifest, out)
+        shutil.rmtree(home)  # an import unpacks the tarball afresh: the warm start uses only what it carries
         size_mb = out.stat().st_size / 1e6
         print(f"wrote {paths.shown(out)} ({size_mb:.1f} MB)", flush=True)
         if measure_warm:
@@ -131,6 +136,9 @@ def bake(variant_name: str, out: Path, overrides: dict[str, str], port: int, mea
             for name in ("cold.log", "warm.log"):
                 shutil.copy(work / name, rdir / f"{variant_name}{tag}-{name}")
             print(f"wrote {paths.shown(rpath)}")
+    except BaseException:
+        shutil.rmtree(home, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out

@@ -3,6 +3,7 @@
     python -m scripts.build_image build smollm2-bf16                          # make build VARIANT=smollm2-bf16
     python -m scripts.build_image build smollm2-bf16 --cache cache_import.tar.gz   # make build-import … CACHE=…
     python -m scripts.build_image verify smollm2-bf16                         # make verify-image VARIANT=…
+    python -m scripts.build_image bake smollm2-bf16 --out c.tar.gz   # make bake-cache VARIANT=… IMAGE=1
     python -m scripts.build_image weights smollm2-bf16     # inside the image (a Dockerfile RUN): bake SmolLM2
 
 build: the Dockerfile's BASE (python:3.11-slim) is used where it is in local storage or can be pulled; otherwise a
@@ -20,6 +21,11 @@ must be the local image's ID, else the archive itself is run), the contents seen
 versions against the lock, the project's vLLM plugin entry point, config.env, embedded weights, cache manifest), then
 the image's own CMD under `buildah run --isolation chroot` on a free port until /health answers and a chat request
 gets an answer; stopped by SIGTERM. -> <archive>.verify.json.
+
+bake: make bake-cache inside the built image (no cache in it), so the cache is baked at the image's paths — vLLM's
+cache key holds the absolute paths of the model and of its traced source files, so a cache baked in a checkout
+elsewhere misses in the image (and build-import refuses it: manifest factor `root`). The tarball is read out of the
+container's filesystem (`buildah mount`), the container removed.
 
 Environment: STORAGE_DRIVER (default vfs: needs no overlay support), BUILDAH_ISOLATION (default chroot: needs no
 runc or user namespaces). This machine's pip sources (pip config / PIP_FIND_LINKS / PIP_EXTRA_INDEX_URL) go to the
@@ -155,12 +161,21 @@ def label_problems(labels: dict[str, str], expected: dict[str, str]) -> list[str
     return out
 
 
+def dockerfile_workdir(text: str) -> str:
+    """The image's project root: the Dockerfile's last WORKDIR."""
+    dirs = re.findall(r"^WORKDIR\s+(\S+)", text, flags=re.M)
+    if not dirs:
+        raise ImageError("the Dockerfile sets no WORKDIR")
+    return dirs[-1]
+
+
 def cache_problem(manifest: dict, variant: str, target: str, locked: dict[str, str | None],
-                  config_sha256: str | None) -> str | None:
+                  config_sha256: str | None, root: str) -> str | None:
     """Why a cache cannot serve this image, checking what is known at build time (compile_cache.mismatch, the same
-    rules as scripts.serve); None when it may. Factors of the machine that will run the image (arch, device name)
-    and those the lock does not pin are left to the start."""
-    expected = dict(manifest) | {"variant": variant, "target": target}
+    rules as scripts.serve); None when it may. `root`: the image's project root, which a cache must have been baked
+    in. Factors of the machine that will run the image (arch, device name) and those the lock does not pin are left
+    to the start."""
+    expected = dict(manifest) | {"variant": variant, "target": target, "root": root}
     expected |= {k: v for k, v in locked.items() if v}
     if config_sha256:
         expected["serve_config_sha256"] = config_sha256
@@ -357,7 +372,8 @@ def build(tools: Tools, name: str, *, target: str, cache: Path | None, archive: 
     if cache is not None:
         manifest = read_manifest(cache)
         config = Path(variant.model) / "config.json"
-        why = cache_problem(manifest, name, target, locked, serve_config_sha256(variant) if config.exists() else None)
+        why = cache_problem(manifest, name, target, locked, serve_config_sha256(variant) if config.exists() else None,
+                            dockerfile_workdir(DOCKERFILE.read_text()))
         if why:
             raise ImageError(f"{cache}: its manifest does not match {name} ({target}): {why}")
     require(tools, "buildah")
@@ -664,21 +680,57 @@ def stop(proc: subprocess.Popen, log: Path) -> float:
     return round(time.monotonic() - t0, 1)
 
 
+def bake_in_image(tools: Tools, name: str, *, target: str, archive: Path | None, tag: str | None, out: Path) -> Path:
+    """Run scripts.bake_cache for `name` inside its image (built without a cache) and copy the tarball to `out`."""
+    require(tools, "buildah")
+    tag = tag or default_tag(name, False)
+    archive = (archive or default_archive(name, False)).resolve()
+    ref = tag if image_id(tools, tag) else f"oci-archive:{archive}" if archive.exists() else None
+    if ref is None:
+        raise ImageError(f"no image {tag} and no {paths.shown(archive)}: make build VARIANT={name} first")
+    inside = "/tmp/cache_import.tar.gz"
+    log = (archive.parent / f"{name}.bake.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    ctr = tools.buildah("from", "--quiet", "--pull=false", ref).strip().splitlines()[-1]
+    try:
+        print(f"baking {name}'s compile cache inside {ref} (log {paths.shown(log)})", flush=True)
+        tools.run(["buildah", "--storage-driver", tools.env["STORAGE_DRIVER"], "run", ctr, "--", "sh", "-c",
+                   f".venv/bin/python -m scripts.download_weights --for-variant {name} && "
+                   f".venv/bin/python -m scripts.bake_cache {name} --out {inside}"], log=log)
+        mnt = Path(tools.buildah("mount", ctr).strip().splitlines()[-1])
+        tmp = out.with_name(f".{out.name}.tmp")
+        try:
+            shutil.copyfile(mnt / inside.lstrip("/"), tmp)
+            tmp.rename(out)
+        finally:
+            tmp.unlink(missing_ok=True)
+            _quietly(lambda: tools.buildah("umount", ctr))
+    finally:
+        _quietly(lambda: tools.buildah("rm", ctr))
+    print(f"wrote {paths.shown(out)} (baked at the image's paths; make build-import VARIANT={name} CACHE="
+          f"{paths.shown(out)})", flush=True)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     for cmd, text in (("build", "build the image (with --cache: build-import)"),
                       ("verify", "check labels and contents, run it until /health and a chat answer"),
+                      ("bake", "bake the variant's compile cache inside its built image"),
                       ("weights", "inside the image: bake the embedded weights"),
                       ("contents", "inside the image: print what it holds as JSON")):
         s = sub.add_parser(cmd, help=text)
         s.add_argument("variant", nargs="?", default="", help="experiments/<variant>/config.env")
-        if cmd in ("build", "verify"):
+        if cmd == "bake":
+            s.add_argument("--out", type=Path, default=Path("cache_import.tar.gz"), help="tarball (%(default)s)")
+        if cmd in ("build", "verify", "bake"):
             s.add_argument("--target", choices=sorted(LOCKS), default=None,
                            help="vLLM build in the image (default: VLLM_TARGET, else cuda where nvidia-smi exists)")
-            s.add_argument("--cache", default=None,
-                           help="cache_import.tar.gz (make bake-cache): baked into the image / the image to verify")
+            if cmd != "bake":
+                s.add_argument("--cache", default=None,
+                               help="cache_import.tar.gz (make bake-cache): baked into the image / the image to verify")
             s.add_argument("--archive", type=Path, help="OCI archive (default .cache/images/<variant>[+cache].oci.tar)")
             s.add_argument("--tag", help=f"image name in local storage (default {REPOSITORY}:<variant>[-cache])")
     return p
@@ -694,6 +746,10 @@ def main(argv: list[str] | None = None) -> int:
             return embed_weights(args.variant)
         if args.command == "contents":
             print(json.dumps(contents(args.variant)))
+            return 0
+        if args.command == "bake":
+            bake_in_image(Tools(), args.variant, target=args.target or serving_target(), archive=args.archive,
+                          tag=args.tag, out=args.out.resolve())
             return 0
         if args.cache == "":
             raise ImageError(f"no cache given: make build-import VARIANT={args.variant} CACHE=path/cache_import.tar.gz "

@@ -11,7 +11,8 @@ import pytest
 from scripts.common import compile_cache as cc
 
 HERE = {"variant": "smollm2-bf16", "serve_config_sha256": "ab" * 32, "vllm": "0.32.0", "torch": "2.13.0+cpu",
-        "triton": "absent", "target": "cpu", "arch": "x86_64:avx512f", "device_name": "Xeon"}
+        "triton": "absent", "target": "cpu", "arch": "x86_64:avx512f", "device_name": "Xeon",
+        "root": "/work/main"}
 
 
 def manifest(**changes):
@@ -23,7 +24,8 @@ def test_matching_manifest_is_used():
 
 
 @pytest.mark.parametrize("key,value", [("vllm", "0.26.0"), ("arch", "sm_90"), ("serve_config_sha256", "cd" * 32),
-                                       ("variant", "smollm2-int8"), ("torch", "2.11.0")])
+                                       ("variant", "smollm2-int8"), ("torch", "2.11.0"),
+                                       ("root", "/app")])
 def test_each_factor_that_differs_is_named(key, value):
     why = cc.mismatch(manifest(**{key: value}), HERE)
     assert why is not None and why.startswith(f"{key}:") and value in why

@@ -50,7 +50,7 @@ def fake_cache(tmp_path, **changes):
     locked = bi.locked_versions(bi.lock_pins(bi.LOCKS["cpu"].read_text()))
     manifest = {"manifest_version": MANIFEST_VERSION, "variant": "smollm2-bf16", "target": "cpu",
                 "serve_config_sha256": serve_config_sha256(load_variant("smollm2-bf16", target="cpu")),
-                "arch": "x86_64:avx512f", "device_name": "some CPU", **locked} | changes
+                "arch": "x86_64:avx512f", "device_name": "some CPU", "root": "/app", **locked} | changes
     bake = tmp_path / "bake"
     (bake / "vllm").mkdir(parents=True)
     (bake / "vllm" / "x").write_text("x")
@@ -168,8 +168,16 @@ def test_cache_of_another_variant_or_version_is_refused_before_building(monkeypa
 def test_matching_cache_passes_the_build_time_check(tmp_path):
     tarball, manifest = fake_cache(tmp_path)
     locked = bi.locked_versions(bi.lock_pins(bi.LOCKS["cpu"].read_text()))
-    assert bi.cache_problem(manifest, "smollm2-bf16", "cpu", locked, manifest["serve_config_sha256"]) is None
-    assert "serve_config_sha256" in bi.cache_problem(manifest, "smollm2-bf16", "cpu", locked, "0" * 64)
+    sha, root = manifest["serve_config_sha256"], bi.dockerfile_workdir(bi.DOCKERFILE.read_text())
+    assert bi.cache_problem(manifest, "smollm2-bf16", "cpu", locked, sha, root) is None
+    assert "serve_config_sha256" in bi.cache_problem(manifest, "smollm2-bf16", "cpu", locked, "0" * 64, root)
+
+
+def test_cache_baked_in_another_checkout_is_refused_for_the_image(tmp_path):
+    _, manifest = fake_cache(tmp_path, root="/work/main")
+    locked = bi.locked_versions(bi.lock_pins(bi.LOCKS["cpu"].read_text()))
+    why = bi.cache_problem(manifest, "smollm2-bf16", "cpu", locked, manifest["serve_config_sha256"], "/app")
+    assert why.startswith("root: cache '/work/main', here '/app'") and "IMAGE=1" in why
 
 
 def test_failed_build_leaves_no_image_archive_or_staged_cache(monkeypatch, tmp_path, capsys):

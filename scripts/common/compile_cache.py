@@ -28,9 +28,13 @@ from scripts.common import paths
 
 IMPORTS = paths.CACHE / "compile-import"
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1
-# The factors a cache must match, in the order a mismatch is reported.
-MATCH_FACTORS = ("variant", "serve_config_sha256", "vllm", "torch", "triton", "target", "arch")
+MANIFEST_VERSION = 2
+# The factors a cache must match, in the order a mismatch is reported. `root` (the checkout's absolute path): vLLM's
+# compile-cache key hashes the model's path and the traced source files by absolute path, so a cache baked in one
+# checkout misses in another (a host bake in an image under /app: 133 s to /health vs 144 s with no cache).
+MATCH_FACTORS = ("variant", "serve_config_sha256", "vllm", "torch", "triton", "target", "arch", "root")
+HINTS = {"root": "vLLM's cache key holds absolute paths: bake it where it will be served (for an image: make "
+                 "bake-cache VARIANT=… IMAGE=1)"}
 
 
 class CacheError(RuntimeError):
@@ -81,7 +85,13 @@ def expected_manifest(variant) -> dict:
     """The factors of this machine and variant, as a manifest baked here would hold them."""
     dev = device_facts(variant.target)
     return {"variant": variant.name, "serve_config_sha256": serve_config_sha256(variant), **versions_now(),
-            "target": dev["target"], "arch": dev["arch"], "device_name": dev["name"]}
+            "target": dev["target"], "arch": dev["arch"], "device_name": dev["name"], "root": str(paths.ROOT)}
+
+
+def place(variant) -> Path:
+    """The one folder a variant's cache is baked in and imported into: the same absolute path at bake and at import,
+    because caches that record paths (FlashInfer's JIT build files, vLLM's key) would otherwise rebuild or miss."""
+    return IMPORTS / f"{variant.name}-{serve_config_sha256(variant)[:12]}"
 
 
 def key_factors(root: Path) -> list[dict]:
@@ -103,7 +113,8 @@ def mismatch(manifest: dict, expected: dict, *, shim: bool = False) -> str | Non
         return f"manifest version {manifest.get('manifest_version')!r}, this project reads {MANIFEST_VERSION}"
     for key in MATCH_FACTORS:
         if manifest.get(key) != expected.get(key):
-            return f"{key}: cache {manifest.get(key)!r}, here {expected.get(key)!r}"
+            hint = f" ({HINTS[key]})" if key in HINTS else ""
+            return f"{key}: cache {manifest.get(key)!r}, here {expected.get(key)!r}{hint}"
     if not shim and manifest.get("device_name") != expected.get("device_name"):
         return (f"device_name: cache {manifest.get('device_name')!r}, here {expected.get('device_name')!r} (same "
                 f"architecture {expected.get('arch')}: LAB_CACHE_SHIM=1 serves it under the baked name)")
@@ -131,7 +142,7 @@ def read_manifest(tarball: Path) -> dict:
 
 
 def import_cache(tarball: Path, variant, *, shim: bool = False) -> tuple[dict[str, str], str]:
-    """Unpack a matching cache under .cache/compile-import/<tarball hash>/ (reused if there); (the server's
+    """Unpack a matching cache into place(variant) (reused when it already holds this tarball); (the server's
     environment for it, a one-line message). The environment is empty, and the message says which factor differs,
     when the manifest does not match this machine and variant."""
     manifest = read_manifest(tarball)
@@ -139,14 +150,17 @@ def import_cache(tarball: Path, variant, *, shim: bool = False) -> tuple[dict[st
     why = mismatch(manifest, here, shim=shim)
     if why:
         return {}, f"compile cache {tarball.name} not used: {why}; compiling as usual"
-    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()[:16]
-    root = IMPORTS / digest
-    if not root.exists():
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    root = place(variant)
+    marker = root / ".tarball-sha256"
+    if not (marker.exists() and marker.read_text() == digest):
         IMPORTS.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=IMPORTS))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=IMPORTS))
         try:
             with tarfile.open(tarball, "r:gz") as tar:
                 safe_extract(tar, tmp)
+            (tmp / marker.name).write_text(digest)
+            shutil.rmtree(root, ignore_errors=True)
             tmp.rename(root)
         except (tarfile.TarError, EOFError, OSError) as e:
             raise CacheError(f"{tarball}: damaged or truncated ({type(e).__name__}: {e})") from None
