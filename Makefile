@@ -26,7 +26,7 @@ QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant lock lock-quant calibrate redistill draft analyze-vocab prune-vocab bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant lock lock-quant calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -76,6 +76,13 @@ analyze-vocab: $(STAMP) ## token frequencies, coverage curves and keep lists of 
 	set -e; for v in $(VOCAB_REFS); do \
 	  grep -q '^SHAPE_PROXY=1' experiments/$$v/config.env || $(PY) -m scripts.download_weights --for-variant $$v; \
 	  $(PY) -m scripts.analyze_vocab $$v; done
+
+train-lora: $(STAMP) ## train VARIANT's LoRA adapter with PEFT (LORA_* in config.env; a multi-adapter VARIANT: every missing one)
+	$(PY) -m scripts.download_weights --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
+	$(PY) -m scripts.train_lora $(VARIANT)
+
+merge-lora: $(STAMP) ## merge VARIANT's LoRA adapter into its PARENT's BF16 weights -> VARIANT's MODEL
+	$(PY) -m scripts.merge_lora $(VARIANT)
 
 prune-vocab: $(STAMP) ## build VARIANT's pruned output layer from its PARENT (PRUNE_KEEP in config.env)
 	$(PY) -m scripts.download_weights --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)

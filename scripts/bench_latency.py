@@ -26,7 +26,7 @@ from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts
 from scripts.common.metrics import summarize
 from scripts.common.prom import scrape, server_counters
 from scripts.common.records import envelope, now_utc, write_record
-from scripts.common.server import Server, ServerError, is_healthy
+from scripts.common.server import Server, ServerError, group_rss_mib, is_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant
 
 DEFAULT_CONCURRENCY = "1,4,8"
@@ -104,8 +104,9 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
     client = openai_client(base_url)
     t_run = time.monotonic()
     model = args.served_model
-    for row in rows[:WARMUP_REQUESTS]:
-        stream_one(client, model, row, "fixed", time.perf_counter(), 8)
+    record["inputs"]["models"] = model
+    for i, row in enumerate(rows[:WARMUP_REQUESTS]):
+        stream_one(client, model[i % len(model)], row, "fixed", time.perf_counter(), 8)
     before = scrape(base_url)
     failure = None
     for mode in modes:
@@ -126,6 +127,7 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
         if failure and not is_healthy(base_url):
             break
     record["server_metrics"] = server_counters(before, scrape(base_url) if is_healthy(base_url) else None)
+    record["server_rss_mib"] = group_rss_mib(server.pid) if server else None  # after the run: weights, KV, adapters
     record["duration_s"] = round(time.monotonic() - t_run, 2)
     if failure:
         record["status"], record["failure"] = "failed", failure
@@ -136,7 +138,7 @@ def run_variant(name: str, args, ladder_id: str | None = None) -> int:
     """Measure one variant (starting its server unless --base-url) and write its record. Returns an exit code."""
     try:
         variant = load_variant(name, overrides=parse_overrides(args.set))
-        args.served_model = variant.served_name
+        args.served_model = variant.request_models
         with variant_server(variant, base_url=args.base_url, port=args.port, purpose="bench") as (base_url, server):
             record = measure(args, variant, base_url, server)
         record["inputs"]["ladder_id"] = ladder_id

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
+from scripts.common.lora import served_adapters
 from scripts.common.variants import VariantError, build_target, load_variant
 
 EMBEDDED = "embedded"
@@ -202,6 +203,10 @@ def for_variant(variant_name: str, force: bool = False) -> Path | None:
         print(f"{variant_name}: MODEL={model} is a hub id; vLLM fetches it itself")
         return None
     dest = paths.ROOT / model
+    missing = [f"{n}={p}" for n, p in served_adapters(v).items() if not (paths.ROOT / p / "adapter_config.json").exists()]
+    if missing:
+        raise DownloadError(f"{variant_name} serves LoRA adapters not trained yet ({', '.join(missing)}): run "
+                            f"`make train-lora VARIANT={variant_name}`")
     if dest.exists() and not force:
         return dest
     if source is None or source == "lever":

@@ -71,10 +71,14 @@ def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_c
     return sample
 
 
-def run_level(client, model: str, rows: list[dict], mode: str, concurrency: int, cap: int | None) -> tuple[list, float]:
+def run_level(client, model: str | list[str], rows: list[dict], mode: str, concurrency: int,
+              cap: int | None) -> tuple[list, float]:
+    """Every row at `concurrency` in flight; a list of models is taken round-robin (adapters of one server)."""
+    models = [model] if isinstance(model, str) else model
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(concurrency) as ex:
-        samples = list(ex.map(lambda r: stream_one(client, model, r, mode, t0, cap), rows))
+        samples = list(ex.map(lambda ir: stream_one(client, models[ir[0] % len(models)], ir[1], mode, t0, cap),
+                              enumerate(rows)))
     return samples, time.perf_counter() - t0
 
 

@@ -55,6 +55,19 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
+def group_rss_mib(pgid: int) -> float | None:
+    """Resident memory of a process group (the vLLM server and its engine/worker processes), MiB; None when gone.
+    Shared pages (the weights mapped by more than one process) count once per process: an upper bound."""
+    total = 0
+    for pid in group_pids(pgid):
+        try:
+            total += next(int(ln.split()[1]) for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if ln.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            continue
+    return round(total / 1024, 1) if total else None
+
+
 @dataclass
 class Server:
     argv: list[str]

@@ -31,6 +31,7 @@ KEYS: dict[str, str] = {
     "SHAPE_PROXY": "1 when MODEL holds random weights with the real shapes: speed only, never quality",
     "SOURCE": "where MODEL's weights come from: embedded | embedded:gemma3-270m | <org>/<repo> (hub) | shape-proxy:<config> | lever",
     "TOKENIZER": "tokenizer directory or hub id when it differs from MODEL",
+    "BENCH_MODELS": "model names the latency bench spreads its requests over, round-robin (LoRA adapters by name)",
     "DRAFT_LAYERS": "decoder layers of PARENT a layer-truncated draft model keeps (scripts.make_draft_model)",
 }
 # Key families: a prefix and what the rest of the key means.
@@ -41,6 +42,7 @@ PREFIXES: dict[str, str] = {
     "EVAL_": "an evaluation option (read by eval/ drivers)",
     "CALIBRATE_": "a quantization lever option (read by scripts.llmcompressor_calibrate)",
     "REDISTILL_": "a draft-head distillation option (read by scripts.redistill_mtp)",
+    "LORA_": "a LoRA adapter option (scripts/common/lora.py: read by scripts.train_lora and scripts.merge_lora)",
     "PRUNE_": "a vocabulary-pruning option (read by scripts.prune_vocab_v2): PRUNE_KEEP=32768 output rows kept",
 }
 MAX_SPECULATIVE_TOKENS = 16  # K: draft tokens verified per step
@@ -168,6 +170,12 @@ class Variant:
         return self.resolved.get("SERVE_SERVED_MODEL_NAME", self.name)
 
     @property
+    def request_models(self) -> list[str]:
+        """The model names the latency bench sends requests to, round-robin: BENCH_MODELS (adapters of a multi-LoRA
+        server), else the served name."""
+        return self.resolved.get("BENCH_MODELS", "").replace(",", " ").split() or [self.served_name]
+
+    @property
     def max_num_seqs(self) -> int:
         """Requests a client keeps in flight against this variant: SERVE_MAX_NUM_SEQS, else 8 (the ladder's top)."""
         return int(self.resolved.get("SERVE_MAX_NUM_SEQS", 8))
@@ -182,6 +190,9 @@ class Variant:
         out = {k[len("SERVE_"):].lower().replace("_", "-"): v for k, v in self.resolved.items() if k.startswith("SERVE_")}
         if (head := head_dir(self)) is not None:
             out["speculative-config"] = json.dumps({**json.loads(out["speculative-config"]), "model": str(head)})
+        if "lora-modules" in out:  # name=weights/… -> name=<absolute path> (vLLM resolves against its working dir)
+            out["lora-modules"] = " ".join(f"{n}={paths.resolve_model(p)}" for n, _, p in
+                                           (item.partition("=") for item in out["lora-modules"].split()))
         return out
 
     def env(self) -> dict[str, str]:
@@ -192,6 +203,8 @@ def build_target(settings: dict[str, str]) -> str:
     """The make target that builds a lever variant's MODEL from its PARENT."""
     if settings.get("PRUNE_KEEP"):
         return "prune-vocab"
+    if settings.get("LORA_ADAPTER"):
+        return "merge-lora"
     return "calibrate"
 
 
