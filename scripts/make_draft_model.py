@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import CheckpointError, verify
+from scripts.common.checkpoint import CheckpointError, copy_side_files, verify
 from scripts.common.variants import VariantError, head_dir, load_variant
 
 LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -48,10 +48,7 @@ def truncate(parent: Path, out: Path, layers: int) -> dict:
                 kept[name] = tensor
     save_file(kept, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": layers}, indent=2))
-    skip = {"config.json", "model.safetensors.index.json", "PROVENANCE.json"}  # written here, or not the draft's
-    for f in parent.iterdir():
-        if f.is_file() and f.suffix != ".safetensors" and f.name not in skip:
-            shutil.copy2(f, out / f.name)
+    copy_side_files(parent, out)
     return {"parent_layers": total, "layers": layers, "tensors": len(kept),
             "params": sum(t.numel() for t in kept.values())}
 

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from scripts.common import lora, paths
-from scripts.common.checkpoint import CheckpointError, verify
+from scripts.common.checkpoint import CheckpointError, copy_side_files, verify
 from scripts.common.records import git_state, hardware, now_utc, versions, write_record
 from scripts.common.variants import VariantError, load_variant
 
@@ -68,10 +68,7 @@ def merge(name: str, overrides: dict[str, str] | None = None, record_dir: Path |
                   "finished_at": now_utc().isoformat(timespec="seconds")}
     try:
         merged.save_pretrained(tmp)
-        for f in base_dir.iterdir():  # tokenizer and generation files, as PARENT has them
-            if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "PROVENANCE.json") \
-                    and not f.name.endswith(".index.json"):
-                shutil.copy2(f, tmp / f.name)
+        copy_side_files(base_dir, tmp)
         (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
         verify(tmp, source=base_dir)
         shutil.rmtree(dest, ignore_errors=True)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import CheckpointError, verify
+from scripts.common.checkpoint import CheckpointError, copy_side_files, verify
 from scripts.common.records import git_state, hardware, now_utc, versions
 from scripts.common.variants import VariantError, load_variant
 from scripts.common.vocab import ID_MAP, PLUGIN_BASES, PLUGIN_PREFIX, VocabError, load_keep_list
@@ -136,10 +136,7 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        for f in src.iterdir():
-            if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "PROVENANCE.json") \
-                    and not f.name.endswith(".safetensors.index.json"):
-                shutil.copy2(f, tmp / f.name)
+        copy_side_files(src, tmp)
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         cfg["architectures"] = [PLUGIN_PREFIX + arch]
         cfg["tie_word_embeddings"] = False

@@ -99,6 +99,31 @@ def test_merge_refuses_a_quantized_parent():
         merge("smollm2-lora-a", overrides={"PARENT": "smollm2-int8sq", "MODEL": MERGED})
 
 
+def test_adapter_problems_found_before_vllm_loads(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    model, base = tiny_llama(tmp_path)
+    good = tmp_path / "good"
+    get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "down_proj"], task_type="CAUSAL_LM")).save_pretrained(good)
+    assert lora.adapter_problem(good, base, 8) is None
+    assert lora.adapter_problem(good, base, 1)[0] == 400 and "rank 8" in lora.adapter_problem(good, base, 1)[1]
+    assert lora.adapter_problem(tmp_path / "none", base, 8)[0] == 404
+    other_model, _ = tiny_llama(tmp_path / "wide", hidden=128)
+    other = tmp_path / "other"
+    get_peft_model(other_model, LoraConfig(r=8, target_modules=["q_proj"], task_type="CAUSAL_LM")).save_pretrained(other)
+    status, message = lora.adapter_problem(other, base, 8)
+    assert status == 400 and "another base" in message
+    (good / "adapter_model.safetensors").unlink()
+    assert "no adapter_model.safetensors" in lora.adapter_problem(good, base, 8)[1]
+
+
+def test_admission_plugin_is_an_installed_entry_point():
+    import importlib.metadata
+
+    eps = {e.name: e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    assert eps.get("lora_admission") == "scripts.lora_admission:register"
+
+
 # ------------------------------------------------------------------------------------------- the real server
 @pytest.fixture(scope="module")
 def tiny_adapter(embedded_weights, tmp_path_factory):
@@ -209,7 +234,8 @@ def bad_adapters(tmp_path, tiny: str):
     other = tmp_path / "other-base"
     small, _ = tiny_llama(tmp_path)
     get_peft_model(small, LoraConfig(r=8, target_modules=["q_proj"], task_type="CAUSAL_LM")).save_pretrained(other)
-    return [("missing", missing, "adapter_model"), ("rank16", rank16, "rank"), ("other", other, "")]
+    return [("missing", missing, "no adapter_model.safetensors"), ("rank16", rank16, "rank 16 is above"),
+            ("other", other, "another base"), ("nowhere", tmp_path / "nowhere", "no adapter folder")]
 
 
 @pytest.mark.slow
@@ -217,7 +243,7 @@ def test_bad_adapters_are_refused_and_the_server_keeps_serving(lora_server, tmp_
     url = lora_server.base_url
     for name, path, says in bad_adapters(tmp_path, TINY):
         status, text = post(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-        assert status >= 400, f"{name}: loaded ({status})"
+        assert 400 <= status < 500, f"{name}: {status} {text[:300]}"
         assert says.lower() in text.lower(), f"{name}: {status} {text[:300]}"
         _, out = greedy(url, "smollm2-lora1", "Say hello.", 4)
         assert out, f"no answer after the {name} adapter was refused"

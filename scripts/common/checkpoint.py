@@ -6,6 +6,7 @@ Only safetensors headers are read (no tensor data), so a 4B checkpoint verifies 
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,3 +233,12 @@ def verify(path: Path, *, source: Path | None = None, tokenizer: bool = True, sh
     if tokenizer:
         report.notes.append(check_tokenizer(path))
     return report
+
+
+def copy_side_files(src: Path, dest: Path) -> None:
+    """PARENT's tokenizer, generation and other small files into a derived checkpoint: everything but the weights
+    (safetensors and their index), config.json and PROVENANCE.json, which the lever writes itself."""
+    for f in Path(src).iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "PROVENANCE.json") \
+                and not f.name.endswith(".safetensors.index.json"):
+            shutil.copy2(f, Path(dest) / f.name)

@@ -118,6 +118,43 @@ def check_base(card: dict, adapter: Path, base_dir: Path) -> None:
                         f"{paths.shown(base_dir)} (config.json differs): an adapter for another base")
 
 
+def adapter_problem(adapter: Path, model_dir: Path, max_rank: int | None) -> tuple[int, str] | None:
+    """Why a server of `model_dir` with --max-lora-rank `max_rank` must refuse this adapter, as (HTTP status, one
+    line), or None: the folder or its files missing (404 / 400), a rank above the server's maximum (400), or weights
+    whose shapes do not fit the base's layers — an adapter of another base (400). vLLM 0.32 answers these with 500
+    or not at all (scripts/lora_admission.py puts this check before its loader)."""
+    from scripts.common.checkpoint import read_safetensors_header
+
+    adapter = Path(adapter)
+    if not adapter.is_dir():
+        return 404, f"no adapter folder at {adapter}"
+    missing = [f for f in ADAPTER_FILES if not (adapter / f).exists()]
+    if missing:
+        return 400, f"{adapter}: no {', '.join(missing)} (a PEFT adapter folder holds {', '.join(ADAPTER_FILES)})"
+    try:
+        cfg = json.loads((adapter / "adapter_config.json").read_text())
+        tensors = read_safetensors_header(adapter / "adapter_model.safetensors")
+    except (OSError, ValueError) as e:
+        return 400, f"{adapter}: unreadable adapter ({e})"
+    rank = max([int(cfg.get("r", 0)), *(int(r) for r in (cfg.get("rank_pattern") or {}).values())])
+    if max_rank is not None and rank > max_rank:
+        return 400, f"{adapter}: LoRA rank {rank} is above this server's --max-lora-rank {max_rank}"
+    base = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        base.update(read_safetensors_header(f))
+    for name, info in tensors.items():
+        module, _, kind = name.removeprefix("base_model.model.").rpartition(".lora_")
+        target = base.get(f"{module}.weight")
+        if target is None or len(target.shape) != 2 or kind not in ("A.weight", "B.weight"):
+            continue  # a quantized or packed layer, or a tensor this check does not read
+        out_dim, in_dim = target.shape
+        side, want = (info.shape[1], in_dim) if kind == "A.weight" else (info.shape[0], out_dim)
+        if side != want:
+            return 400, (f"{adapter}: {name} has shape {list(info.shape)}, the base's {module} is {out_dim}x{in_dim}: "
+                         "an adapter trained for another base")
+    return None
+
+
 def served_adapters(variant) -> dict[str, str]:
     """SERVE_LORA_MODULES (`name=weights/… name=…`) as adapter name -> the path as written."""
     out = {}
