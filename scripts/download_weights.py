@@ -210,7 +210,7 @@ def for_variant(variant_name: str, force: bool = False) -> Path | None:
     if dest.exists() and not force:
         return dest
     parent = v.settings.get("PARENT")
-    if parent and load_variant(parent).settings.get("MODEL") == model:  # the parent's weights, served otherwise
+    if parent and parent != variant_name and load_variant(parent).settings.get("MODEL") == model:  # the parent's weights, served otherwise
         return for_variant(parent, force=force)
     if source is None or source == "lever":
         raise DownloadError(f"{model} is missing and is built from PARENT={v.settings.get('PARENT')} by a lever: "

@@ -30,7 +30,8 @@ def test_missing_embedded_package_is_explained(monkeypatch):
         download_weights.embedded_gguf()
 
 
-@pytest.mark.parametrize("name,extra,target", [("x-awq", "", "calibrate"), ("x-v16k", "PRUNE_KEEP=16384\n", "prune-vocab")])
+@pytest.mark.parametrize("name,extra,target", [("x-awq", "", "calibrate"), ("x-v16k", "PRUNE_KEEP=16384\n", "prune-vocab"),
+                                              ("x-lora", "LORA_ADAPTER=weights/lora/x\n", "merge-lora")])
 def test_lever_variant_without_weights_says_how_to_build(tmp_path, monkeypatch, name, extra, target):
     d = tmp_path / name
     d.mkdir()
