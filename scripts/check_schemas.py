@@ -3,7 +3,7 @@
     python -m scripts.check_schemas                 # all records (what `make check` runs)
     python -m scripts.check_schemas path/to/record.json
 
-A record's kind comes from its file name (latency_*.json, quality_*.json); the validator is jsonschema's
+A record's kind comes from its file name (latency_*.json, quality_*.json, profile_*.json); the validator is jsonschema's
 Draft 2020-12 with format checking. Exit 1 naming the file and the field of the first error of each bad record.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from scripts.common import paths
 
-KINDS = ("latency", "quality")
+KINDS = ("latency", "quality", "profile")
 
 
 @cache

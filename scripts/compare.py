@@ -95,6 +95,13 @@ def group_key(rec: dict) -> tuple[str, str]:
     return hardware_key(rec["hardware"]), rec["inputs"]["prompt_set_sha256"][:12]
 
 
+def engine_label(rec: dict | None) -> str:
+    """The engine a record was served by, with its version (records from before engines were named: vLLM)."""
+    engine = (rec or {}).get("engine") or {"name": "vllm", "version": None}
+    name = {"vllm": "vLLM", "llamacpp": "llama.cpp", "sglang": "SGLang"}.get(engine["name"], engine["name"])
+    return f"{name} {engine['version']}" if engine.get("version") else name
+
+
 def baseline_of(variant: str, members: dict[str, dict]) -> str | None:
     """The BF16 root of the variant's PARENT chain within this comparable group (its reference variant)."""
     seen, current = {variant}, members[variant]["config"].get("PARENT")
@@ -179,12 +186,14 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) ->
     for (hw, prompts), members in sorted(groups.items()):
         levels = sorted({int(c) for r in members.values() for c in r["summary"][MODE]})
         lines += [f"## {hw} — prompt set {prompts}", "",
-                  "| variant | parent | weights MiB | KV tokens | " + " | ".join(f"tok/s c={c}" for c in levels)
+                  "| variant | engine | parent | weights MiB | KV tokens | " + " | ".join(f"tok/s c={c}" for c in levels)
                   + " | " + " | ".join(f"× parent c={c}" for c in levels)
                   + " | " + " | ".join(f"× BF16 c={c}" for c in LEVELS) + " | back-to-back | gate |",
-                  "|" + " --- |" * (4 + 2 * len(levels) + len(LEVELS) + 2)]
+                  "|" + " --- |" * (5 + 2 * len(levels) + len(LEVELS) + 2)]
         group_rows = []
-        for v, r in sorted(members.items()):
+        # vLLM's variants first, then each peer engine's in their own rows
+        for v, r in sorted(members.items(), key=lambda kv: (not engine_label(kv[1]).startswith("vLLM"),
+                                                          engine_label(kv[1]), kv[0])):
             parent = r["config"].get("PARENT")
             pref = members.get(parent) if parent else None
             base = baseline_of(v, members)
@@ -197,18 +206,21 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) ->
             tput = [throughput(r, c) for c in levels]
             wb = (r.get("model") or {}).get("weight_bytes")
             kv = r.get("server_metrics", {}).get("kv_cache_tokens")
-            lines.append(f"| {v}{' (shape proxy)' if r.get('shape_proxy') else ''} | {parent or '—'} | "
+            lines.append(f"| {v}{' (shape proxy)' if r.get('shape_proxy') else ''} | {engine_label(r)} | {parent or '—'} | "
                          f"{fmt(wb / 2**20 if wb else None, '.0f')} | {kv or '—'} | "
                          + " | ".join(fmt(t, '.1f') for t in tput) + " | "
                          + " | ".join(fmt(vs_parent.get(str(c))) for c in levels) + " | "
                          + " | ".join(fmt(vs_base.get(c)) for c in LEVELS) + f" | {b2b} | {judged[v].short()} |")
-            row = {"group": (hw, prompts), "variant": v, "levels": levels, "throughput": tput, "vs_base": vs_base,
+            row = {"group": (hw, prompts), "variant": v, "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
                    "base": base, "b2b": b2b,
                    "tput": {c: throughput(r, c) for c in LEVELS}, "base_tput": {c: throughput(bref, c) for c in LEVELS}}
             rows.append(row)
             if base:
                 group_rows.append(row)
-        lines += [""] + winner_lines(group_rows, judged)
+        engines = sorted({r["engine"] for r in group_rows}, key=lambda e: (not e.startswith("vLLM"), e))
+        for engine in engines:  # one verdict per engine: a peer never takes the vLLM variants' place, nor they its
+            lines += [""] + ([f"### {engine}", ""] if len(engines) > 1 else [])
+            lines += winner_lines([r for r in group_rows if r["engine"] == engine], judged)
     if excluded:
         lines += ["## Not comparable", ""] + [f"- {v}: {why}" for v, why in excluded] + [""]
     return "\n".join(lines), rows

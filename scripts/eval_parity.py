@@ -3,6 +3,7 @@
     python -m scripts.eval_parity smollm2-int8                        # `make eval-parity VARIANT=smollm2-int8`
     python -m scripts.eval_parity smollm2-int8 --tokens 8192 --ctx 512 --corpus cpython-docs
     python -m scripts.eval_parity qwen35-4b-awq-ref --backend vllm    # kernels that exist only in vLLM
+    python -m scripts.eval_parity smollm2-gguf-q8-0                   # ENGINE=llamacpp: llama.cpp scores it
 
 Both models score the same token sequences: the corpus (Wikitext-2 when cached, else the offline cpython-docs corpus)
 tokenized once, cut into chunks of --ctx tokens; as llama.cpp's --kl-divergence does, only the second half of each
@@ -11,7 +12,9 @@ the next-token distributions, whether their argmax agree, and -log p(actual next
 
 Backends: `transformers` (full distributions; BF16 and any checkpoint transformers loads, compressed-tensors
 included) and `vllm` (each model's server returns its top-K prompt logprobs; KL is then computed over the reference's
-top-K tokens plus one bucket for the rest of the mass, an approximation the record names). The reference is the
+top-K tokens plus one bucket for the rest of the mass, an approximation the record names) and `llamacpp` (a GGUF
+variant's full distributions from llama.cpp itself, against the reference's from transformers; the default for an
+ENGINE=llamacpp variant, whose export checked that its tokenizer's ids are the parent's). The reference is the
 variant's GATE_REFERENCE, else its PARENT. Writes experiments/<variant>/quality_<YYYYMMDD-HHMMSS>.json.
 """
 
@@ -20,13 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.corpus import EVAL_FRACTION, CorpusError, load_corpus
+from scripts.common.engines import engine_of, python_of
+from scripts.common.engines import version as engine_version
 from scripts.common.launch import variant_server
 from scripts.common.loadgen import openai_client
 from scripts.common.metrics import parity_stats
@@ -127,6 +134,46 @@ def ScatterHead(rows, kept: list[int], vocab_size: int):  # noqa: N802 - builds 
     return _ScatterHead()
 
 
+def scored_logprobs(model, chunk: list[int]):
+    """Log-probabilities a transformers model gives the second half of a chunk: [ctx/2, vocab], float32."""
+    import torch
+
+    half = len(chunk) // 2
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([chunk])).logits[0, half - 1:-1].float(), -1)
+
+
+def full_stats(lp_r, lp_v, target):
+    """Per-token (kld, agree, nll_ref, nll_var, None) of two full next-token distributions over the same vocabulary."""
+    agree = lp_r.argmax(-1) == lp_v.argmax(-1)
+    nll_r = -lp_r.gather(-1, target[:, None])[:, 0]
+    nll_v = -lp_v.gather(-1, target[:, None])[:, 0]
+    kld = (lp_r.exp() * (lp_r - lp_v)).sum(-1).clamp_min(0)
+    return kld.tolist(), agree.tolist(), nll_r.tolist(), nll_v.tolist(), None
+
+
+def per_token_llamacpp(ref_dir: str, var: Variant, chunks: list[list[int]]):
+    """The reference in transformers, the variant in llama.cpp itself (a GGUF file): both full distributions. llama.cpp
+    runs in its own environment (scripts.llamacpp_logits), writing one file of logits per chunk, read back here."""
+    import numpy as np
+    import torch
+
+    py = python_of(engine_of(var))
+    engine_version("llamacpp")  # installed, else the target that installs it
+    ref_model = load_transformers(ref_dir)
+    paths.CACHE.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="parity-llamacpp-", dir=paths.CACHE) as tmp:
+        (Path(tmp) / "chunks.json").write_text(json.dumps(chunks))
+        r = subprocess.run([py, "-m", "scripts.llamacpp_logits", var.model, str(Path(tmp) / "chunks.json"), tmp],
+                           cwd=paths.ROOT, capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["(no output)"]
+            raise ParityError(f"llama.cpp could not score {var.resolved['MODEL']}: {tail[0]}")
+        for i, chunk in enumerate(chunks):
+            lp_v = torch.log_softmax(torch.from_numpy(np.load(Path(tmp) / f"{i:04d}.npy")), -1)
+            yield full_stats(scored_logprobs(ref_model, chunk), lp_v, torch.tensor(chunk[len(chunk) // 2:]))
+
+
 def per_token_transformers(ref_dir: str, var_dir: str, chunks: list[list[int]]):
     """Yield per-chunk (kld, agree, nll_ref, nll_var, vocab) from both models' full distributions. For a pruned
     variant `vocab` holds per token: the reference's argmax kept, its mass on dropped ids, the gold token kept; KL is
@@ -138,19 +185,14 @@ def per_token_transformers(ref_dir: str, var_dir: str, chunks: list[list[int]]):
     kept_list = kept_ids(var_dir)
     kept = None if kept_list is None else torch.tensor(kept_list)
     for chunk in chunks:
-        x = torch.tensor([chunk])
-        half = len(chunk) // 2
-        with torch.no_grad():
-            lps = [torch.log_softmax(m(x).logits[0, half - 1:-1].float(), -1) for m in models]
-        lp_r, lp_v = lps
-        target = x[0, half:]
+        lp_r, lp_v = (scored_logprobs(m, chunk) for m in models)
+        target = torch.tensor(chunk[len(chunk) // 2:])
+        if kept is None:
+            yield full_stats(lp_r, lp_v, target)
+            continue
         agree = lp_r.argmax(-1) == lp_v.argmax(-1)
         nll_r = -lp_r.gather(-1, target[:, None])[:, 0]
         nll_v = -lp_v.gather(-1, target[:, None])[:, 0]
-        if kept is None:
-            kld = (lp_r.exp() * (lp_r - lp_v)).sum(-1).clamp_min(0)
-            yield kld.tolist(), agree.tolist(), nll_r.tolist(), nll_v.tolist(), None
-            continue
         lp_rk = lp_r[:, kept]
         log_kept_mass = torch.logsumexp(lp_rk, -1)
         lp_rk = lp_rk - log_kept_mass[:, None]
@@ -225,7 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", default="auto", help="auto | wikitext2 | cpython-docs")
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="tokens to score (default %(default)s)")
     p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context per chunk (default %(default)s)")
-    p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers")
+    p.add_argument("--backend", choices=["auto", "transformers", "vllm", "llamacpp"], default="auto",
+                   help="auto: llamacpp for a variant served by llama.cpp (ENGINE=llamacpp), else transformers")
     p.add_argument("--ref-url", help="vllm backend: the reference's running server")
     p.add_argument("--var-url", help="vllm backend: the variant's running server")
     p.add_argument("--port", type=int, default=8125)
@@ -246,7 +289,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise ParityError(f"{v.name} is a shape proxy (random weights): quality is never measured on it")
             if v.resolved["MODEL"].startswith("weights/") and not Path(v.model).exists():
                 raise ParityError(f"{v.resolved['MODEL']} does not exist: build {v.name} first")
-        check_same_tokenizer(var, ref)
+        if args.backend == "auto":
+            args.backend = "llamacpp" if engine_of(var).name == "llamacpp" else "transformers"
+        if (args.backend == "llamacpp") != (engine_of(var).name == "llamacpp"):
+            raise ParityError(f"--backend {args.backend} does not run {var.name} (ENGINE={engine_of(var).name})")
+        if args.backend != "llamacpp":
+            check_same_tokenizer(var, ref)
         corpus = load_corpus(args.corpus)
         from transformers import AutoTokenizer
 
@@ -256,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         check_held_out(corpus, ids, chunks, tokenizer)
         if args.backend == "transformers":
             per_chunk = per_token_transformers(ref.model, var.model, chunks)
+        elif args.backend == "llamacpp":
+            per_chunk = per_token_llamacpp(ref.model, var, chunks)
         else:
             per_chunk = per_token_vllm(ref, var, chunks, {"ref": args.ref_url, "var": args.var_url}, args.port)
         if args.backend == "vllm" and kept_ids(var.model) is not None:
@@ -286,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                       server_command=None)
     record["duration_s"] = round(time.monotonic() - t0, 1)
     record["inputs"] = {"kind": "parity", "reference": ref.name, "reference_model": ref.resolved["MODEL"],
-                        "backend": args.backend, "kl_method": "full distribution" if args.backend == "transformers"
+                        "backend": args.backend, "kl_method": "full distribution" if args.backend != "vllm"
                         else f"top-{TOP_K} + tail bucket (approximation)", **corpus.describe(),
                         "ctx": args.ctx, "chunks": len(chunks), "scored": "second half of each chunk"}
     prov = Path(var.model) / "PROVENANCE.json"

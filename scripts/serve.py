@@ -1,11 +1,12 @@
-"""Serve a variant with vLLM's OpenAI-compatible server.
+"""Serve a variant with its engine's OpenAI-compatible server (vLLM unless the variant's ENGINE says otherwise).
 
     python -m scripts.serve smollm2-bf16                       # what `make serve` runs
     python -m scripts.serve smollm2-bf16 --dry-run             # print the exact command only
     HOST=0.0.0.0 PORT=8001 API_KEY=secret python -m scripts.serve smollm2-bf16
     python -m scripts.serve smollm2-bf16 --set SERVE_MAX_NUM_SEQS=4
+    python -m scripts.serve smollm2-gguf-q8-0                  # ENGINE=llamacpp: llama-cpp-python's server
 
-Prints the exact `vllm serve` command, starts it in its own process group, waits for /health, and on SIGINT/SIGTERM
+Prints the exact server command, starts it in its own process group, waits for /health, and on SIGINT/SIGTERM
 stops the whole group (engine core and workers included) by PID. Binds 127.0.0.1 unless HOST says otherwise.
 """
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             env, message = import_cache(args.cache, variant, shim=os.environ.get("LAB_CACHE_SHIM") == "1")
             print(message, flush=True)
             server.env.update(env)
-    except (VariantError, CheckpointError, CacheError) as e:
+    except (VariantError, CheckpointError, CacheError, ServerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(printable(server.argv, server.env), flush=True)

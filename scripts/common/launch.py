@@ -10,9 +10,9 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
+from scripts.common.engines import engine_of, serve_argv
 from scripts.common.server import Server, ServerError, is_healthy
 from scripts.common.variants import Variant, VariantError, build_target, cpu_preload, head_dir
-from scripts.common.vllm_cli import build_serve_argv, vllm_flag_table
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:
@@ -34,6 +34,8 @@ def check_model_present(variant: Variant) -> None:
     if not path.exists():
         raise CheckpointError(f"{model} does not exist: run `make weights VARIANT={variant.name}` "
                               f"(or `make {build_target(variant.resolved)} VARIANT={variant.name}` for a lever-built variant)")
+    if path.is_file():  # a GGUF file (llama.cpp): its engine reads and checks it
+        return
     read_checkpoint(path)  # files present, config parses, shards whole; full checks: scripts.verify_checkpoint
     check_head(variant)
 
@@ -58,14 +60,16 @@ def check_head(variant: Variant) -> None:
 
 
 def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, log_path: Path | None = None) -> Server:
-    """The variant's server, not started: flags checked against vLLM first, then the checkpoint."""
-    argv = build_serve_argv(variant, vllm_flag_table(), host=host, port=port, api_key=api_key)
+    """The variant's server, not started: its engine and flags checked first (vLLM's against vLLM), then the weights."""
+    engine = engine_of(variant)
     check_model_present(variant)
-    if variant.settings.get("ENV_LD_PRELOAD", "auto") == "auto" and variant.target == "cpu":
+    argv = serve_argv(variant, host=host, port=port, api_key=api_key)
+    if engine.name == "vllm" and variant.settings.get("ENV_LD_PRELOAD", "auto") == "auto" and variant.target == "cpu":
         for hint in cpu_preload()[1]:
             print(f"warning: not preloaded, {hint}: vLLM on CPU runs slower without it", file=sys.stderr)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    return Server(argv=argv, base_url=f"http://{url_host}:{port}", env=variant.env(), log_path=log_path)
+    return Server(argv=argv, base_url=f"http://{url_host}:{port}", env=variant.env(), log_path=log_path,
+                  health_path=engine.health_path)
 
 
 @contextmanager
@@ -74,8 +78,9 @@ def variant_server(variant: Variant, *, base_url: str | None, port: int, purpose
     .cache/<purpose>-<variant>.log) and stopped, whole process group, when the block exits."""
     if base_url:
         base_url = base_url.rstrip("/")
-        if not is_healthy(base_url):
-            raise ServerError(f"no healthy server at {base_url} (GET /health failed)")
+        health = engine_of(variant).health_path
+        if not is_healthy(base_url, path=health):
+            raise ServerError(f"no healthy server at {base_url} (GET {health} failed)")
         yield base_url, None
         return
     log = paths.CACHE / f"{purpose}-{variant.name}.log"

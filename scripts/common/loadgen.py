@@ -41,15 +41,22 @@ def load_prompts(path: Path, limit: int | None = None) -> tuple[list[dict], dict
     return rows, info
 
 
-def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_cap: int | None) -> RequestSample:
+IGNORE_EOS = {"ignore_eos": True}  # vLLM's (and SGLang's) fixed-length request; other engines: scripts/common/engines.py
+
+
+def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_cap: int | None,
+               fixed_body: dict | None = None) -> RequestSample:
+    """One streamed greedy chat request; `fixed` mode adds fixed_body (the engine's way to ignore end-of-sequence)."""
     max_tokens = min(row["max_tokens"], max_tokens_cap) if max_tokens_cap else row["max_tokens"]
     start = time.perf_counter()
     sample = RequestSample(prompt_id=row["id"], ok=False, start_s=start - t0, end_s=start - t0)
     last = None
+    text_chunks = 0
     try:
         stream = client.chat.completions.create(
             model=model, messages=row["messages"], max_tokens=max_tokens, temperature=0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": mode == "fixed"},
+            stream_options={"include_usage": True},
+            extra_body=(fixed_body or IGNORE_EOS) if mode == "fixed" else {},
         )
         for chunk in stream:
             now = time.perf_counter()
@@ -59,9 +66,13 @@ def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_c
                 elif last is not None:
                     sample.itl_s.append(now - last)
                 last = now
+            if chunk.choices and chunk.choices[0].delta.content:
+                text_chunks += 1
             if chunk.usage:
                 sample.prompt_tokens = chunk.usage.prompt_tokens
                 sample.output_tokens = chunk.usage.completion_tokens
+        if sample.output_tokens == 0 and text_chunks:
+            sample.output_tokens, sample.tokens_from = text_chunks, "stream chunks"
         sample.ok = sample.output_tokens > 0
         if not sample.ok:
             sample.error = "no output tokens"
@@ -72,12 +83,13 @@ def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_c
 
 
 def run_level(client, model: str | list[str], rows: list[dict], mode: str, concurrency: int,
-              cap: int | None) -> tuple[list, float]:
+              cap: int | None, fixed_body: dict | None = None) -> tuple[list, float]:
     """Every row at `concurrency` in flight; a list of models is taken round-robin (adapters of one server)."""
     models = [model] if isinstance(model, str) else model
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(concurrency) as ex:
-        samples = list(ex.map(lambda ir: stream_one(client, models[ir[0] % len(models)], ir[1], mode, t0, cap),
+        samples = list(ex.map(lambda ir: stream_one(client, models[ir[0] % len(models)], ir[1], mode, t0, cap,
+                                                       fixed_body),
                               enumerate(rows)))
     return samples, time.perf_counter() - t0
 

@@ -27,6 +27,9 @@ class RequestSample:
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)  # gaps between streamed chunks after the first
     error: str | None = None
+    # where output_tokens comes from: the server's usage report, or (a server that streams no usage: llama-cpp-python)
+    # the streamed chunks that carried text, one token each (an undercount where one chunk carries several)
+    tokens_from: str = "usage"
 
     @property
     def e2el_s(self) -> float:

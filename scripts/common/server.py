@@ -31,9 +31,10 @@ def http_get(url: str, timeout: float = 5.0, api_key: str | None = None) -> tupl
         return e.code, e.read()
 
 
-def is_healthy(base_url: str, timeout: float = 2.0) -> bool:
+def is_healthy(base_url: str, timeout: float = 2.0, path: str = "/health") -> bool:
+    """GET base_url+path answers 200 (vLLM's and SGLang's /health; an engine without one: its /v1/models)."""
     try:
-        return http_get(f"{base_url}/health", timeout=timeout)[0] == 200
+        return http_get(f"{base_url}{path}", timeout=timeout)[0] == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return False
 
@@ -74,6 +75,7 @@ class Server:
     base_url: str
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
+    health_path: str = "/health"
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     startup_s: float | None = None
@@ -93,13 +95,13 @@ class Server:
         return self.proc.pid
 
     def wait_healthy(self, timeout_s: float = 900.0) -> float:
-        """Block until /health answers 200; returns seconds from process start. Raises if the process dies."""
+        """Block until the health path answers 200; returns seconds from process start. Raises if the process dies."""
         assert self.proc is not None
         deadline = self.started_at + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerError(f"server exited with code {self.proc.returncode} before it was healthy{self._log_hint()}")
-            if is_healthy(self.base_url):
+            if is_healthy(self.base_url, path=self.health_path):
                 self.startup_s = time.monotonic() - self.started_at
                 return self.startup_s
             time.sleep(0.5)

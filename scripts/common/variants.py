@@ -32,11 +32,15 @@ KEYS: dict[str, str] = {
     "SOURCE": "where MODEL's weights come from: embedded | embedded:gemma3-270m | <org>/<repo> (hub) | shape-proxy:<config> | lever",
     "TOKENIZER": "tokenizer directory or hub id when it differs from MODEL",
     "BENCH_MODELS": "model names the latency bench spreads its requests over, round-robin (LoRA adapters by name)",
+    "ENGINE": "the server that serves MODEL: vllm (default) | llamacpp | sglang (scripts/common/engines.py)",
+    "GGUF_TYPE": "llama.cpp tensor type of a GGUF export: BF16 | F16 | Q8_0 | Q4_K_M | … (read by scripts.export_gguf)",
     "DRAFT_LAYERS": "decoder layers of PARENT a layer-truncated draft model keeps (scripts.make_draft_model)",
 }
 # Key families: a prefix and what the rest of the key means.
 PREFIXES: dict[str, str] = {
     "SERVE_": "a `vllm serve` flag: SERVE_MAX_NUM_SEQS=8 -> --max-num-seqs 8; 1/0 for switches; JSON for structured",
+    "LLAMACPP_": "a llama-cpp-python server flag (ENGINE=llamacpp): LLAMACPP_N_CTX=4096 -> --n_ctx 4096",
+    "SGLANG_": "an SGLang server flag (ENGINE=sglang): SGLANG_MEM_FRACTION_STATIC=0.2 -> --mem-fraction-static 0.2",
     "ENV_": "an environment variable of the server process: ENV_VLLM_CPU_KVCACHE_SPACE=4",
     "GATE_": "a parity tolerance against the reference variant (read by the quality gate)",
     "EVAL_": "an evaluation option (read by eval/ drivers)",
@@ -205,6 +209,8 @@ def build_target(settings: dict[str, str]) -> str:
         return "prune-vocab"
     if settings.get("LORA_ADAPTER"):
         return "merge-lora"
+    if settings.get("GGUF_TYPE"):
+        return "export-gguf"
     return "calibrate"
 
 

@@ -182,6 +182,20 @@ PY
     mv $RUN/servers $RUN/servers.done-$(date +%H%M%S)
     tar cf $OUT/${TAR:-results}.tar -C $res . && ls -lR $res | head -40
     nvidia-smi --query-gpu=memory.used --format=csv,noheader; echo "measure $(( $(date +%s) - t0 )) s" ;;
+  profile)
+    # SET="…the start SET, with SERVE_PROFILER_CONFIG…" [CONCURRENCY=1,8] [PROFILE_ARGS=…] bash scripts/gpu/device.sh profile
+    # The servers `start` left running, profiled one after another (scripts/profile_matrix.sh, scripts.profile_model
+    # at c=1,8); records + markdown tables come back as $OUT/${TAR:-profile}.tar, raw traces stay in the profiler's
+    # folder here. The servers keep running: `measure` afterwards benches and stops them.
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    res=$RUN/prof-res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
+    while read -r tag v port pid extra; do
+      for _ in $(seq ${WAIT:-120}); do ready $tag || gone $pid && break; sleep 1; done
+      ready $tag || echo "== $tag never became healthy"
+    done < $RUN/servers
+    SERVERS=$RUN/servers OUT_DIR=$res PYTHON=python3 bash scripts/profile_matrix.sh || echo "profile: some failed"
+    tar cf $OUT/${TAR:-profile}.tar -C $res . && ls -lR $res | head -40
+    du -sh /root/run/prof* 2>/dev/null; echo "profile $(( $(date +%s) - t0 )) s" ;;
   bake)
     export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
     if ls $STAGE/gguf/smollm2.gguf.part* >/dev/null 2>&1 && [ ! -f $STAGE/smollm2.gguf ]; then
