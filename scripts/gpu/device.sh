@@ -14,7 +14,10 @@
 #                                               # its own session: they outlive the call), wait until all are healthy
 #   SET="K=V ..." [BENCH_ARGS="--prompts …"] bash scripts/gpu/device.sh measure   # bench those servers one after another (c=1,8, --base-url),
 #                                               # stop them; records + log excerpts come back as $OUT/${TAR:-results}.tar
-#                                               # (ROUNDS=2: every server benched twice, in start order, for a spread)
+#                                               # (ROUNDS=2: every server benched twice, in start order, for a spread;
+#                                               # KEEP=1: leave them running, e.g. for `profile`, then `stop`)
+#   SET="…" [ONLY="tag …"] bash scripts/gpu/device.sh profile   # decode-step profiles of running servers (below)
+#   bash scripts/gpu/device.sh stop             # stop every server `start` left running
 #   [BAKE_ARGS="--device-name 'NVIDIA H200'"] bash scripts/gpu/device.sh bake V [V ...]   # build weights, then
 #                                               # scripts.bake_cache V --measure-warm for each (cold start with empty
 #                                               # caches, warm-up, pack, warm start from the tarball); tarballs in
@@ -42,6 +45,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage RUN=/root/run
 EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|SpecDecoding|draft|mtp|runner|KV cache|memory"
 sets=(); for kv in ${SET:-}; do sets+=(--set "$kv"); done
+# SET's keys are vLLM's (SERVE_*): a variant served by another engine (ENGINE=sglang) gets none of them
+sets_for() { vs=(); [ -z "$(cfg "$1" ENGINE)" ] || [ "$(cfg "$1" ENGINE)" = vllm ] && vs=("${sets[@]}"); }
 ready() { grep -q "^ready:" "$RUN/$1.serve" 2>/dev/null; }
 cfg() { sed -n "s/^$2=//p" "experiments/$1/config.env"; }
 # MODEL of variant $1 if missing, its PARENT's first: a lever variant is pruned (PRUNE_KEEP) or calibrated; any other
@@ -61,6 +66,12 @@ build() {
   [ -d "$(cfg $v MODEL)" ] && echo "built $v in $(( $(date +%s) - t )) s" || { echo "weights for $v failed"; return 1; }
 }
 gone() { ! kill -0 "$1" 2>/dev/null; }
+stop_servers() {  # every server `start` left running: TERM, wait up to 60 s, retire the list
+  while read -r tag v port pid extra; do kill -TERM $pid 2>/dev/null; done < $RUN/servers
+  for _ in $(seq 60); do alive=0; while read -r tag v port pid extra; do gone $pid || alive=1; done < $RUN/servers
+    [ $alive = 0 ] && break; sleep 1; done
+  mv $RUN/servers $RUN/servers.done-$(date +%H%M%S)
+}
 case $step in
   recv)
     mkdir -p $STAGE && mv -v .gpu/xfer/c* $STAGE/ && rm -f $STAGE/payload.tar; ls $STAGE ;;
@@ -131,10 +142,10 @@ PY
     for spec in "$@"; do
       v=${spec%%+*}; extra=""; [ "$spec" != "$v" ] && extra=${spec#*+}
       xs=(); for kv in ${extra//+/ }; do xs+=(--set "$kv"); done
-      tag=$(printf %s "$spec" | tr -c 'A-Za-z0-9._-' _); port=$((8200 + n)); n=$((n + 1))
+      tag=$(printf %s "$spec" | tr -c 'A-Za-z0-9._-' _); port=$((8200 + n)); n=$((n + 1)); sets_for "$v"
       # the server's own session leader writes its pid (setsid forks when its caller leads a process group)
       setsid bash -c 'echo $$ > "$0"; exec "$@"' $RUN/$tag.pid python3 -m scripts.serve "$v" --port $port \
-        "${sets[@]}" "${xs[@]}" --log $RUN/$tag.log --timeout 900 > $RUN/$tag.serve 2>&1 < /dev/null &
+        "${vs[@]}" "${xs[@]}" --log $RUN/$tag.log --timeout 900 > $RUN/$tag.serve 2>&1 < /dev/null &
       for _ in $(seq 50); do [ -s $RUN/$tag.pid ] && break; sleep 0.1; done
       echo "$tag $v $port $(cat $RUN/$tag.pid) ${extra:--}" >> $RUN/servers
       echo "started $tag on :$port (pid $(cat $RUN/$tag.pid)) at $(date +%T)"
@@ -156,7 +167,7 @@ PY
     res=$RUN/res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
     for round in $(seq ${ROUNDS:-1}); do
     while read -r tag v port pid extra <&3; do
-      xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done
+      xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
       for _ in $(seq ${WAIT:-120}); do ready $tag || gone $pid && break; sleep 1; done
       mkdir -p $res/$tag
       if ready $tag; then
@@ -164,10 +175,10 @@ PY
         # the bench warms up with 2 requests at c=1; the first c=8 batch of an MTP server stalled 1.8-3.2 s (one-time
         # compilation for the batched shapes, 2026-11-22): PREWARM=1 sends one c=8 round first (record discarded)
         [ -n "${PREWARM:-}" ] && timeout 120 python3 -m scripts.bench_latency "$v" --base-url http://127.0.0.1:$port \
-          --concurrency 8 --modes fixed --limit 8 --max-tokens-cap 32 "${sets[@]}" "${xs[@]}" --out-dir $RUN/prewarm/$tag \
+          --concurrency 8 --modes fixed --limit 8 --max-tokens-cap 32 "${vs[@]}" "${xs[@]}" --out-dir $RUN/prewarm/$tag \
           < /dev/null | grep -E "^fixed|error"
         timeout ${BENCH_LIMIT:-240} python3 -m scripts.bench_latency "$v" --base-url http://127.0.0.1:$port \
-          --concurrency 1,8 --modes fixed ${BENCH_ARGS:-} "${sets[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null || echo "bench $tag failed ($?)"
+          --concurrency 1,8 --modes fixed ${BENCH_ARGS:-} "${vs[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null || echo "bench $tag failed ($?)"
       else
         echo "== $tag never became healthy"
       fi
@@ -176,12 +187,11 @@ PY
         echo "--- tail"; tail -${LOG_TAIL:-40} $RUN/$tag.log; } > $res/$tag/server.log
     done 3< $RUN/servers
     done
-    while read -r tag v port pid extra; do kill -TERM $pid 2>/dev/null; done < $RUN/servers
-    for _ in $(seq 60); do alive=0; while read -r tag v port pid extra; do gone $pid || alive=1; done < $RUN/servers
-      [ $alive = 0 ] && break; sleep 1; done
-    mv $RUN/servers $RUN/servers.done-$(date +%H%M%S)
+    [ -z "${KEEP:-}" ] && stop_servers
     tar cf $OUT/${TAR:-results}.tar -C $res . && ls -lR $res | head -40
     nvidia-smi --query-gpu=memory.used --format=csv,noheader; echo "measure $(( $(date +%s) - t0 )) s" ;;
+  stop)
+    stop_servers; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   profile)
     # SET="…the start SET, with SERVE_PROFILER_CONFIG…" [CONCURRENCY=1,8] [PROFILE_ARGS=…] bash scripts/gpu/device.sh profile
     # The servers `start` left running, profiled one after another (scripts/profile_matrix.sh, scripts.profile_model
@@ -193,7 +203,9 @@ PY
       for _ in $(seq ${WAIT:-120}); do ready $tag || gone $pid && break; sleep 1; done
       ready $tag || echo "== $tag never became healthy"
     done < $RUN/servers
-    SERVERS=$RUN/servers OUT_DIR=$res PYTHON=python3 bash scripts/profile_matrix.sh || echo "profile: some failed"
+    # ONLY="tag …": profile just those servers (the others keep running for `measure`)
+    awk -v only="${ONLY:-}" 'only == "" || index(" " only " ", " " $1 " ")' $RUN/servers > $RUN/servers.profile
+    SERVERS=$RUN/servers.profile OUT_DIR=$res PYTHON=python3 bash scripts/profile_matrix.sh || echo "profile: some failed"
     tar cf $OUT/${TAR:-profile}.tar -C $res . && ls -lR $res | head -40
     du -sh /root/run/prof* 2>/dev/null; echo "profile $(( $(date +%s) - t0 )) s" ;;
   bake)
