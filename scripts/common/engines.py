@@ -156,7 +156,7 @@ def serve_argv(variant: Variant, *, host: str, port: int, api_key: str | None) -
         argv = [py, "-m", "llama_cpp.server", "--model", variant.model, "--model_alias", variant.served_name,
                 "--host", host, "--port", str(port), *defaults, *flags(variant, engine)]
         return argv + (["--api_key", api_key] if api_key else [])
-    argv = [py, "-m", "sglang.launch_server", "--model-path", variant.model, "--served-model-name",
+    argv = [py, str(paths.ROOT / "scripts" / "gpu" / "sglang_text_only.py"), "--model-path", variant.model, "--served-model-name",
             variant.served_name, "--host", host, "--port", str(port), *flags(variant, engine)]
     return argv + (["--api-key", api_key] if api_key else [])
 

@@ -42,6 +42,7 @@ set -uo pipefail
 step=${1:?step}; shift
 export PYTHONUNBUFFERED=1 VLLM_TARGET=cuda TRITON_CACHE_AUTOTUNING=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -x /root/sgl-python ] && export LAB_SGLANG_PYTHON=/root/sgl-python  # written by `setup` when SGLang's wheels came
 SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage RUN=/root/run
 EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|SpecDecoding|draft|mtp|runner|KV cache|memory"
 sets=(); for kv in ${SET:-}; do sets+=(--set "$kv"); done
@@ -88,6 +89,13 @@ case $step in
     mkdir -p $EXTRA && python3 -m pip install -q --no-index --no-deps --no-compile --target $EXTRA $STAGE/whl/*.whl || exit 1
     if ls $STAGE/quant/*.whl >/dev/null 2>&1; then  # llm-compressor pins compressed-tensors 0.19, vLLM 0.17: own folder
       mkdir -p $QUANT && python3 -m pip install -q --no-index --no-deps --no-compile --target $QUANT $STAGE/quant/*.whl || exit 1
+    fi
+    if ls $STAGE/sglang/*.whl >/dev/null 2>&1; then  # SGLang 0.5.17 pins transformers 5.12.1: own folder, own python
+      mkdir -p /root/sgl && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/sgl \
+        $STAGE/sglang/*.whl $STAGE/sglang/kernel-slim/*.whl || exit 1
+      printf '#!/bin/sh\n# SGLang: its pins before the vLLM bundle\nPYTHONPATH=/root/sgl:%s:%s exec python3 "$@"\n' \
+        $SITE "$PWD" > /root/sgl-python && chmod +x /root/sgl-python
+      /root/sgl-python -c "import sglang, sgl_kernel, transformers as t; print('sglang', sglang.__version__, t.__version__)"
     fi
     # vLLM loads model plugins through installed entry points; the project is not installed here (no network, no
     # build): a dist-info holding pyproject.toml's entry points, on PYTHONPATH, stands in for `pip install -e .`
@@ -167,6 +175,7 @@ PY
     res=$RUN/res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
     for round in $(seq ${ROUNDS:-1}); do
     while read -r tag v port pid extra <&3; do
+      [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && continue  # ONLY="tag …": bench just those
       xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
       for _ in $(seq ${WAIT:-120}); do ready $tag || gone $pid && break; sleep 1; done
       mkdir -p $res/$tag

@@ -1,0 +1,54 @@
+"""SGLang's `python -m sglang.launch_server`, with multimodal off unless asked: a VLM checkpoint served text-only.
+
+    python scripts/gpu/sglang_text_only.py --model-path weights/qwen35-4b-proxy --port 8300 \
+        --attention-backend triton --sampling-backend pytorch --grammar-backend none
+
+SGLang 0.5.17 decides multimodal from the architecture (Qwen3_5ForConditionalGeneration: on, srt/configs/
+model_config.py) and has no flag to turn it off: `--enable-multimodal` is a store_true over a None default that means
+"auto" (srt/server_args.py, srt/arg_groups/arg_utils.py), and `--language-only` belongs to encoder disaggregation. On,
+its tokenizer process loads the Qwen3-VL image/video processor, which the shape proxy does not ship and text requests
+never use. This launcher changes only that default to False before the arguments are parsed (ServerArgs.__post_init__
+derives chunked prefill, CUDA graphs and the processor from it), so the choice travels in server_args to every
+process; `--enable-multimodal` still turns it on. The vLLM variants' counterpart is SERVE_LANGUAGE_MODEL_ONLY=1.
+SGLang's Qwen3.5 class still builds the vision tower (random, never run; ~0.6 GB of the weights budget).
+Everything else is launch_server's own __main__ (plugins, run_server, child cleanup).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def text_only_default() -> None:
+    """Make --enable-multimodal default to False (not None = auto) in every parser SGLang builds from ServerArgs."""
+    from sglang.srt.server_args import ServerArgs
+
+    add_cli_args = ServerArgs.add_cli_args
+
+    def add_text_only(parser):
+        add_cli_args(parser)
+        parser.set_defaults(enable_multimodal=False)
+
+    ServerArgs.add_cli_args = staticmethod(add_text_only)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """argv: launch_server's flags (sys.argv[1:] when None); SGLang's own parser checks them."""
+    text_only_default()
+    from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    load_plugins()
+    server_args = prepare_server_args(sys.argv[1:] if argv is None else argv)
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
