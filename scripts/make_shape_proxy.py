@@ -154,6 +154,11 @@ def write_proxy(name: str, out: Path, seed: int = 0) -> dict:
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     cfg.save_pretrained(out)
+    # the released config.json states full_attention_interval beside layer_types; transformers writes only the list,
+    # and SGLang 0.5.17's Qwen3.5 config reads the interval (AttributeError without it)
+    written = json.loads((out / "config.json").read_text())
+    written["text_config"]["full_attention_interval"] = CONFIGS[name]["text"]["full_attention_interval"]
+    (out / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
     text = cfg.text_config
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": text.eos_token_id,
                                                              "pad_token_id": text.pad_token_id}, indent=2))

@@ -45,6 +45,7 @@ import urllib.error
 import urllib.request
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from itertools import combinations
 from pathlib import Path
 
 from scripts.common import paths
@@ -72,7 +73,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gemm", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "marlin", "machete", "cublas", "splitk", "wgmma",
               "scaled_mm", "matmul", "triton_tem_fused", "bmm")),
     ("sampling", ("softmax",)),
-    ("quant", ("quant", "fp8")),
+    ("quant", ("quant", "fp8", "clamp")),  # dynamic activation quantization: abs-max, clamp, scale
     ("norm", ("rms", "rsqrt", "norm", "mean")),
     ("activation", ("silu", "gelu", "act_and_mul", "swiglu", "sigmoid", "mul")),
     ("rope", ("rotary", "rope")),
@@ -102,10 +103,11 @@ MAPPING_RULE = (
     "and families with the same count, the longer mean kernel time goes with the larger bytes per call. A merged "
     "family's time is split between its kinds by their layer counts. Signatures left over: gemm:unmapped.")
 STEPS_RULE = (
-    "steps = calls of the output layer's GEMM signature (the largest family, once per step): of the 5 longest-mean GEMM "
-    "signatures, the one under which the most GEMM time falls on whole family counts per step. Without weights here: "
-    "vLLM's per-step trace annotations (execute_context_N(..)_generation_M(..); decode-only steps have N = 0), which "
-    "are reported beside it as a cross-check, with the requests' token counts.")
+    "steps = vLLM's per-step trace annotations (execute_context_N(..)_generation_M(..); decode-only steps have N = 0) "
+    "where the trace has them; else calls of the output layer's GEMM signature (the largest family, once per step): of "
+    "the 5 longest-mean GEMM signatures, the one under which the most GEMM time falls on whole family counts per step. "
+    "Both counts are reported, with the requests' token counts (a pruned or quantized output layer can make another "
+    "signature look like the head: the annotations win).")
 
 
 class ProfileError(RuntimeError):
@@ -118,6 +120,11 @@ def classify(name: str, cat: str = "kernel") -> str:
     if GPU_CATS.get(cat):
         return GPU_CATS[cat]
     low = name.lower()
+    if low.startswith("triton_") and not low.startswith("triton_tem"):
+        # Inductor names a fused kernel after its nodes' origins: a norm or activation that reads a quantized GEMM's
+        # output says "cutlass_scaled_mm" / "machete_mm" without running it (only a template, triton_tem, is a GEMM)
+        for op in ("cutlass_scaled_mm", "scaled_mm", "machete_mm", "marlin_gemm", "gemm"):
+            low = low.replace(op, "")
     for category, fragments in RULES:
         if any(f in low for f in fragments):
             return category
@@ -205,6 +212,8 @@ class Family:
     kinds: dict[str, int]  # layer kind -> calls per step
     bytes_per_call: int
     shape: tuple
+    bits: int = 16  # weight bits as served: 16 (BF16/F16), 8 (FP8/INT8), 4 (packed INT4)
+    parts: tuple = ()  # families one GEMM signature serves together (different shapes, one kernel): their Family rows
 
     @property
     def count(self) -> int:
@@ -213,6 +222,29 @@ class Family:
     @property
     def label(self) -> str:
         return "+".join(sorted(self.units))
+
+    def kind_bytes(self) -> dict[str, float]:
+        """Bytes per step by layer kind (the split of a signature's time between kinds)."""
+        out: Counter = Counter()
+        for f in self.parts or (self,):
+            for k, n in f.kinds.items():
+                out[k] += n * f.bytes_per_call
+        return dict(out)
+
+
+def weight_bits(members) -> int:
+    """Served weight bits of one linear unit from its tensors (suffix, dtype, shape): packed INT4, 8-bit, or 16."""
+    if any(s == "weight_packed" for s, _, _ in members):
+        return 4
+    return 8 if any(s == "weight" and d in ("F8_E4M3", "F8_E5M2", "I8") for s, d, _ in members) else 16
+
+
+def kernel_bits(name: str) -> int:
+    """Weight bits a GEMM kernel reads, from its name: Machete/Marlin/int4 templates 4, FP8/INT8 8, else 16."""
+    low = name.lower()
+    if any(f in low for f in ("integer_subbyte<4", "machete", "marlin", "uint4", "int4", "u4b8")):
+        return 4
+    return 8 if any(f in low for f in ("e4m3", "e5m2", "fp8", "int8", "_s8")) else 16
 
 
 def text_config(config: dict) -> dict:
@@ -281,7 +313,7 @@ def weight_catalogue(tensors: dict, config: dict, serve_quantization: str | None
         shape = tuple(sorted((s, ("F8_E4M3" if fp8_online and s == "weight" else d), sh)
                              for s, d, sh, _ in members))
         nbytes = sum(served_bytes(d, sh, fp8_online and s == "weight") for s, d, sh, _ in members)
-        fam = families.setdefault(shape, Family([], {}, nbytes, shape))
+        fam = families.setdefault(shape, Family([], {}, nbytes, shape, weight_bits(shape)))
         if f"{kind}.{unit}" not in fam.units:
             fam.units.append(f"{kind}.{unit}")
         fam.kinds[kind] = fam.kinds.get(kind, 0) + 1
@@ -344,29 +376,55 @@ def find_steps(gemms: list[SigAgg], families: list[Family], candidates: int = 5)
 def map_gemms(gemms: list[SigAgg], families: list[Family], steps: int) -> dict[tuple, Family | None]:
     """Signature -> weight family (MAPPING_RULE); None for a signature no family takes."""
     out: dict[tuple, Family | None] = {}
+    for bits in sorted({f.bits for f in families} | {kernel_bits(s.name) for s in gemms}):
+        out.update(_map_same_bits([s for s in gemms if kernel_bits(s.name) == bits],
+                                  [f for f in families if f.bits == bits], steps))
+    return out
+
+
+def _map_same_bits(gemms: list[SigAgg], families: list[Family], steps: int) -> dict[tuple, Family | None]:
+    out: dict[tuple, Family | None] = {}
     by_count: dict[int, list[SigAgg]] = defaultdict(list)
     fams: dict[int, list[Family]] = defaultdict(list)
     for f in families:
         fams[f.count].append(f)
+    counts = set(fams) | {a.count + b.count for a, b in combinations(families, 2)}
     for s in gemms:
         n = s.calls / steps if steps else 0
-        if regular(n, set(fams)):
+        if regular(n, counts):
             by_count[round(n)].append(s)
         else:
             out[(s.name, s.grid, s.block)] = None
+    taken: set[int] = set()
     for m, sigs in by_count.items():
         ranked = sorted(sigs, key=lambda s: -s.mean_us)
         candidates = sorted(fams.get(m, []), key=lambda f: -f.bytes_per_call)
         for i, s in enumerate(ranked):
             out[(s.name, s.grid, s.block)] = candidates[i] if i < len(candidates) else None
+            taken |= {id(candidates[i])} if i < len(candidates) else set()
+    # one kernel serving two families of different shapes (a persistent-grid Machete or CUTLASS GEMM): its calls per
+    # step are the sum of theirs; the largest such pair of families no signature took
+    for key in [k for k, f in out.items() if f is None]:
+        s = next(x for x in gemms if (x.name, x.grid, x.block) == key)
+        n = s.calls / steps if steps else 0
+        pairs = [(a, b) for a, b in combinations(families, 2) if id(a) not in taken and id(b) not in taken
+                 and regular(n, {a.count + b.count})]
+        if pairs:
+            a, b = max(pairs, key=lambda ab: ab[0].count * ab[0].bytes_per_call + ab[1].count * ab[1].bytes_per_call)
+            kinds = Counter(a.kinds) + Counter(b.kinds)
+            out[key] = Family(a.units + b.units, dict(kinds), (a.count * a.bytes_per_call + b.count * b.bytes_per_call)
+                              // (a.count + b.count), (), a.bits, (a, b))
+            taken |= {id(a), id(b)}
     return out
 
 
 def split_family_time(total_us: float, family: Family | None) -> dict[str, float]:
-    """A family's GEMM time by layer kind, in proportion to each kind's calls (identical shapes, identical kernel)."""
+    """A family's GEMM time by layer kind, in proportion to each kind's bytes per step (one shape: to its calls)."""
     if family is None:
         return {"gemm:unmapped": total_us}
-    return {f"gemm:{k}": total_us * n / family.count for k, n in family.kinds.items()}
+    kb = family.kind_bytes()
+    total = sum(kb.values())
+    return {f"gemm:{k}": total_us * b / total for k, b in kb.items()}
 
 
 # ------------------------------------------------------------------------------------------------ pure: the table
@@ -375,16 +433,15 @@ def roofline_us(nbytes: float, bandwidth_gbs: float) -> float:
     return nbytes / (bandwidth_gbs * 1e3)
 
 
-def category_table(events: list[GpuEvent], families: list[Family], fallback_steps: int = 0) -> dict:
-    """Per-step time by category, the window, the GPU-busy union and the gaps; per-signature rows. Steps by
-    find_steps; without weight families (no checkpoint here), fallback_steps (vLLM's step annotations)."""
+def category_table(events: list[GpuEvent], families: list[Family], annotated_steps: int = 0) -> dict:
+    """Per-step time by category, the window, the GPU-busy union and the gaps; per-signature rows. Steps (STEPS_RULE):
+    annotated_steps (vLLM's step annotations) where there are any, else find_steps."""
     if not events:
         raise ProfileError("no GPU kernel events in the trace (was the profiler on during the requests?)")
     sigs = aggregate(events)
     gemms = [s for s in sigs if s.category == "gemm"]
-    steps, top = find_steps(gemms, families)
-    if not steps:
-        steps, top = fallback_steps, None
+    by_signature, top = find_steps(gemms, families)
+    steps = annotated_steps or by_signature
     if not steps:
         raise ProfileError("cannot count steps: no GEMM kernels matched to weights and no step annotations")
     mapping = map_gemms(gemms, families, steps) if families else {}
@@ -411,7 +468,8 @@ def category_table(events: list[GpuEvent], families: list[Family], fallback_step
     busy = busy_union_us([(e.ts, e.ts + e.dur) for e in events])
     totals[GAPS] = window - busy
     per_step = {c: totals.get(c, 0.0) / steps for c in ORDER}
-    return {"steps": steps, "steps_signature": top.name if top else None, "window_us": window, "busy_us": busy,
+    return {"steps": steps, "steps_signature": top.name if top else None, "steps_by_signature": by_signature,
+            "window_us": window, "busy_us": busy,
             "overlap_us": sum(e.dur for e in events) - busy, "per_step_us": per_step,
             "calls_per_step": {c: n / steps for c, n in calls.items()}, "signatures": rows,
             "unmapped_gemm_signatures": sum(1 for s in gemms if mapping.get((s.name, s.grid, s.block)) is None)}
@@ -565,19 +623,24 @@ def run_requests(base_url: str, model: str, rows: list[dict]) -> list:
 
 
 def analyze(events: list[dict], *, families: list[Family], bytes_per_step: dict, config: dict | None,
-            concurrency: int, context_tokens: float, kv_cache_dtype: str | None, bandwidth_gbs: float) -> dict:
-    """Everything derived from one trace: the category table with rooflines, the step counts and the step model."""
+            concurrency: int, context_tokens: float, kv_cache_dtype: str | None, bandwidth_gbs: float,
+            states: dict | None = None) -> dict:
+    """Everything derived from one trace: the category table with rooflines, the step counts and the step model.
+    KV and recurrent-state bytes from config.json, or `states` as given (a re-analysis without the checkpoint)."""
     annotations = step_annotations(events)
     table = category_table(gpu_events(events), families, annotations["steps"])
     steps = table["steps"]
     per_bytes: dict[str, float] = {f"gemm:{k}": v for k, v in bytes_per_step.items() if k != "other_params"}
-    states = state_bytes_per_step(config, concurrency, context_tokens, kv_cache_dtype) if config else {}
+    if config:
+        states = state_bytes_per_step(config, concurrency, context_tokens, kv_cache_dtype)
+    states = states or {}
     if states:
         per_bytes.update(attention=states["attention"], gdn=states["gdn"])
     weight_bytes = sum(v for k, v in bytes_per_step.items() if k != "other_params")
     weight_us = sum(table["per_step_us"][f"gemm:{k}"] for k in (*LAYER_KINDS, "lm_head"))
     step_us = table["window_us"] / steps
     return {"steps": steps, "steps_from": {"lm_head_signature": table["steps_signature"],
+                                           "lm_head_signature_steps": table["steps_by_signature"],
                                            "annotations": annotations},
             "step_us": step_us, "window_us": table["window_us"], "busy_us": table["busy_us"],
             "overlap_us": table["overlap_us"], "table": roofline_rows(table["per_step_us"], per_bytes, bandwidth_gbs),
@@ -594,6 +657,12 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--base-url", help="a running vLLM server started with the profiler on (SERVE_PROFILER_CONFIG)")
     src.add_argument("--trace", type=Path, help="analyse this trace file instead (one --concurrency level)")
+    src.add_argument("--reanalyze", type=Path, metavar="RECORD",
+                     help="analyse a profile record's traces again with this version's rules (no checkpoint needed: "
+                          "weights and state bytes come from the record); a new record beside it names both")
+    p.add_argument("--trace-dir", type=Path, help="with --reanalyze: the folder holding its trace files")
+    p.add_argument("--reference", type=Path, metavar="RECORD",
+                   help="with --reanalyze of a record without weight bits: a 16-bit profile record of the same model")
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated levels (default %(default)s)")
     p.add_argument("--output-tokens", type=int, default=DEFAULT_OUTPUT_TOKENS,
                    help="tokens every request generates (ignore_eos; default %(default)s)")
@@ -613,9 +682,71 @@ def new_record(variant, argv: list[str]) -> dict:
     return envelope(KIND, variant, command=command, server_command=None)
 
 
+def record_families(record: dict, reference: dict | None) -> list[Family]:
+    """A record's weight families; weight bits from the record, else from the bytes of the same units in a 16-bit
+    reference record of the same model (ratio > 0.75: 16, > 0.4: 8, else 4). The output layer counts as 16-bit (the
+    project's recipes leave lm_head unquantized; a pruned head has fewer rows, not fewer bits)."""
+    ref = {tuple(f["units"]): f["bytes_per_call"] for f in (reference or {}).get("weights", {}).get("families", [])}
+    out = []
+    for f in record["weights"]["families"]:
+        bits = f.get("bits")
+        if bits is None and f["units"] == ["lm_head"]:
+            bits = 16
+        elif bits is None:
+            if tuple(f["units"]) not in ref:
+                raise ProfileError(f"family {'+'.join(f['units'])} has no weight bits in the record: pass --reference "
+                                   "with a 16-bit profile record of the same model")
+            ratio = f["bytes_per_call"] / ref[tuple(f["units"])]
+            bits = 16 if ratio > 0.75 else 8 if ratio > 0.4 else 4
+        out.append(Family(f["units"], f["calls_per_step"], f["bytes_per_call"], (), bits))
+    return out
+
+
+def reanalyze(variant_name: str, path: Path, args: argparse.Namespace, argv: list[str]) -> int:
+    """A profile record's traces analysed again (STEPS_RULE, MAPPING_RULE of this version): the measurement's envelope
+    (hardware, versions, git of the run) is kept; `reanalysis` names the record, the command and this checkout."""
+    from scripts.common.records import git_state, now_utc
+
+    trace_dir, out_dir = args.trace_dir, args.out_dir
+    try:
+        record = json.loads(path.read_text())
+        if record.get("variant") != variant_name or record.get("schema", {}).get("kind") != KIND:
+            raise ProfileError(f"{path}: not a profile record of {variant_name}")
+        families = record_families(record, json.loads(args.reference.read_text()) if args.reference else None)
+        for row, f in zip(record["weights"]["families"], families):
+            row["bits"] = f.bits
+        results = {}
+        for c, old in record["summary"].items():
+            trace = (trace_dir or path.parent) / Path(old["trace_file"]).name
+            res = analyze(load_trace(trace), families=families, bytes_per_step=record["weights"]["bytes_per_step"],
+                          config=None, concurrency=int(c), context_tokens=0, kv_cache_dtype=None,
+                          bandwidth_gbs=record["inputs"]["bandwidth_gbs"], states=old.get("state_bytes") or {})
+            res["steps_from"]["tokens"] = old["steps_from"].get("tokens")
+            res["trace_file"] = old["trace_file"]
+            sample = next(x for x in record["samples"] if x["concurrency"] == int(c))
+            sample["signatures"] = res.pop("signatures")
+            results[c] = res
+    except (ProfileError, OSError, KeyError, StopIteration, json.JSONDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    record["summary"] = results
+    record["steps_rule"], record["mapping_rule"] = STEPS_RULE, MAPPING_RULE
+    record["reanalysis"] = {"of": path.name, "command": [sys.executable, "-m", "scripts.profile_model", *argv],
+                            "git": git_state(), "at": now_utc().isoformat(timespec="seconds")}
+    out = write_record(record, out_dir or path.parent, KIND)
+    gpu = (record["hardware"].get("gpu") or {}).get("name", "no GPU")
+    out.with_suffix(".md").write_text(markdown(variant_name, gpu, results))
+    for c, r in results.items():
+        print(f"c={c}: {r['steps']} steps, {r['step_us']:.1f} us/step")
+    print(f"wrote {paths.shown(out)} and {out.with_suffix('.md').name} (reanalysis of {path.name})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    if args.reanalyze:
+        return reanalyze(args.variant, args.reanalyze, args, argv)
     from scripts.common.launch import parse_overrides
 
     try:
@@ -655,8 +786,8 @@ def main(argv: list[str] | None = None) -> int:
                         "layers": layer_kinds(config) if config else None}
     record["mapping_rule"], record["steps_rule"] = MAPPING_RULE, STEPS_RULE
     record["weights"] = {"bytes_per_step": bytes_per_step,
-                         "families": [{"units": f.units, "calls_per_step": f.kinds, "bytes_per_call": f.bytes_per_call}
-                                      for f in families]}
+                         "families": [{"units": f.units, "calls_per_step": f.kinds, "bytes_per_call": f.bytes_per_call,
+                                       "bits": f.bits} for f in families]}
     if not config:
         record["weights"]["note"] = f"{variant.resolved['MODEL']} is not here: GEMMs unmapped, no weight roofline"
     results: dict[str, dict] = {}

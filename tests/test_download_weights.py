@@ -73,6 +73,8 @@ def test_tiny_shape_proxy_verifies(tmp_path):
     prov = make_shape_proxy.write_proxy("qwen35-tiny", tmp_path / "p")
     report = verify_checkpoint.verify(tmp_path / "p")
     assert report.config["shape_proxy"] is True and prov["parameters"] == report.num_params
+    text = report.config["text_config"]  # SGLang reads the interval, vLLM and transformers the list
+    assert text["full_attention_interval"] == 4 and text["layer_types"][3] == "full_attention"
 
 
 def test_qwen35_4b_proxy_has_the_flagship_shapes():

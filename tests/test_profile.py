@@ -20,6 +20,7 @@ from scripts.profile_model import (
     classify,
     find_steps,
     gpu_events,
+    kernel_bits,
     is_worker_trace,
     layer_kinds,
     load_trace,
@@ -62,6 +63,13 @@ def kernel(name, ts, dur, grid=(1, 1, 1), block=(128, 1, 1), cat="kernel"):
     ("void at::native::index_elementwise_kernel<128, 4>", "kernel", "other"),
     ("Memcpy DtoD (Device -> Device)", "gpu_memcpy", "memcpy"),
     ("Memset (Device)", "gpu_memset", "memset"),
+    # Inductor names fused kernels after their nodes' origins: these read a quantized GEMM's output, they are no GEMM
+    ("triton_poi_fused_machete_mm_mul_silu_slice_4", "kernel", "activation"),
+    ("triton_red_fused__to_copy_add_fused_add_rms_norm_machete_mm_3", "kernel", "norm"),
+    ("triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_max_mul_reciprocal_silu_slice_un", "kernel", "quant"),
+    ("triton_tem_fused_mm_0", "kernel", "gemm"),
+    ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<machete::MacheteCollectiveMma<...>>>", "kernel",
+     "gemm"),
 ])
 def test_classify(name, cat, want):
     assert classify(name, cat) == want
@@ -334,3 +342,39 @@ def test_main_analyses_a_trace_of_the_real_smollm2_checkpoint(embedded_weights, 
     sig = {s["name"]: s["family"] for s in rec["samples"][0]["signatures"]}
     assert sig["nvjet_gate_up"] == "mlp.gate_up_proj" and sig["nvjet_o"] == "self_attn.o_proj"
     assert "| gemm:mlp | 390.0 |" in record_path.with_suffix(".md").read_text()
+    # the same traces analysed again from the record alone (no checkpoint, no server): same table, both named
+    assert main(["smollm2-bf16", "--reanalyze", str(record_path), "--trace-dir", str(tmp_path),
+                 "--out-dir", str(tmp_path / "re")]) == 0
+    (again,) = (tmp_path / "re").glob("profile_*.json")
+    re_rec = json.loads(again.read_text())
+    assert re_rec["reanalysis"]["of"] == record_path.name and re_rec["hardware"] == rec["hardware"]
+    assert re_rec["summary"]["1"]["table"] == r["table"]
+    assert main(["smollm2-fp32", "--reanalyze", str(record_path), "--trace-dir", str(tmp_path)]) == 1  # not its record
+
+
+def test_map_gemms_by_weight_bits_and_one_kernel_serving_two_families():
+    """W4A16 MLP on Hopper: one persistent-grid Machete signature runs gate_up and down (64 calls per step); the BF16
+    out/o projection is a split-K nvjet GEMM of 32 calls whose reduction kernel has 32 calls too."""
+    gate_up = Family(["mlp.gate_up_proj"], {"mlp": 32}, 2400, (), 4)
+    down = Family(["mlp.down_proj"], {"mlp": 32}, 1200, (), 4)
+    out_o = Family(["linear_attn.out_proj", "self_attn.o_proj"], {"linear_attn": 24, "self_attn": 8}, 2100, (), 16)
+    machete = SigAgg("void cutlass::device_kernel<machete::MacheteCollectiveMma<...>>", (1, 132, 1), (384,), "gemm",
+                     640, 640 * 18.0)
+    nvjet = SigAgg("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT", (4, 20, 1), (384,), "gemm", 320, 320 * 7.8)
+    reduce = SigAgg("void cublasLt::splitKreduce_kernel<32, 16>", (80, 1, 1), (32,), "gemm", 320, 320 * 1.7)
+    assert (kernel_bits(machete.name), kernel_bits(nvjet.name)) == (4, 16)
+    got = map_gemms([machete, nvjet, reduce], [gate_up, down, out_o], steps=10)
+    both = got[(machete.name, machete.grid, machete.block)]
+    assert sorted(both.units) == ["mlp.down_proj", "mlp.gate_up_proj"] and both.count == 64
+    assert got[(nvjet.name, nvjet.grid, nvjet.block)] is out_o  # by bits: not the larger 4-bit gate_up
+    assert got[(reduce.name, reduce.grid, reduce.block)] is None
+    assert split_family_time(300.0, both) == {"gemm:mlp": 300.0}
+    assert split_family_time(320.0, out_o) == {"gemm:linear_attn": 240.0, "gemm:self_attn": 80.0}
+
+
+def test_annotated_steps_win_over_the_output_layer_signature():
+    fams, _ = weight_catalogue(tensors(), CONFIG)
+    events = gpu_events(fake_model_trace())
+    assert category_table(events, fams)["steps"] == 3  # no annotations: the head's signature counts the steps
+    table = category_table(events, fams, annotated_steps=6)  # e.g. a pruned head made another signature look like it
+    assert table["steps"] == 6 and table["steps_by_signature"] == 3

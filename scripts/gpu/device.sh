@@ -151,7 +151,9 @@ PY
       v=${spec%%+*}; extra=""; [ "$spec" != "$v" ] && extra=${spec#*+}
       xs=(); for kv in ${extra//+/ }; do xs+=(--set "$kv"); done
       tag=$(printf %s "$spec" | tr -c 'A-Za-z0-9._-' _); port=$((8200 + n)); n=$((n + 1)); sets_for "$v"
-      # the server's own session leader writes its pid (setsid forks when its caller leads a process group)
+      # the server's own session leader writes its pid (setsid forks when its caller leads a process group); files of an
+      # earlier start of the same tag go first (a stale pid read as "gone" marked a starting server failed, 2026-11-23)
+      rm -f $RUN/$tag.pid $RUN/$tag.serve
       setsid bash -c 'echo $$ > "$0"; exec "$@"' $RUN/$tag.pid python3 -m scripts.serve "$v" --port $port \
         "${vs[@]}" "${xs[@]}" --log $RUN/$tag.log --timeout 900 > $RUN/$tag.serve 2>&1 < /dev/null &
       for _ in $(seq 50); do [ -s $RUN/$tag.pid ] && break; sleep 0.1; done
