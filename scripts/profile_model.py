@@ -713,7 +713,7 @@ def reanalyze(variant_name: str, path: Path, args: argparse.Namespace, argv: lis
         if record.get("variant") != variant_name or record.get("schema", {}).get("kind") != KIND:
             raise ProfileError(f"{path}: not a profile record of {variant_name}")
         families = record_families(record, json.loads(args.reference.read_text()) if args.reference else None)
-        for row, f in zip(record["weights"]["families"], families):
+        for row, f in zip(record["weights"]["families"], families, strict=True):
             row["bits"] = f.bits
         results = {}
         for c, old in record["summary"].items():
