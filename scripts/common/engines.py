@@ -41,16 +41,18 @@ class Engine:
     key_prefix: str  # the config.env key family holding this engine's own flags
     package: str  # the distribution whose version records carry
     module: str  # what `python -c "import …"` must find
-    install: str  # the make target that installs it
+    install: str  # what installs it: the make target, or where it runs
     health_path: str  # GET answers 200 once the model is loaded
     weights: str  # the format MODEL must be in
 
 
 ENGINES: dict[str, Engine] = {
-    "vllm": Engine("vllm", "SERVE_", "vllm", "vllm", "install", "/health", "safetensors checkpoint directory"),
-    "llamacpp": Engine("llamacpp", "LLAMACPP_", "llama-cpp-python", "llama_cpp.server", "install-llamacpp",
+    "vllm": Engine("vllm", "SERVE_", "vllm", "vllm", "run `make install`", "/health", "safetensors checkpoint directory"),
+    "llamacpp": Engine("llamacpp", "LLAMACPP_", "llama-cpp-python", "llama_cpp.server", "run `make install-llamacpp`",
                        "/v1/models", "GGUF file (.gguf)"),
-    "sglang": Engine("sglang", "SGLANG_", "sglang", "sglang.launch_server", "install-sglang (GPU machine: scripts/gpu)",
+    "sglang": Engine("sglang", "SGLANG_", "sglang", "sglang.launch_server",
+                     "it runs on the GPU machine, where `scripts/gpu/device.sh setup` installs .gpu/sglang and sets "
+                     "LAB_SGLANG_PYTHON (scripts/gpu/README.md)",
                      "/health", "safetensors checkpoint directory"),
 }
 LLAMACPP_VENV = paths.ROOT / ".venv-llamacpp"
@@ -91,7 +93,7 @@ def version(name: str) -> str:
     except OSError:
         r = None
     if r is None or r.returncode != 0:
-        raise EngineError(f"ENGINE={name}: {engine.package} is not installed for {py}: run `make {engine.install}`")
+        raise EngineError(f"ENGINE={name}: {engine.package} is not installed for {py}: {engine.install}")
     return r.stdout.strip().splitlines()[-1]
 
 
