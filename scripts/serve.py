@@ -22,9 +22,11 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.compile_cache import CacheError, import_cache
+from scripts.common.engines import engine_of
 from scripts.common.launch import make_server, parse_overrides
+from scripts.common.records import hardware
 from scripts.common.server import ServerError
-from scripts.common.variants import VariantError, load_variant
+from scripts.common.variants import VariantError, cpu_dtype_note, load_variant
 from scripts.common.vllm_cli import DEFAULT_HOST, DEFAULT_PORT, printable
 
 
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if variant.is_shape_proxy:
         print("note: shape proxy (random weights): its text is meaningless; measure speed only", flush=True)
+    if variant.target == "cpu" and engine_of(variant).name == "vllm" and (
+            note := cpu_dtype_note(variant.resolved.get("SERVE_DTYPE", ""), hardware()["cpu_flags"])):
+        print(note, flush=True)
 
     stopping = False
 

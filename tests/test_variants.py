@@ -102,3 +102,12 @@ def test_cpu_preload_auto_resolves_to_the_libraries_found(tmp_path, monkeypatch)
     v = load_variant("x-bf16", root=tmp_path / "exp", target="cpu", overrides={"ENV_LD_PRELOAD": ""})
     assert v.env()["LD_PRELOAD"] == ""
     assert "ENV_LD_PRELOAD" not in load_variant("x-bf16", root=tmp_path / "exp", target="cuda").resolved
+
+
+def test_cpu_dtype_note_only_where_bf16_has_no_native_kernels():
+    from scripts.common.variants import cpu_dtype_note
+
+    assert "FP32" in cpu_dtype_note("bfloat16", ["avx2", "avx512f", "avx512_vnni"])
+    assert cpu_dtype_note("bfloat16", ["avx2", "avx512f", "avx512_bf16"]) is None
+    assert cpu_dtype_note("bfloat16", ["amx_bf16", "amx_tile"]) is None
+    assert cpu_dtype_note("float32", ["avx2"]) is None
