@@ -7,6 +7,8 @@ BENCH_ARGS ?=
 BACKEND ?= auto
 BASE_URL ?= http://127.0.0.1:8000
 PROFILE_ARGS ?=
+# the Python that runs scripts.profile_model: .venv's, or the GPU machine's (vLLM bundle on PYTHONPATH)
+PROFILE_PY ?= $(PY)
 SWEEP ?= eval/sweeps/smollm2-w4.yaml
 TASKS ?=
 # redistill budget: full (the variant's REDISTILL_* keys) | tiny (minutes on two CPU cores)
@@ -144,8 +146,8 @@ eval-latency: weights ## measure VARIANT's latency/throughput (c=1,4,8; fixed+na
 eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2) back to back, one ladder id
 	$(PY) -m scripts.bench_latency --ladder $(BASE) $(BENCH_ARGS)
 
-profile: $(STAMP) ## GPU: per-category decode-step table of VARIANT's running server (started with SERVE_PROFILER_CONFIG; BASE_URL, PROFILE_ARGS)
-	$(PY) -m scripts.profile_model $(VARIANT) --base-url $(BASE_URL) $(PROFILE_ARGS)
+profile: $(if $(filter $(PY),$(PROFILE_PY)),$(STAMP)) ## GPU: per-category decode-step table of VARIANT's running server (started with SERVE_PROFILER_CONFIG; BASE_URL, PROFILE_ARGS; PROFILE_PY=python3 where vLLM lives outside .venv, e.g. the GPU bundle)
+	$(PROFILE_PY) -m scripts.profile_model $(VARIANT) --base-url $(BASE_URL) $(PROFILE_ARGS)
 
 eval-quality: weights ## lm-eval on VARIANT, ~10% sample (EVAL_TASKS of the variant or MMLU-Pro/IFEval/GPQA; TASKS=…)
 	$(PY) -m scripts.eval_quality $(VARIANT) --profile fast $(if $(TASKS),--tasks $(TASKS))
