@@ -21,7 +21,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
-from scripts.common.engines import engine_of, eos_ids_of, fixed_length_body
+from scripts.common.engines import engine_of, fixed_body_for
 from scripts.common.launch import parse_overrides, variant_server
 from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, openai_client, run_level, stream_one
 from scripts.common.metrics import summarize
@@ -104,9 +104,8 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
     record["startup_s"] = server.startup_s if server else None
     record["model"] = model_facts(variant)
     record["kernels"] = kernels_from_log(server.log_path if server else None)
-    engine = engine_of(variant)
-    health = engine.health_path
-    fixed = fixed_length_body(engine.name, eos_ids_of(variant) if engine.name == "llamacpp" else None)
+    health = engine_of(variant).health_path
+    fixed = fixed_body_for(variant)
     record["inputs"]["fixed_length_request"] = fixed
     client = openai_client(base_url)
     t_run = time.monotonic()

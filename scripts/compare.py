@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.engines import ENGINES
 from scripts.common.gate import Criterion, GateError, gate_for, verdict
 from scripts.common.metrics import ratio
 from scripts.common.records import all_records, hardware_key, now_utc
@@ -98,7 +99,7 @@ def group_key(rec: dict) -> tuple[str, str]:
 def engine_label(rec: dict | None) -> str:
     """The engine a record was served by, with its version (records from before engines were named: vLLM)."""
     engine = (rec or {}).get("engine") or {"name": "vllm", "version": None}
-    name = {"vllm": "vLLM", "llamacpp": "llama.cpp", "sglang": "SGLang"}.get(engine["name"], engine["name"])
+    name = ENGINES[engine["name"]].label if engine["name"] in ENGINES else engine["name"]
     return f"{name} {engine['version']}" if engine.get("version") else name
 
 

@@ -289,10 +289,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise ParityError(f"{v.name} is a shape proxy (random weights): quality is never measured on it")
             if v.resolved["MODEL"].startswith("weights/") and not Path(v.model).exists():
                 raise ParityError(f"{v.resolved['MODEL']} does not exist: build {v.name} first")
+        engine = engine_of(var).name
         if args.backend == "auto":
-            args.backend = "llamacpp" if engine_of(var).name == "llamacpp" else "transformers"
-        if (args.backend == "llamacpp") != (engine_of(var).name == "llamacpp"):
-            raise ParityError(f"--backend {args.backend} does not run {var.name} (ENGINE={engine_of(var).name})")
+            args.backend = "llamacpp" if engine == "llamacpp" else "transformers"
+        if (args.backend == "llamacpp") != (engine == "llamacpp"):
+            raise ParityError(f"--backend {args.backend} does not run {var.name} (ENGINE={engine})")
         if args.backend != "llamacpp":
             check_same_tokenizer(var, ref)
         corpus = load_corpus(args.corpus)

@@ -41,17 +41,16 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import QUANT_SUFFIXES, CheckpointError, read_safetensors_header
+from scripts.common.checkpoint import QUANT_SUFFIXES, CheckpointError, read_checkpoint
+from scripts.common.loadgen import PromptSetError, load_prompts, openai_client, stream_one
 from scripts.common.records import envelope, write_record
-from scripts.common.server import ServerError, http_get
+from scripts.common.server import ServerError, http_get, http_post
 from scripts.common.variants import VariantError, load_variant
 
 KIND = "profile"
@@ -563,15 +562,6 @@ def newest_trace(folder: Path, since: float, wait_s: float = 120.0) -> Path:
     raise ProfileError(f"no worker trace newer than the window in {folder} after {wait_s:.0f} s")
 
 
-def http_post(url: str, timeout: float = 600.0) -> int:
-    req = urllib.request.Request(url, data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status
-    except urllib.error.HTTPError as e:
-        return e.code
-
-
 BANDWIDTH_SNIPPET = """
 import time, torch
 n = 512 * 2**20
@@ -601,21 +591,17 @@ def checkpoint_facts(variant) -> tuple[dict | None, dict]:
     path = Path(variant.model)
     if not (path / "config.json").exists():
         return None, {}
-    tensors = {}
-    for shard in sorted(path.glob("*.safetensors")):
-        tensors.update(read_safetensors_header(shard))
-    return json.loads((path / "config.json").read_text()), tensors
+    report = read_checkpoint(path)
+    return report.config, report.tensors
 
 
-def short_prompts(path: Path, n: int, output_tokens: int) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def short_prompts(rows: list[dict], n: int, output_tokens: int) -> list[dict]:
+    """n requests of the prompt set's 'short' group (all rows if it has none), each generating output_tokens."""
     short = [r for r in rows if r.get("group") == "short"] or rows
     return [{**short[i % len(short)], "max_tokens": output_tokens} for i in range(n)]
 
 
 def run_requests(base_url: str, model: str, rows: list[dict]) -> list:
-    from scripts.common.loadgen import openai_client, stream_one
-
     client = openai_client(base_url)
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(len(rows)) as ex:
@@ -798,14 +784,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             base = args.base_url.rstrip("/")
             model = variant.served_name
-            run_requests(base, model, short_prompts(args.prompts, 1, WARMUP_TOKENS))
-            run_requests(base, model, short_prompts(args.prompts, max(levels), WARMUP_TOKENS))
+            rows, _ = load_prompts(args.prompts)
+            run_requests(base, model, short_prompts(rows, 1, WARMUP_TOKENS))
+            run_requests(base, model, short_prompts(rows, max(levels), WARMUP_TOKENS))
             sources = []
             for c in levels:
                 since = time.time() - 1
                 if (code := http_post(f"{base}/start_profile")) != 200:
                     raise ServerError(f"POST /start_profile answered {code}: is the profiler on (SERVE_PROFILER_CONFIG)?")
-                samples = run_requests(base, model, short_prompts(args.prompts, c, args.output_tokens))
+                samples = run_requests(base, model, short_prompts(rows, c, args.output_tokens))
                 if (code := http_post(f"{base}/stop_profile")) != 200:
                     raise ServerError(f"POST /stop_profile answered {code}")
                 if bad := [s for s in samples if not s.ok]:
@@ -826,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"c={c}: {res['steps']} steps, {res['step_us']:.1f} us/step; gaps "
                   f"{next(r['us_per_step'] for r in res['table'] if r['category'] == GAPS):.1f} us/step ({trace.name})",
                   flush=True)
-    except (ProfileError, ServerError, OSError, json.JSONDecodeError) as e:
+    except (ProfileError, ServerError, PromptSetError, OSError, json.JSONDecodeError) as e:
         record["status"], record["failure"] = "failed", str(e)
         print(f"error: {e}", file=sys.stderr)
     record["summary"] = results

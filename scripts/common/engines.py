@@ -44,16 +44,18 @@ class Engine:
     install: str  # what installs it: the make target, or where it runs
     health_path: str  # GET answers 200 once the model is loaded
     weights: str  # the format MODEL must be in
+    label: str  # how reports name it
 
 
 ENGINES: dict[str, Engine] = {
-    "vllm": Engine("vllm", "SERVE_", "vllm", "vllm", "run `make install`", "/health", "safetensors checkpoint directory"),
+    "vllm": Engine("vllm", "SERVE_", "vllm", "vllm", "run `make install`", "/health", "safetensors checkpoint directory",
+                   "vLLM"),
     "llamacpp": Engine("llamacpp", "LLAMACPP_", "llama-cpp-python", "llama_cpp.server", "run `make install-llamacpp`",
-                       "/v1/models", "GGUF file (.gguf)"),
+                       "/v1/models", "GGUF file (.gguf)", "llama.cpp"),
     "sglang": Engine("sglang", "SGLANG_", "sglang", "sglang.launch_server",
                      "it runs on the GPU machine, where `scripts/gpu/device.sh setup` installs .gpu/sglang and sets "
                      "LAB_SGLANG_PYTHON (scripts/gpu/README.md)",
-                     "/health", "safetensors checkpoint directory"),
+                     "/health", "safetensors checkpoint directory", "SGLang"),
 }
 LLAMACPP_VENV = paths.ROOT / ".venv-llamacpp"
 
@@ -170,6 +172,12 @@ def fixed_length_body(engine_name: str, eos_ids: list[int] | None = None) -> dic
     if engine_name == "llamacpp":
         return {"logit_bias": {str(i): -100 for i in (eos_ids or [])}}
     return {"ignore_eos": True}
+
+
+def fixed_body_for(variant: Variant) -> dict:
+    """fixed_length_body for the engine that serves the variant (llama.cpp: the EOS ids its GGUF names)."""
+    engine = engine_of(variant)
+    return fixed_length_body(engine.name, eos_ids_of(variant) if engine.name == "llamacpp" else None)
 
 
 def eos_ids_of(variant: Variant) -> list[int]:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.engines import fixed_length_body
 from scripts.common.metrics import RequestSample
 
 DEFAULT_PROMPTS = paths.EVAL / "prompts" / "latency-v1.jsonl"
@@ -41,9 +42,6 @@ def load_prompts(path: Path, limit: int | None = None) -> tuple[list[dict], dict
     return rows, info
 
 
-IGNORE_EOS = {"ignore_eos": True}  # vLLM's (and SGLang's) fixed-length request; other engines: scripts/common/engines.py
-
-
 def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_cap: int | None,
                fixed_body: dict | None = None) -> RequestSample:
     """One streamed greedy chat request; `fixed` mode adds fixed_body (the engine's way to ignore end-of-sequence)."""
@@ -56,7 +54,7 @@ def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_c
         stream = client.chat.completions.create(
             model=model, messages=row["messages"], max_tokens=max_tokens, temperature=0, stream=True,
             stream_options={"include_usage": True},
-            extra_body=(fixed_body or IGNORE_EOS) if mode == "fixed" else {},
+            extra_body=(fixed_body or fixed_length_body("vllm")) if mode == "fixed" else {},
         )
         for chunk in stream:
             now = time.perf_counter()

@@ -31,6 +31,16 @@ def http_get(url: str, timeout: float = 5.0, api_key: str | None = None) -> tupl
         return e.code, e.read()
 
 
+def http_post(url: str, timeout: float = 600.0) -> int:
+    """POST with an empty body; the status code (an HTTP error's too)."""
+    req = urllib.request.Request(url, data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 def is_healthy(base_url: str, timeout: float = 2.0, path: str = "/health") -> bool:
     """GET base_url+path answers 200 (vLLM's and SGLang's /health; an engine without one: its /v1/models)."""
     try:
