@@ -37,7 +37,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-llamacpp export-gguf lock lock-quant calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets compare check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-llamacpp export-gguf lock lock-quant calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -152,8 +152,8 @@ profile: $(if $(filter $(PY),$(PROFILE_PY)),$(STAMP)) ## GPU: per-category decod
 eval-quality: weights ## lm-eval on VARIANT, ~10% sample (EVAL_TASKS of the variant or MMLU-Pro/IFEval/GPQA; TASKS=…)
 	$(PY) -m scripts.eval_quality $(VARIANT) --profile fast $(if $(TASKS),--tasks $(TASKS))
 
-eval-quality-full: weights ## lm-eval on VARIANT, every item
-	$(PY) -m scripts.eval_quality $(VARIANT) --profile full $(if $(TASKS),--tasks $(TASKS))
+eval-quality-full: weights ## the suite of record on VARIANT: BIG-bench Lite, every drawn item (after make datasets; TASKS=…: those tasks instead)
+	$(PY) -m scripts.eval_quality $(VARIANT) --profile full $(if $(TASKS),--tasks $(TASKS),--suite)
 
 eval-smoke: weights ## lm-eval on VARIANT, 5 items per task (plumbing check)
 	$(PY) -m scripts.eval_quality $(VARIANT) --profile smoke $(if $(TASKS),--tasks $(TASKS))
@@ -170,7 +170,10 @@ eval-identity: weights ## greedy token ids of VARIANT vs its reference at c=1 an
 gate: $(STAMP) ## VARIANT's GATE_* criteria with one-sided 95% bounds: pass | fail | inconclusive (and what decides it)
 	$(PY) -m scripts.gate $(VARIANT)
 
-datasets: $(STAMP) ## cache the task datasets (MMLU-Pro, IFEval, GPQA-Diamond) and Wikitext-2 for offline use
+datasets: $(STAMP) ## BIG-bench from its PyPI sdist (pip download, SHA-256 checked, task JSON extracted) and the BIG-bench Lite suite drawn from it
+	$(PY) -m scripts.make_bigbench_tasks
+
+datasets-hub: $(STAMP) ## where the Hugging Face hub is reachable: cache MMLU-Pro, IFEval, GPQA-Diamond and Wikitext-2
 	$(PY) -m scripts.eval_quality --download-datasets
 
 compare: $(STAMP) ## newest records -> results/compare_<date>.md and .png (speedups vs parent and BF16)

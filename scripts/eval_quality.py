@@ -1,15 +1,19 @@
 """Task scores with the real lm-evaluation-harness against a variant's running vLLM server; writes a quality record.
 
+    python -m scripts.eval_quality smollm2-bf16 --profile full --suite  # `make eval-quality-full`: BIG-bench Lite
     python -m scripts.eval_quality smollm2-bf16 --profile fast        # `make eval-quality`
     python -m scripts.eval_quality smollm2-bf16 --profile smoke       # a handful of items (`make eval-smoke`)
     python -m scripts.eval_quality qwen35-4b-awq-ref --profile full --base-url http://127.0.0.1:8000
     python -m scripts.eval_quality --download-datasets                # `make datasets`: cache task data for offline use
 
-Tasks come from --tasks, else the variant's EVAL_TASKS, else MMLU-Pro, IFEval and GPQA-Diamond. Generation tasks go
-through `local-chat-completions` (the server applies the chat template; thinking options are the server's
-SERVE_DEFAULT_CHAT_TEMPLATE_KWARGS), log-likelihood tasks through `local-completions`. Profiles set the sample size:
-smoke = 5 items per task, fast = 10% of each task, full = everything. Writes
-experiments/<variant>/quality_<YYYYMMDD-HHMMSS>.json only when the whole evaluation succeeded.
+Tasks come from --suite (the suite of record: BIG-bench Lite as drawn by scripts/make_bigbench_tasks.py, after
+`make datasets`), else --tasks, else the variant's EVAL_TASKS, else MMLU-Pro, IFEval and GPQA-Diamond. BIG-bench
+items and log-likelihood tasks go through `local-completions` in their own prompt format (no chat template; llama.cpp's
+server takes text prompts, which lm-eval splits with the same tokenizer); the other generation tasks through
+`local-chat-completions` (the server applies the chat template; thinking options are the server's
+SERVE_DEFAULT_CHAT_TEMPLATE_KWARGS). Profiles set the sample size: smoke = 5 items per task, fast = 10% of each task,
+full = everything. Writes experiments/<variant>/quality_<YYYYMMDD-HHMMSS>.json only when the whole evaluation
+succeeded; a suite record carries the suite's name, hashes and pooled score.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import sys
 import time
 
 from scripts.common import paths
+from scripts.common.bigbench import BigBenchError
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.corpus import dataset_cached
+from scripts.common.engines import engine_of
 from scripts.common.gate import main_metric
 from scripts.common.launch import variant_server
 from scripts.common.records import envelope, write_record
@@ -40,7 +46,6 @@ CORPUS_DATASETS = {"wikitext2": ("wikitext", "wikitext-2-raw-v1")}
 LOGLIKELIHOOD_TASKS = {"lab_arith_mc"}  # need prompt logprobs: local-completions
 PLUMBING_TAG = "lab_"
 PROFILES = {"smoke": 5, "fast": 0.1, "full": None}
-CONCURRENT = 4
 
 
 class EvalError(RuntimeError):
@@ -120,18 +125,30 @@ def scores(results: dict) -> tuple[dict, dict, list]:
     return summary, meta, samples
 
 
+def completion_task(task: str) -> bool:
+    """Scored in the task's own prompt format through /v1/completions: log-likelihood tasks and BIG-bench items."""
+    from scripts.make_bigbench_tasks import TASK_PREFIX
+
+    return task in LOGLIKELIHOOD_TASKS or task.startswith(TASK_PREFIX)
+
+
 def evaluate(variant, base_url: str, tasks: list[str], limit) -> tuple[dict, dict, list]:
     served = variant.served_name
-    tokenizer = variant.resolved.get("TOKENIZER", variant.model)
-    common = {"model": served, "num_concurrent": CONCURRENT, "max_retries": 2, "timeout": 600}
+    tokenizer = paths.resolve_model(variant.resolved.get("TOKENIZER", variant.resolved["MODEL"]))
+    # every request the server can batch in flight at once (vLLM's max_num_seqs; llama.cpp queues them)
+    common = {"model": served, "num_concurrent": variant.max_num_seqs, "max_retries": 2, "timeout": 600}
     max_gen = variant.resolved.get("EVAL_MAX_GEN_TOKS")
     if max_gen:
         common["max_gen_toks"] = int(max_gen)
+    llamacpp = engine_of(variant).name == "llamacpp"
+    context = variant.resolved.get("LLAMACPP_N_CTX" if llamacpp else "SERVE_MAX_MODEL_LEN", 2048)
     runs = [  # (lm-eval model type, its tasks, its arguments, chat template)
-        ("local-completions", [t for t in tasks if t in LOGLIKELIHOOD_TASKS],
+        ("local-completions", [t for t in tasks if completion_task(t)],
          {**common, "base_url": f"{base_url}/v1/completions", "tokenizer_backend": "huggingface",
-          "tokenizer": tokenizer, "max_length": int(variant.resolved.get("SERVE_MAX_MODEL_LEN", 2048))}, False),
-        ("local-chat-completions", [t for t in tasks if t not in LOGLIKELIHOOD_TASKS],
+          "tokenizer": tokenizer, "max_length": int(context),
+          # llama-cpp-python's server takes text prompts only: lm-eval splits its echoed tokens with the same tokenizer
+          **({"tokenized_requests": False} if llamacpp else {})}, False),
+        ("local-chat-completions", [t for t in tasks if not completion_task(t)],
          {**common, "base_url": f"{base_url}/v1/chat/completions", "tokenizer_backend": "none",
           "tokenized_requests": False}, True),
     ]
@@ -145,10 +162,26 @@ def evaluate(variant, base_url: str, tasks: list[str], limit) -> tuple[dict, dic
     return summary, meta, samples
 
 
+def suite_inputs() -> dict:
+    """The suite of record as a record names it: lm-eval tasks, item count and hashes of the drawn items and sdist."""
+    from scripts.make_bigbench_tasks import SUITE, suite_manifest, suite_tasks
+
+    m = suite_manifest()
+    return {"name": SUITE, "tasks": suite_tasks(), "items": m["items"], "sha256": m["sha256"],
+            "sdist": m["sdist"], "sdist_sha256": m["sdist_sha256"], "draw": m["draw"]}
+
+
+def suite_summary(samples: list[dict]) -> dict:
+    """The pooled score: the mean of every item's score, each item weighing the same."""
+    scored = [s["score"] for s in samples if s["score"] is not None]
+    return {"items": len(scored), "score": sum(scored) / len(scored) if scored else None}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variant", nargs="?", default=paths.DEFAULT_VARIANT)
     p.add_argument("--profile", choices=sorted(PROFILES), default="fast")
+    p.add_argument("--suite", action="store_true", help="the suite of record: BIG-bench Lite (make datasets)")
     p.add_argument("--tasks", help="comma-separated lm-eval tasks (default: the variant's EVAL_TASKS, else "
                                    + ",".join(DEFAULT_TASKS) + ")")
     p.add_argument("--limit", type=float, help="override the profile's sample size (int: items, <1: fraction)")
@@ -166,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         variant = load_variant(args.variant)
         if variant.is_shape_proxy:
             raise EvalError(f"{variant.name} is a shape proxy (random weights): quality is never measured on it")
-        tasks = [t for t in (args.tasks or variant.resolved.get("EVAL_TASKS") or ",".join(DEFAULT_TASKS)).split(",") if t]
+        suite = suite_inputs() if args.suite else None
+        tasks = suite["tasks"] if suite else [
+            t for t in (args.tasks or variant.resolved.get("EVAL_TASKS") or ",".join(DEFAULT_TASKS)).split(",") if t]
         if missing := missing_datasets(tasks):
             raise EvalError(f"task data not cached: {'; '.join(missing)}. Run `make datasets` where the hub is "
                             f"reachable, or pick offline tasks (--tasks lab_arith_mc,lab_arith_gen,lab_ifeval)")
@@ -183,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 healthy = is_healthy(base_url)
                 raise EvalError(f"lm-eval failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
                                 + ("" if healthy else "; the server is no longer healthy")) from None
-    except (EvalError, VariantError, ServerError, CheckpointError) as e:
+    except (EvalError, VariantError, ServerError, CheckpointError, BigBenchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     import lm_eval
@@ -193,12 +228,17 @@ def main(argv: list[str] | None = None) -> int:
                         "plumbing": all(t.startswith(PLUMBING_TAG) for t in tasks), "lm_eval": lm_eval.__version__,
                         "task_meta": meta,
                         "base_url": base_url, "offline": os.environ.get("HF_DATASETS_OFFLINE") == "1"}
-    record["summary"] = {"tasks": summary}
+    if suite:
+        record["inputs"]["suite"] = {k: v for k, v in suite.items() if k != "tasks"}
+        summary_suite = suite_summary(samples)
+    record["summary"] = {"tasks": summary, **({"suite": summary_suite} if suite else {})}
     record["samples"] = samples
     path = write_record(record, variant.path, "quality")
     for task, m in summary.items():
         shown = ", ".join(f"{k} {v:.3f}" for k, v in m.items() if isinstance(v, float) and not k.endswith("_stderr"))
         print(f"{task}: {shown} (n={m.get('n')})")
+    if suite:
+        print(f"{suite['name']}: pooled {summary_suite['score']:.4f} over {summary_suite['items']} items")
     print(f"wrote {paths.shown(path)}" + ("  [plumbing tasks: not a benchmark]" if record["inputs"]["plumbing"] else ""))
     return 0
 

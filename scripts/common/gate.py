@@ -50,7 +50,7 @@ PARITY_CRITERIA = {
 TASK_KEY = "GATE_MAX_TASK_DROP"
 IDENTITY_KEY = "GATE_GREEDY_IDENTITY"
 GATE_KEYS = (*PARITY_CRITERIA, TASK_KEY, IDENTITY_KEY, "GATE_REFERENCE")
-MAIN_METRICS = ("acc", "exact_match", "prompt_level_strict_acc", "acc_norm")  # first one a task reports
+MAIN_METRICS = ("acc", "exact_match", "prompt_level_strict_acc", "acc_norm", "multiple_choice_grade", "exact_str_match")  # first one a task reports
 ITEMS_COMMAND = "make eval-quality-full VARIANT={v}"
 STATUSES = ("pass", "inconclusive", "missing", "fail")  # verdict precedence: the last present wins
 
