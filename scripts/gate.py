@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{variant.name} vs {reference} (value [one-sided 95% bounds]):")
     for c in criteria:
         print(f"  {c.line()}")
+        for line in c.beside:
+            print(f"      {line}")
     result = verdict(criteria)
     print(f"gate: {result.upper()}")
     return 0 if result == "pass" else 1

@@ -90,10 +90,10 @@ def doc(item: bigbench.Item, spec_stop: str | None, spec_regex: str | None) -> d
     return d
 
 
-def task_spec_fields(task: str) -> dict[str, tuple[str | None, str | None]]:
+def task_spec_fields(task: str, data: Path) -> dict[str, tuple[str | None, str | None]]:
     """subtask -> (stop_string, output_regex) as its task.json sets them (generative post-processing)."""
     out = {}
-    for subtask, path in bigbench.task_files(task):
+    for subtask, path in bigbench.task_files(task, data):
         spec = json.loads(path.read_text())
         out[subtask] = (spec.get("stop_string"), spec.get("output_regex"))
     return out
@@ -104,8 +104,9 @@ def draw_settings() -> dict:
             "order": "sha256(item id)", "max_gen_toks": MAX_GEN_TOKS}
 
 
-def build_suite(data: Path = bigbench.DATA, out: Path | None = None) -> dict:
+def build_suite(data: Path | None = None, out: Path | None = None) -> dict:
     """Write <out>/bbl_<task>.jsonl for every Lite task and <out>/manifest.json; returns the manifest."""
+    data = data or bigbench.DATA
     out = out or data / "suite"
     source = bigbench.manifest(data)
     tasks = {}
@@ -120,7 +121,7 @@ def build_suite(data: Path = bigbench.DATA, out: Path | None = None) -> dict:
     sizes = draw_sizes(pools)
     for task, every in pools.items():
         chosen = draw(every, sizes[task])
-        fields = task_spec_fields(task) if not chosen[0].multiple_choice else {}
+        fields = task_spec_fields(task, data) if not chosen[0].multiple_choice else {}
         lines = [json.dumps(doc(i, *fields.get(i.subtask, (None, None))), ensure_ascii=False) for i in chosen]
         text = "\n".join(lines) + "\n"
         (tmp / f"{TASK_PREFIX}{task}.jsonl").write_text(text)
@@ -143,9 +144,9 @@ def build_suite(data: Path = bigbench.DATA, out: Path | None = None) -> dict:
     return manifest
 
 
-def suite_manifest(out: Path = SUITE_DIR) -> dict:
+def suite_manifest(out: Path | None = None) -> dict:
     """The drawn suite's manifest; a BigBenchError naming `make datasets` when it is missing or stale."""
-    path = out / "manifest.json"
+    path = (out or SUITE_DIR) / "manifest.json"
     if not path.exists():
         raise bigbench.BigBenchError(f"the {SUITE} suite is not built ({paths.shown(path)} missing): run "
                                      f"`{bigbench.FETCH_COMMAND}`")
@@ -162,8 +163,8 @@ def suite_tasks() -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------- YAML
-def task_yaml(task: str, kind: str) -> str:
-    data_file = paths.shown(SUITE_DIR / f"{TASK_PREFIX}{task}.jsonl")
+def task_yaml(task: str, kind: str, suite_dir: Path | None = None) -> str:
+    data_file = paths.shown((suite_dir or SUITE_DIR) / f"{TASK_PREFIX}{task}.jsonl")
     head = (f"# BIG-bench Lite task {task}, zero-shot in BIG-bench's own format; written by scripts/make_bigbench_tasks.py "
             f"(do not edit).\n# Items: {data_file} (`make datasets`); version: the sdist's SHA-256.\n"
             f"task: {TASK_PREFIX}{task}\ntag: {SUITE}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
@@ -180,12 +181,13 @@ def task_yaml(task: str, kind: str) -> str:
     return head + body + f"metadata:\n  version: \"{bigbench.SDIST_SHA256}\"\n"
 
 
-def write_yaml(manifest: dict, directory: Path = YAML_DIR) -> list[Path]:
+def write_yaml(manifest: dict, directory: Path | None = None, suite_dir: Path | None = None) -> list[Path]:
+    directory = directory or YAML_DIR
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for task, meta in manifest["tasks"].items():
         path = directory / f"{TASK_PREFIX}{task}.yaml"
-        path.write_text(task_yaml(task, meta["kind"]))
+        path.write_text(task_yaml(task, meta["kind"], suite_dir))
         written.append(path)
     return written
 
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         source = bigbench.fetch()
         print(f"{source['sdist']}: {source['task_files']} task files (sha256 {source['sdist_sha256'][:12]}…) in "
               f"{paths.shown(bigbench.DATA)}")
-        m = build_suite()
+        m = build_suite(bigbench.DATA, SUITE_DIR)
     except bigbench.BigBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

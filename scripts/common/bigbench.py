@@ -74,8 +74,9 @@ class Item:
 
 
 # ---------------------------------------------------------------------------------------------------------- fetch
-def manifest(data: Path = DATA) -> dict:
+def manifest(data: Path | None = None) -> dict:
     """The extraction's manifest, or a BigBenchError naming the command that writes it."""
+    data = data or DATA
     path = data / "manifest.json"
     if not path.exists():
         raise BigBenchError(f"BIG-bench task data is not cached ({paths.shown(data)}): run `{FETCH_COMMAND}`")
@@ -129,8 +130,9 @@ def extract(sdist: Path, dest: Path) -> dict:
             "bytes": sum(files.values()), "lite": lite_tasks(dest)}
 
 
-def fetch(data: Path = DATA, sdist: Path | None = None) -> dict:
+def fetch(data: Path | None = None, sdist: Path | None = None) -> dict:
     """Download (or take `sdist`), check, extract into a temp dir beside `data`, then rename: never half-written."""
+    data = data or DATA
     try:
         return manifest(data)
     except BigBenchError:
@@ -153,9 +155,9 @@ def fetch(data: Path = DATA, sdist: Path | None = None) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------- read
-def lite_tasks(data: Path = DATA) -> list[str]:
+def lite_tasks(data: Path | None = None) -> list[str]:
     """BIG-bench Lite's task names as the sdist's bigbench_lite.py defines them."""
-    path = data / Path(LITE_MEMBER).name
+    path = (data or DATA) / Path(LITE_MEMBER).name
     if not path.exists():
         raise BigBenchError(f"{paths.shown(path)} missing: run `{FETCH_COMMAND}`")
     for node in ast.walk(ast.parse(path.read_text())):
@@ -164,8 +166,9 @@ def lite_tasks(data: Path = DATA) -> list[str]:
     raise BigBenchError(f"{paths.shown(path)} defines no BIGBENCH_LITE_TASK_NAMES")
 
 
-def task_files(task: str, data: Path = DATA) -> list[tuple[str, Path]]:
+def task_files(task: str, data: Path | None = None) -> list[tuple[str, Path]]:
     """(subtask, task.json) of a task, subtasks in name order; a task.json that only lists subtasks is left out."""
+    data = data or DATA
     root = data / "tasks" / task
     if not (root / "task.json").exists():
         manifest(data)  # names `make datasets` if nothing is cached at all
@@ -175,7 +178,7 @@ def task_files(task: str, data: Path = DATA) -> list[tuple[str, Path]]:
     return [(p.parent.name, p) for p in subs] if subs else [("", root / "task.json")]
 
 
-def refuse_evaluation(task: str, data: Path = DATA) -> None:
+def refuse_evaluation(task: str, data: Path | None = None) -> None:
     """Raise when `task` belongs to the evaluation suite: calibration, keep lists and distillation never read it."""
     if task.split("/")[0] in lite_tasks(data):
         raise BigBenchError(f"BIG-bench task {task!r} is in BIG-bench Lite, the evaluation suite: it never enters a "
@@ -206,7 +209,7 @@ def format_example(spec: dict, example: dict) -> tuple[str, tuple[str, ...], tup
     return prompt, choices, scores, targets
 
 
-def items(task: str, data: Path = DATA) -> Iterator[Item]:
+def items(task: str, data: Path | None = None) -> Iterator[Item]:
     """Every distinct example of a task (all subtasks), formatted; duplicates dropped as BIG-bench drops them."""
     for subtask, path in task_files(task, data):
         spec = json.loads(path.read_text())

@@ -4,6 +4,8 @@
     GATE_MAX_MEAN_KLD=0.05           # nats per token (eval_parity): weight / activation quantization
     GATE_MIN_TOP1=0.90               # top-1 agreement with the reference (eval_parity)
     GATE_MAX_PPL_RATIO=1.05          # perplexity of variant / reference on the same tokens (eval_parity)
+    GATE_MAX_SUITE_DROP=1.0          # points (0-100) lost over the suite of record (BIG-bench Lite), pooled over its
+                                     # items and paired item by item; each task's own drop is reported beside it
     GATE_MAX_TASK_DROP=2.0           # points (0-100) lost on any lm-eval task's main metric, paired item by item
     GATE_GREEDY_IDENTITY=1           # lossless speculation: greedy token ids equal the reference's, up to near-ties
     GATE_MIN_ARGMAX_COVERAGE=0.995   # pruned vocabulary (eval_parity): share of tokens whose reference argmax is kept
@@ -17,7 +19,7 @@ the criterion says how much more evidence would decide it at the effect observed
 Intervals:
 - Parity metrics (KLD, top-1, PPL ratio): tokens within one chunk share their context, so the standard error comes
   from the per-chunk values (a cluster / ratio-estimator SE), not from treating 8192 tokens as independent.
-- Task drop: the items both records scored, paired. For 0/1 outcomes the adjusted Wald interval for matched
+- Task drop (per task, or pooled over the suite): the items both records scored, paired. For 0/1 outcomes the adjusted Wald interval for matched
   proportions of Agresti & Min (2005): add 1/2 to each cell of the 2x2 table of (reference right?, variant right?)
   and use the Wald interval of the difference. Chosen over the exact conditional McNemar interval and the paired
   bootstrap because both of those collapse to zero width when the two models agree on every item (5 agreeing items
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.common import paths
@@ -48,10 +50,11 @@ PARITY_CRITERIA = {
     "GATE_MAX_DROPPED_MASS": ("dropped_mass", "dropped_mass", "max"),
 }
 TASK_KEY = "GATE_MAX_TASK_DROP"
+SUITE_KEY = "GATE_MAX_SUITE_DROP"
 IDENTITY_KEY = "GATE_GREEDY_IDENTITY"
-GATE_KEYS = (*PARITY_CRITERIA, TASK_KEY, IDENTITY_KEY, "GATE_REFERENCE")
+GATE_KEYS = (*PARITY_CRITERIA, SUITE_KEY, TASK_KEY, IDENTITY_KEY, "GATE_REFERENCE")
 MAIN_METRICS = ("acc", "exact_match", "prompt_level_strict_acc", "acc_norm", "multiple_choice_grade", "exact_str_match")  # first one a task reports
-ITEMS_COMMAND = "make eval-quality-full VARIANT={v}"
+ITEMS_COMMAND = "make eval-quality-full VARIANT={v}"  # with no TASKS: the suite of record
 STATUSES = ("pass", "inconclusive", "missing", "fail")  # verdict precedence: the last present wins
 
 
@@ -70,6 +73,7 @@ class Criterion:
     status: str = "missing"  # pass | fail | inconclusive | missing
     detail: str = ""
     decide: str = ""  # what would decide an inconclusive / missing criterion
+    beside: list[str] = field(default_factory=list)  # reported with it, not judged (the suite's per-task drops)
 
     def line(self) -> str:
         value = "—" if self.value is None else f"{self.value:.4g}"
@@ -206,6 +210,42 @@ def task_criterion(task: str, limit_points: float, ref_items: dict[str, float], 
     return c
 
 
+def suite_criterion(limit_points: float, var_rec: dict | None, ref_recs: list[dict], variant: str,
+                    reference: str) -> Criterion:
+    """The pooled paired drop over every item of the suite of record both records scored, each task's drop beside."""
+    if var_rec is None:
+        return Criterion(SUITE_KEY, limit_points, "max", detail="no suite record with per-item outcomes",
+                         decide=f"`{ITEMS_COMMAND.format(v=variant)}`")
+    suite = var_rec["inputs"]["suite"]
+    name = f"{SUITE_KEY}[{suite['name']}]"
+    same_hw = [r for r in ref_recs if has_items(r) and r["inputs"].get("suite", {}).get("name") == suite["name"]
+               and hardware_key(r["hardware"]) == hardware_key(var_rec["hardware"])]
+    ref = newest(same_hw)
+    if ref is None:
+        return Criterion(name, limit_points, "max", detail=f"{reference} has no {suite['name']} record from the same "
+                         f"hardware", decide=f"`{ITEMS_COMMAND.format(v=reference)}`")
+    theirs = ref["inputs"]["suite"]
+    for what in ("sha256", "sdist_sha256"):
+        if suite.get(what) != theirs.get(what):
+            raise GateError(f"refusing to pair {suite['name']}: {variant} has suite {what} {str(suite.get(what))[:12]}… "
+                            f"({suite.get('items')} items), {reference} has {str(theirs.get(what))[:12]}… "
+                            f"({theirs.get('items')} items); re-run the older one (`make datasets` draws the suite)")
+    c = task_criterion(suite["name"], limit_points, scored(ref), scored(var_rec), "pooled item scores")
+    c.name = name
+    if c.status == "inconclusive" and c.decide:
+        c.decide += f"; the suite draws {suite['items']} (TARGET_ITEMS in scripts/make_bigbench_tasks.py)"
+    for task in var_rec["inputs"]["tasks"]:
+        ref_items, var_items = scored(ref, task), scored(var_rec, task)
+        shared = sorted(set(ref_items) & set(var_items))
+        if not shared:
+            c.beside.append(f"{task}: no item scored by both")
+            continue
+        p = paired_drop([ref_items[i] for i in shared], [var_items[i] for i in shared])
+        c.beside.append(f"{task}: reference {100 * sum(ref_items[i] for i in shared) / len(shared):.1f}, drop "
+                        f"{100 * p.drop:+.2f} [{100 * p.lo:+.2f}, {100 * p.hi:+.2f}] over {p.n} items")
+    return c
+
+
 def identity_criterion(summary: dict | None) -> Criterion:
     """Lossless speculation: every divergence from the reference's greedy ids is a teacher-forced near-tie."""
     c = Criterion(IDENTITY_KEY, 0, "max")
@@ -246,6 +286,12 @@ def has_items(record: dict) -> bool:
 def item_scores(record: dict, task: str) -> tuple[str, dict[str, float]]:
     metric = record["inputs"]["task_meta"][task]["metric"]
     return metric, {s["item_id"]: s["score"] for s in record["samples"] if s["task"] == task}
+
+
+def scored(record: dict, task: str | None = None) -> dict[str, float]:
+    """{item id: score} of a record's scored items (of one task, or all)."""
+    return {s["item_id"]: s["score"] for s in record["samples"]
+            if s["score"] is not None and (task is None or s["task"] == task)}
 
 
 def check_pairable(var: dict, ref: dict, task: str) -> None:
@@ -308,8 +354,12 @@ def gate_for(variant: str, settings: dict[str, str], root: Path | None = None) -
         return None, []
     mine = quality_records(variant, root)
     out = parity_criteria(settings, parity_record(mine, reference))
+    if SUITE_KEY in settings:
+        var_rec = newest([r for r in mine if has_items(r) and "suite" in r["inputs"]], kind="lm-eval")
+        out.append(suite_criterion(float(settings[SUITE_KEY]), var_rec, quality_records(reference, root), variant,
+                                   reference))
     if TASK_KEY in settings:
-        var_rec = newest([r for r in mine if has_items(r)], kind="lm-eval")
+        var_rec = newest([r for r in mine if has_items(r) and "suite" not in r["inputs"]], kind="lm-eval")
         out += task_criteria(float(settings[TASK_KEY]), var_rec, quality_records(reference, root), variant, reference)
     if settings.get(IDENTITY_KEY) == "1":
         ident = newest(mine, kind="greedy-identity", reference=reference)
