@@ -14,6 +14,7 @@ experiments/<variant>/latency_<YYYYMMDD-HHMMSS>.json atomically; a run with fail
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -47,6 +48,26 @@ def kernels_from_log(log: Path | None) -> list[str]:
     if not log or not log.exists():
         return []
     return sorted({m.group(1) for m in KERNEL_LINE.finditer(log.read_text(errors="replace"))})
+
+
+THREADS_LINE = re.compile(r"Reducing Torch threads from (\d+) to (\d+)")
+RESERVED_LINE = re.compile(r"reserved_cpus=\[([\d, ]*)\]")
+
+
+def engine_cores(server: Server | None, gpu: bool) -> dict | None:
+    """The cores a CPU engine computes on: vLLM's reserved CPUs and torch threads as its start log states them (no
+    structured output says so), llama.cpp's --n_threads from its command; None for a GPU or a server not started here."""
+    if server is None or gpu:
+        return None
+    argv = server.argv
+    if "--n_threads" in argv:
+        return {"compute_threads": int(argv[argv.index("--n_threads") + 1]), "reserved_cpus": [],
+                "source": "llama.cpp --n_threads"}
+    text = server.log_path.read_text(errors="replace") if server.log_path and server.log_path.exists() else ""
+    threads, reserved = THREADS_LINE.search(text), RESERVED_LINE.search(text)
+    return {"compute_threads": int(threads.group(2)) if threads else os.cpu_count(),
+            "reserved_cpus": [int(x) for x in reserved.group(1).split(",") if x.strip()] if reserved else [],
+            "source": "vLLM start log"}
 
 
 def model_facts(variant) -> dict:
@@ -104,6 +125,7 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
     record["startup_s"] = server.startup_s if server else None
     record["model"] = model_facts(variant)
     record["kernels"] = kernels_from_log(server.log_path if server else None)
+    record["engine_cores"] = engine_cores(server, bool(record["hardware"].get("gpu")))
     health = engine_of(variant).health_path
     fixed = fixed_body_for(variant)
     record["inputs"]["fixed_length_request"] = fixed

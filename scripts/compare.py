@@ -12,6 +12,9 @@ c=8 with the evidence line of each criterion, and inconclusive variants are list
 The Pareto plot puts each gated variant's speed over BF16 (x; c=1 and c=8 panels) against its mean KL divergence
 (y, log scale), marker by verdict, with the frontier (no other variant both faster and closer) drawn; lossless
 variants (judged by greedy identity, no KL divergence) and shape proxies have no y value and are not drawn.
+The quality section lists every variant's newest record of the suite of record (BIG-bench Lite, zero-shot) per
+hardware: the pooled score, its paired drop against the variant's gate reference with the one-sided 95% bounds, and
+each task's score (the reference's absolute score beside each variant's drop in points).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.engines import ENGINES
-from scripts.common.gate import Criterion, GateError, gate_for, verdict
+from scripts.common.gate import SUITE_KEY, Criterion, GateError, gate_for, scored, verdict
 from scripts.common.metrics import ratio
 from scripts.common.records import all_records, hardware_key, now_utc
 from scripts.common.variants import VariantError, load_variant, reference_name
@@ -227,6 +230,56 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) ->
     return "\n".join(lines), rows
 
 
+def suite_lines(quality: list[tuple[Path, dict]], judged: dict[str, Judged]) -> list[str]:
+    """The suite-of-record section: pooled score and paired drop per variant, then per-task scores, per hardware."""
+    newest: dict[str, dict[str, dict]] = {}  # hardware -> variant -> newest suite record
+    for _, r in quality:
+        if r.get("status") == "ok" and "suite" in r["inputs"] and r.get("samples"):
+            newest.setdefault(hardware_key(r["hardware"]), {})[r["variant"]] = r
+    lines = []
+    for hw, members in sorted(newest.items()):
+        any_rec = next(iter(members.values()))
+        suite = any_rec["inputs"]["suite"]
+        lines += [f"## Quality: {suite['name']} — {hw}", "",
+                  f"BIG-bench Lite, zero-shot in BIG-bench's own prompt format, {suite['items']} items drawn from "
+                  f"{suite['sdist']} (sdist SHA-256 {suite['sdist_sha256'][:12]}…, suite {suite['sha256'][:12]}…); "
+                  "multiple choice by log-likelihood (`multiple_choice_grade`), generative by `exact_str_match`. "
+                  "Drop = the reference's pooled score minus the variant's, paired item by item, in points, with its "
+                  "one-sided 95% bounds (`make gate`).", "",
+                  "| variant | engine | reference | items | pooled score % | drop [bounds] | suite criterion | gate |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for v, r in sorted(members.items()):
+            items = scored(r)
+            crit = next((c for c in judged.get(v, Judged("—")).criteria if c.name.startswith(SUITE_KEY)), None)
+            drop = "—" if crit is None or crit.value is None else (
+                f"{crit.value:+.2f}" + ("" if crit.lo is None else f" [{crit.lo:+.2f}, {crit.hi:+.2f}]"))
+            ref = reference_name(r["config"]) or "—"
+            lines.append(f"| {v} | {engine_label(r)} | {ref} | {len(items)} | "
+                         f"{100 * sum(items.values()) / len(items):.2f} | {drop} | {crit.status if crit else '—'} | "
+                         f"{judged[v].short() if v in judged else '—'} |")
+        refs = sorted(v for v, r in members.items() if not reference_name(r["config"]))
+        for ref in refs:
+            children = sorted(v for v, r in members.items() if reference_name(r["config"]) == ref)
+            if not children:
+                continue
+            tasks = members[ref]["inputs"]["tasks"]
+            lines += ["", f"Per task: {ref}'s score (%) and each variant's drop in points (paired items):", "",
+                      f"| task | items | {ref} | " + " | ".join(children) + " |",
+                      "| --- | --- | --- |" + " --- |" * len(children)]
+            for task in tasks:
+                base = scored(members[ref], task)
+                cells = []
+                for v in children:
+                    mine = scored(members[v], task)
+                    shared = set(base) & set(mine)
+                    cells.append("—" if not shared else
+                                 f"{100 * sum(base[i] - mine[i] for i in shared) / len(shared):+.1f}")
+                lines.append(f"| {task} | {len(base)} | {100 * sum(base.values()) / max(len(base), 1):.1f} | "
+                             + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Points no other point beats on both axes (higher speed, lower KLD), sorted by speed."""
     return sorted(p for p in points if not any(q != p and q[0] >= p[0] and q[1] <= p[1] for q in points))
@@ -303,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     configs = {r["variant"]: r["config"] for _, r in records}  # records run oldest first: the newest config wins
     judged = chain({v: judge(v, config, args.experiments) for v, config in configs.items()}, configs)
     text, rows = build_report(records, judged)
+    quality = all_records("quality", args.experiments)
+    suite_judged = {r["variant"]: judged.get(r["variant"]) or judge(r["variant"], r["config"], args.experiments)
+                    for _, r in quality if "suite" in r.get("inputs", {})}
+    text += "\n" + "\n".join(suite_lines(quality, suite_judged))
     import matplotlib
 
     matplotlib.use("Agg")

@@ -84,3 +84,18 @@ def test_monitor_one_probe_exports_gauges(embedded_server, capsys):
     assert "probe 1:" in capsys.readouterr().out
     status, body = http_get(f"http://127.0.0.1:{port}/metrics")
     assert status == 200 and b'variant_lab_output_throughput{variant="smollm2-bf16"}' in body
+
+
+def test_engine_cores_from_the_vllm_log_and_the_llamacpp_command(tmp_path):
+    from scripts.common.server import Server
+
+    log = tmp_path / "engine.log"
+    log.write_text("INFO [ompmultiprocessing.py:185] \treserved_cpus=[1]\n"
+                   "INFO [torch_utils.py:295] Reducing Torch threads from 2 to 1 for serving.\n")
+    vllm = Server(argv=["vllm", "serve"], base_url="http://x", log_path=log)
+    assert bench_latency.engine_cores(vllm, gpu=False) == {"compute_threads": 1, "reserved_cpus": [1],
+                                                           "source": "vLLM start log"}
+    assert bench_latency.engine_cores(vllm, gpu=True) is None
+    llama = Server(argv=["python", "-m", "llama_cpp.server", "--n_threads", "2"], base_url="http://x")
+    assert bench_latency.engine_cores(llama, gpu=False)["compute_threads"] == 2
+    assert bench_latency.engine_cores(None, gpu=False) is None

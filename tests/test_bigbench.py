@@ -192,7 +192,8 @@ def suite_record(variant, scores: dict[str, float], sha="s" * 64, hw=None):
     return {"schema": {"kind": "quality"}, "variant": variant, "status": "ok",
             "hardware": hw or {"cpu": "x", "cores": 2}, "started_at": "2026-11-24T00:00:00Z",
             "inputs": {"kind": "lm-eval", "tasks": [f"bbl_{t}" for t in tasks],
-                       "suite": {"name": "bigbench_lite", "sha256": sha, "sdist_sha256": "b" * 64, "items": len(scores)},
+                       "suite": {"name": "bigbench_lite", "sha256": sha, "sdist": "bigbench==1.0.0", "sdist_sha256": "b" * 64,
+                                 "items": len(scores)},
                        "task_meta": {f"bbl_{t}": {"metric": "multiple_choice_grade"} for t in tasks}},
             "samples": [{"task": f"bbl_{i.split('/')[0]}", "item_id": i, "score": s} for i, s in scores.items()]}
 
@@ -277,3 +278,20 @@ def test_fixture_suite_end_to_end_through_lm_eval(fixture_data, embedded_server,
     (exp / "smollm2-self" / path.name).write_text(json.dumps({**rec, "variant": "smollm2-self"}))
     _, (c,) = gate.gate_for("smollm2-self", {"PARENT": "smollm2-bf16", "GATE_MAX_SUITE_DROP": "1.0"}, exp)
     assert c.value == 0 and c.status == "inconclusive" and len(c.beside) == 2
+
+
+def test_compare_lists_the_suite_scores_and_drops(tmp_path):
+    from scripts import compare
+
+    ref = {f"t1/{i}": float(i < 6) for i in range(10)}  # 60 %
+    var = {**ref, "t1/0": 0.0}  # 50 %: drop 10 points
+    recs = [(tmp_path / "a.json", {**suite_record("ref", ref), "config": {"BASE": "x"}}),
+            (tmp_path / "b.json", {**suite_record("var", var), "config": {"PARENT": "ref"}})]
+    for _, r in recs:
+        write(tmp_path, r["variant"], r)
+    judged = {"ref": compare.Judged("reference"),
+              "var": compare.judge("var", {"PARENT": "ref", "GATE_MAX_SUITE_DROP": "1.0"}, tmp_path)}
+    text = "\n".join(compare.suite_lines(recs, judged))
+    assert "| ref | vLLM | — | 10 | 60.00 | — | — | reference |" in text
+    assert "| var | vLLM | ref | 10 | 50.00 | +10.00 [" in text
+    assert "| bbl_t1 | 10 | 60.0 | +10.0 |" in text
