@@ -32,7 +32,7 @@ from scripts.common.engines import engine_of
 from scripts.common.gate import main_metric
 from scripts.common.launch import variant_server
 from scripts.common.records import envelope, write_record
-from scripts.common.server import ServerError, is_healthy
+from scripts.common.server import ServerError, http_post_json, is_healthy
 from scripts.common.variants import VariantError, load_variant
 
 DEFAULT_TASKS = ("mmlu_pro", "ifeval", "gpqa_diamond_cot_zeroshot")
@@ -125,6 +125,44 @@ def scores(results: dict) -> tuple[dict, dict, list]:
     return summary, meta, samples
 
 
+def loglikelihood_task(task: str) -> bool:
+    """Scored by the log-likelihood of its choices: needs the prompt tokens' log-probabilities from the server."""
+    from scripts.make_bigbench_tasks import TASK_PREFIX, suite_manifest
+
+    if task.startswith(TASK_PREFIX):
+        return suite_manifest()["tasks"][task[len(TASK_PREFIX):]]["kind"] == "multiple_choice"
+    return task in LOGLIKELIHOOD_TASKS
+
+
+def prompt_logprobs_problem(status: int, body: dict | None) -> str | None:
+    """None when a completions answer (echo + logprobs) carries the prompt tokens' log-probabilities; else why not."""
+    if status != 200 or not isinstance(body, dict):
+        return f"its /v1/completions answered HTTP {status} to echo + logprobs"
+    logprobs = ((body.get("choices") or [{}])[0] or {}).get("logprobs") or {}
+    if sum(v is not None for v in logprobs.get("token_logprobs") or []) < 2:
+        return "its /v1/completions answer to echo + logprobs holds no log-probabilities of the prompt tokens"
+    return None
+
+
+def split_loglikelihood(tasks: list[str], base_url: str, model: str) -> tuple[list[str], dict | None]:
+    """(the tasks this server can score, what was skipped and why): an engine without prompt log-probabilities keeps
+    the generative tasks, says so and records it; with nothing left to score it is an error, never an empty record."""
+    ll = [t for t in tasks if loglikelihood_task(t)]
+    if not ll:
+        return tasks, None
+    status, body = http_post_json(f"{base_url}/v1/completions", {
+        "model": model, "prompt": "Q: 1 + 1 =\nA: 2", "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0})
+    why = prompt_logprobs_problem(status, body)
+    if why is None:
+        return tasks, None
+    kept = [t for t in tasks if t not in ll]
+    if not kept:
+        raise EvalError(f"the server cannot score multiple-choice tasks ({why}) and no generative task is left")
+    print(f"warning: the server cannot score the {len(ll)} multiple-choice task(s) ({why}); scoring the generative "
+          f"subset only ({len(kept)} task(s)); the record names what was skipped", file=sys.stderr)
+    return kept, {"tasks": ll, "why": why}
+
+
 def completion_task(task: str) -> bool:
     """Scored in the task's own prompt format through /v1/completions: log-likelihood tasks and BIG-bench items."""
     from scripts.make_bigbench_tasks import TASK_PREFIX
@@ -212,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             record = envelope("quality", variant, command=[sys.executable, "-m", "scripts.eval_quality", *sys.argv[1:]],
                               server_command=server.argv if server else None)
             t0 = time.monotonic()
+            tasks, skipped = split_loglikelihood(tasks, base_url, variant.served_name)
             try:
                 summary, meta, samples = evaluate(variant, base_url, tasks, limit)
             except Exception as e:  # noqa: BLE001 - lm-eval raises many types; the run failed as a whole
@@ -227,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     record["inputs"] = {"kind": "lm-eval", "tasks": tasks, "profile": args.profile, "limit": limit,
                         "plumbing": all(t.startswith(PLUMBING_TAG) for t in tasks), "lm_eval": lm_eval.__version__,
                         "task_meta": meta,
-                        "base_url": base_url, "offline": os.environ.get("HF_DATASETS_OFFLINE") == "1"}
+                        "base_url": base_url, "offline": os.environ.get("HF_DATASETS_OFFLINE") == "1",
+                        **({"skipped": skipped} if skipped else {})}
     if suite:
         record["inputs"]["suite"] = {k: v for k, v in suite.items() if k != "tasks"}
         summary_suite = suite_summary(samples)

@@ -295,3 +295,17 @@ def test_compare_lists_the_suite_scores_and_drops(tmp_path):
     assert "| ref | vLLM | — | 10 | 60.00 | — | — | reference |" in text
     assert "| var | vLLM | ref | 10 | 50.00 | +10.00 [" in text
     assert "| bbl_t1 | 10 | 60.0 | +10.0 |" in text
+
+
+def test_an_engine_without_prompt_logprobs_is_named():
+    ok = {"choices": [{"logprobs": {"token_logprobs": [None, -1.2, -0.3]}}]}
+    assert eval_quality.prompt_logprobs_problem(200, ok) is None
+    assert "HTTP 400" in eval_quality.prompt_logprobs_problem(400, {"error": "echo not supported"})
+    assert "no log-probabilities" in eval_quality.prompt_logprobs_problem(200, {"choices": [{"logprobs": None}]})
+    assert "no log-probabilities" in eval_quality.prompt_logprobs_problem(200, {"choices": [{"text": "2"}]})
+
+
+def test_loglikelihood_tasks_are_the_multiple_choice_ones(fixture_data):
+    mbt.build_suite(fixture_data)
+    assert eval_quality.loglikelihood_task("bbl_fixture_mc") and eval_quality.loglikelihood_task("lab_arith_mc")
+    assert not eval_quality.loglikelihood_task("bbl_fixture_gen") and not eval_quality.loglikelihood_task("lab_ifeval")

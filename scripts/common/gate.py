@@ -232,6 +232,9 @@ def suite_criterion(limit_points: float, var_rec: dict | None, ref_recs: list[di
                             f"({theirs.get('items')} items); re-run the older one (`make datasets` draws the suite)")
     c = task_criterion(suite["name"], limit_points, scored(ref), scored(var_rec), "pooled item scores")
     c.name = name
+    for rec in (var_rec, ref):
+        if skipped := rec["inputs"].get("skipped"):
+            c.beside.append(f"{rec['variant']}'s record skipped {len(skipped['tasks'])} task(s): {skipped['why']}")
     if c.status == "inconclusive" and c.decide:
         c.decide += f"; the suite draws {suite['items']} (TARGET_ITEMS in scripts/make_bigbench_tasks.py)"
     for task in var_rec["inputs"]["tasks"]:

@@ -6,6 +6,7 @@ processes too without ever matching processes by name.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -39,6 +40,21 @@ def http_post(url: str, timeout: float = 600.0) -> int:
             return resp.status
     except urllib.error.HTTPError as e:
         return e.code
+
+
+def http_post_json(url: str, body: dict, timeout: float = 60.0) -> tuple[int, dict | None]:
+    """POST a JSON body; (status, the JSON answer or None)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, None
 
 
 def is_healthy(base_url: str, timeout: float = 2.0, path: str = "/health") -> bool:
