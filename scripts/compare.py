@@ -132,8 +132,9 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
     return "—" if x is None else format(x, spec)
 
 
-def winner_lines(group_rows: list[dict], judged: dict[str, Judged]) -> list[str]:
-    """The fastest certified variant at each level with its evidence, or why none is certified."""
+def winner_lines(group_rows: list[dict], judged: dict[str, Judged], undecided: bool = True) -> list[str]:
+    """The fastest certified variant at each level with its evidence, or why none is certified (and, with
+    `undecided`, the variants not yet decided with what would decide them)."""
     lines = []
     for level in LEVELS:
         ranked = sorted((r for r in group_rows if r["vs_base"].get(level) is not None),
@@ -157,10 +158,10 @@ def winner_lines(group_rows: list[dict], judged: dict[str, Judged]) -> list[str]
                          f"{best['base_tput'][level]:.1f} output tok/s, back-to-back: {best['b2b']}). Evidence:")
             lines += [f"- {c.line()}" for c in judged[best["variant"]].criteria]
         lines.append("")
-    undecided = [r for r in group_rows if judged[r["variant"]].verdict in ("inconclusive", "missing")]
-    if undecided:
+    pending = [r for r in group_rows if judged[r["variant"]].verdict in ("inconclusive", "missing")] if undecided else []
+    if pending:
         lines += ["Not yet decided (never counted as a pass), and what would decide them:", ""]
-        for r in undecided:
+        for r in pending:
             for c in judged[r["variant"]].blocking():
                 lines.append(f"- {r['variant']}: {c.status} {c.name}"
                              + (f" = {c.value:.4g} [{c.lo:.4g}, {c.hi:.4g}]" if c.lo is not None else "")
@@ -225,6 +226,9 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) ->
         for engine in engines:  # one verdict per engine: a peer never takes the vLLM variants' place, nor they its
             lines += [""] + ([f"### {engine}", ""] if len(engines) > 1 else [])
             lines += winner_lines([r for r in group_rows if r["engine"] == engine], judged)
+        if len(engines) > 1:  # and one for the machine: whichever engine serves it, each against the same BF16 reference
+            lines += ["### Across engines (each × the same BF16 reference)", ""]
+            lines += winner_lines(group_rows, judged, undecided=False)
     if excluded:
         lines += ["## Not comparable", ""] + [f"- {v}: {why}" for v, why in excluded] + [""]
     return "\n".join(lines), rows

@@ -171,3 +171,24 @@ def test_compare_certifies_only_through_a_certified_reference():
     out = chain(judged, configs)
     assert out["q-spec"].verdict == "inconclusive" and "reference q is inconclusive" in out["q-spec"].note
     assert [out[v].verdict for v in ("b", "q", "ok", "ok-spec", "bad")] == ["reference", "inconclusive", "pass", "pass", "fail"]
+
+
+def test_compare_names_one_winner_across_engines(tmp_path):
+    """Per engine, then across engines: a certified llama.cpp peer faster than every certified vLLM variant wins the
+    machine's group, each measured against the same BF16 reference."""
+    exp = tmp_path / "experiments"
+    recs = {"smollm2-bf16": make_record("smollm2-bf16", 1.0, ladder="L"),
+            "smollm2-a": make_record("smollm2-bf16", 1.5, ladder="L"),
+            "smollm2-gguf": make_record("smollm2-bf16", 2.0, ladder="L")}
+    recs["smollm2-gguf"]["engine"] = {"name": "llamacpp", "version": "0.3.36"}
+    for name, rec in recs.items():
+        if name != "smollm2-bf16":
+            rec["variant"], rec["config"]["PARENT"] = name, "smollm2-bf16"
+        records.write_record(rec, exp / name, "latency")
+    drop = Criterion("GATE_MAX_SUITE_DROP[bigbench_lite]", 1.0, "max", value=0.1, lo=-0.3, hi=0.5, status="pass")
+    judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-a": compare.Judged("pass", [drop]),
+              "smollm2-gguf": compare.Judged("pass", [drop])}
+    text, _ = compare.build_report(records.all_records("latency", exp), judged)
+    across = text.split("### Across engines")[1]
+    assert "Fastest at certified parity, c=1: smollm2-gguf** — 2.00× smollm2-bf16" in across
+    assert "Fastest at certified parity, c=1: smollm2-a** — 1.50×" in text.split("### Across engines")[0]
