@@ -309,3 +309,17 @@ def test_loglikelihood_tasks_are_the_multiple_choice_ones(fixture_data):
     mbt.build_suite(fixture_data)
     assert eval_quality.loglikelihood_task("bbl_fixture_mc") and eval_quality.loglikelihood_task("lab_arith_mc")
     assert not eval_quality.loglikelihood_task("bbl_fixture_gen") and not eval_quality.loglikelihood_task("lab_ifeval")
+
+
+def test_lm_eval_gguf_model_type_loses_the_answer_token_after_a_spaced_prompt():
+    """Why llama.cpp is scored through local-completions, not lm-eval's `gguf` model type: that type finds the
+    continuation by text offset, and a BIG-bench prompt ends in a space ("A: ") that the answer's first token carries
+    (" yes"), so the answer's log-likelihood is summed from the wrong token (here: nothing, 0.0 for every choice)."""
+    from lm_eval.models.gguf import get_result
+
+    context = "\nQ: Is fire cold?\nA: "
+    logprobs = {"tokens": ["\n", "Q", ":", " Is", " fire", " cold", "?", "\n", "A", ":", " yes", "\n"],
+                "text_offset": [0, 1, 2, 3, 6, 11, 16, 17, 18, 19, 20, 24],
+                "token_logprobs": [None, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -2.5, -0.1],
+                "top_logprobs": [{}] + [{"x": 0.0}] * 11}
+    assert get_result(logprobs, len(context))[0] == 0.0  # the -2.5 of " yes" is never counted
