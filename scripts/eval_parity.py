@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,8 +31,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.corpus import EVAL_FRACTION, CorpusError, load_corpus
-from scripts.common.engines import engine_of, python_of
-from scripts.common.engines import version as engine_version
+from scripts.common.engines import EngineError, engine_of, run_llamacpp_logits
 from scripts.common.launch import variant_server
 from scripts.common.loadgen import openai_client
 from scripts.common.metrics import parity_stats
@@ -158,17 +156,14 @@ def per_token_llamacpp(ref_dir: str, var: Variant, chunks: list[list[int]]):
     import numpy as np
     import torch
 
-    py = python_of(engine_of(var))
-    engine_version("llamacpp")  # installed, else the target that installs it
     ref_model = load_transformers(ref_dir)
     paths.CACHE.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="parity-llamacpp-", dir=paths.CACHE) as tmp:
         (Path(tmp) / "chunks.json").write_text(json.dumps(chunks))
-        r = subprocess.run([py, "-m", "scripts.llamacpp_logits", var.model, str(Path(tmp) / "chunks.json"), tmp],
-                           cwd=paths.ROOT, capture_output=True, text=True, check=False)
-        if r.returncode != 0:
-            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["(no output)"]
-            raise ParityError(f"llama.cpp could not score {var.resolved['MODEL']}: {tail[0]}")
+        try:
+            run_llamacpp_logits([var.model, str(Path(tmp) / "chunks.json"), tmp])
+        except EngineError as e:
+            raise ParityError(f"llama.cpp could not score {var.resolved['MODEL']}: {e}") from None
         for i, chunk in enumerate(chunks):
             lp_v = torch.log_softmax(torch.from_numpy(np.load(Path(tmp) / f"{i:04d}.npy")), -1)
             yield full_stats(scored_logprobs(ref_model, chunk), lp_v, torch.tensor(chunk[len(chunk) // 2:]))

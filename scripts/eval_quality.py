@@ -8,8 +8,10 @@
 
 Tasks come from --suite (the suite of record: BIG-bench Lite as drawn by scripts/make_bigbench_tasks.py, after
 `make datasets`), else --tasks, else the variant's EVAL_TASKS, else MMLU-Pro, IFEval and GPQA-Diamond. BIG-bench
-items and log-likelihood tasks go through `local-completions` in their own prompt format (no chat template; llama.cpp's
-server takes text prompts, which lm-eval splits with the same tokenizer); the other generation tasks through
+items and log-likelihood tasks go through `local-completions` in their own prompt format (no chat template); for a
+GGUF served by llama.cpp, generation goes to its server as text and log-likelihoods come from llama.cpp in-process
+(`scripts.llamacpp_logits score`: the same GGUF, threads and kernels; its server's echo + logprobs sorts the whole
+vocabulary in Python for every prompt token, 43 s for one 400-token request here); the other generation tasks through
 `local-chat-completions` (the server applies the chat template; thinking options are the server's
 SERVE_DEFAULT_CHAT_TEMPLATE_KWARGS). Profiles set the sample size: smoke = 5 items per task, fast = 10% of each task,
 full = everything. Writes experiments/<variant>/quality_<YYYYMMDD-HHMMSS>.json only when the whole evaluation
@@ -20,15 +22,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.bigbench import BigBenchError
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.corpus import dataset_cached
-from scripts.common.engines import engine_of
+from scripts.common.engines import EngineError, engine_of, run_llamacpp_logits
 from scripts.common.gate import main_metric
 from scripts.common.launch import variant_server
 from scripts.common.records import envelope, write_record
@@ -74,12 +79,13 @@ def download_datasets() -> int:
     return 1 if failures else 0
 
 
-def lm_eval_run(model_type: str, model_args: dict, tasks: list[str], limit, chat: bool) -> dict:
+def lm_eval_run(model, model_args: dict, tasks: list[str], limit, chat: bool) -> dict:
+    """lm-eval's simple_evaluate on a model type (str) with its arguments, or on a model instance."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     return lm_eval.simple_evaluate(
-        model=model_type, model_args=model_args, tasks=tasks, limit=limit, log_samples=True,
+        model=model, model_args=model_args if isinstance(model, str) else None, tasks=tasks, limit=limit, log_samples=True,
         apply_chat_template=chat, task_manager=TaskManager(include_path=str(paths.EVAL / "tasks")),
         bootstrap_iters=1000,
     )
@@ -163,6 +169,30 @@ def split_loglikelihood(tasks: list[str], base_url: str, model: str) -> tuple[li
     return kept, {"tasks": ll, "why": why}
 
 
+def llamacpp_loglikelihoods(gguf: str, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+    """(log-likelihood of the continuation, greedy?) per (context ids, continuation ids), from llama.cpp in-process."""
+    paths.CACHE.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="loglikelihood-llamacpp-", dir=paths.CACHE) as tmp:
+        requests, out = Path(tmp) / "requests.json", Path(tmp) / "scores.json"
+        requests.write_text(json.dumps(pairs))
+        try:
+            run_llamacpp_logits(["score", gguf, str(requests), str(out)])
+        except EngineError as e:
+            raise EvalError(f"log-likelihoods of {gguf}: {e}") from None
+        return [(float(lp), bool(greedy)) for lp, greedy in json.loads(out.read_text())]
+
+
+def llamacpp_model(args: dict, gguf: str):
+    """lm-eval's local-completions model against llama.cpp's server, its log-likelihoods from llama.cpp in-process."""
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    class LlamaCppCompletions(LocalCompletionsAPI):
+        def _loglikelihood_tokens(self, requests, **kwargs):
+            return llamacpp_loglikelihoods(gguf, [(list(ctx), list(cont)) for _, ctx, cont in requests])
+
+    return LlamaCppCompletions(**args)
+
+
 def completion_task(task: str) -> bool:
     """Scored in the task's own prompt format through /v1/completions: log-likelihood tasks and BIG-bench items."""
     from scripts.make_bigbench_tasks import TASK_PREFIX
@@ -180,20 +210,21 @@ def evaluate(variant, base_url: str, tasks: list[str], limit) -> tuple[dict, dic
         common["max_gen_toks"] = int(max_gen)
     llamacpp = engine_of(variant).name == "llamacpp"
     context = variant.resolved.get("LLAMACPP_N_CTX" if llamacpp else "SERVE_MAX_MODEL_LEN", 2048)
-    runs = [  # (lm-eval model type, its tasks, its arguments, chat template)
-        ("local-completions", [t for t in tasks if completion_task(t)],
-         {**common, "base_url": f"{base_url}/v1/completions", "tokenizer_backend": "huggingface",
-          "tokenizer": tokenizer, "max_length": int(context),
-          # llama-cpp-python's server takes text prompts only: lm-eval splits its echoed tokens with the same tokenizer
-          **({"tokenized_requests": False} if llamacpp else {})}, False),
+    completions = {**common, "base_url": f"{base_url}/v1/completions", "tokenizer_backend": "huggingface",
+                   "tokenizer": tokenizer, "max_length": int(context),
+                   # llama-cpp-python's server takes text prompts only
+                   **({"tokenized_requests": False} if llamacpp else {})}
+    runs = [  # (lm-eval model type or instance, its tasks, its arguments, chat template)
+        (llamacpp_model(completions, variant.model) if llamacpp else "local-completions",
+         [t for t in tasks if completion_task(t)], completions, False),
         ("local-chat-completions", [t for t in tasks if not completion_task(t)],
          {**common, "base_url": f"{base_url}/v1/chat/completions", "tokenizer_backend": "none",
           "tokenized_requests": False}, True),
     ]
     summary, meta, samples = {}, {}, []
-    for model_type, group, args, chat in runs:
+    for model, group, args, chat in runs:
         if group:
-            s, m, x = scores(lm_eval_run(model_type, args, group, limit, chat=chat))
+            s, m, x = scores(lm_eval_run(model, args, group, limit, chat=chat))
             summary.update(s)
             meta.update(m)
             samples += x
@@ -250,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
             record = envelope("quality", variant, command=[sys.executable, "-m", "scripts.eval_quality", *sys.argv[1:]],
                               server_command=server.argv if server else None)
             t0 = time.monotonic()
-            tasks, skipped = split_loglikelihood(tasks, base_url, variant.served_name)
+            llamacpp = engine_of(variant).name == "llamacpp"
+            # a GGUF's log-likelihoods come from llama.cpp in-process, not from its server
+            tasks, skipped = (tasks, None) if llamacpp else split_loglikelihood(tasks, base_url, variant.served_name)
             try:
                 summary, meta, samples = evaluate(variant, base_url, tasks, limit)
             except Exception as e:  # noqa: BLE001 - lm-eval raises many types; the run failed as a whole
@@ -267,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                         "plumbing": all(t.startswith(PLUMBING_TAG) for t in tasks), "lm_eval": lm_eval.__version__,
                         "task_meta": meta,
                         "base_url": base_url, "offline": os.environ.get("HF_DATASETS_OFFLINE") == "1",
+                        "loglikelihoods": "llama.cpp in-process (scripts.llamacpp_logits score)" if llamacpp
+                        else "the server's /v1/completions (echo + logprobs)",
                         **({"skipped": skipped} if skipped else {})}
     if suite:
         record["inputs"]["suite"] = {k: v for k, v in suite.items() if k != "tasks"}

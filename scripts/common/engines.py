@@ -165,6 +165,17 @@ def serve_argv(variant: Variant, *, host: str, port: int, api_key: str | None) -
     return argv + (["--api-key", api_key] if api_key else [])
 
 
+def run_llamacpp_logits(args: list[str]) -> None:
+    """`python -m scripts.llamacpp_logits ARGS` in llama.cpp's environment (parity's logits, lm-eval's
+    log-likelihoods of a GGUF); EngineError with its last output line when it fails."""
+    version("llamacpp")  # installed, else the target that installs it
+    r = subprocess.run([python_of(ENGINES["llamacpp"]), "-m", "scripts.llamacpp_logits", *args], cwd=paths.ROOT,
+                       capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise EngineError(f"llama.cpp failed: {tail[0]}")
+
+
 def fixed_length_body(engine_name: str, eos_ids: list[int] | None = None) -> dict:
     """Request fields that make a chat completion run to exactly max_tokens (the bench's `fixed` mode): vLLM and
     SGLang take ignore_eos; llama-cpp-python's server has no such field, so every end-of-sequence id gets a logit bias
