@@ -323,3 +323,21 @@ def test_lm_eval_gguf_model_type_loses_the_answer_token_after_a_spaced_prompt():
                 "token_logprobs": [None, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -2.5, -0.1],
                 "top_logprobs": [{}] + [{"x": 0.0}] * 11}
     assert get_result(logprobs, len(context))[0] == 0.0  # the -2.5 of " yes" is never counted
+
+
+@pytest.mark.slow
+def test_llamacpp_loglikelihoods_equal_a_fresh_evaluation(embedded_weights):
+    """llama.cpp in-process (the embedded GGUF): requests that share a context reuse its KV cache, and every answer
+    equals the one the request gets alone; a request's log-likelihood is the sum of its tokens' log-probabilities."""
+    from scripts.common.checkpoint import embedded_gguf
+
+    gguf = str(embedded_gguf())
+    q = [198, 65, 42, 1550, 3818, 30]  # "\nQ: Is fire cold?" in SmolLM2's ids
+    pairs = [(q, [701]), (q, [701, 2]), (q[:4], q[4:]), (q[:4], [q[4]]), (q[:5], [q[5]]), ([q[0]], q[1:])]
+    together = eval_quality.llamacpp_loglikelihoods(gguf, pairs)
+    alone = [eval_quality.llamacpp_loglikelihoods(gguf, [p])[0] for p in pairs]
+    for (lp, greedy), (lp1, greedy1) in zip(together, alone, strict=True):
+        assert lp == pytest.approx(lp1, abs=1e-3) and greedy == greedy1
+    assert all(lp < 0 for lp, _ in together)
+    # chain rule: log p(q[4:] | q[:4]) = log p(q[4] | q[:4]) + log p(q[5] | q[:5])
+    assert together[2][0] == pytest.approx(together[3][0] + together[4][0], abs=1e-3)
