@@ -11,7 +11,7 @@ Tasks come from --suite (the suite of record: BIG-bench Lite as drawn by scripts
 items and log-likelihood tasks go through `local-completions` in their own prompt format (no chat template); for a
 GGUF served by llama.cpp, generation goes to its server as text and log-likelihoods come from llama.cpp in-process
 (`scripts.llamacpp_logits score`: the same GGUF, threads and kernels; its server's echo + logprobs sorts the whole
-vocabulary in Python for every prompt token, 43 s for one 400-token request here); the other generation tasks through
+vocabulary in Python for every prompt token: its first 6 requests of the suite took 4 min 22 s); the other generation tasks through
 `local-chat-completions` (the server applies the chat template; thinking options are the server's
 SERVE_DEFAULT_CHAT_TEMPLATE_KWARGS). Profiles set the sample size: smoke = 5 items per task, fast = 10% of each task,
 full = everything. Writes experiments/<variant>/quality_<YYYYMMDD-HHMMSS>.json only when the whole evaluation
