@@ -32,6 +32,9 @@ QSTAMP := $(QVENV)/.installed
 LVENV := .venv-llamacpp
 LPY := $(LVENV)/bin/python
 LSTAMP := $(LVENV)/.installed
+# make datasets: a pip that still downloads the bigbench sdist (requirements/datasets.txt says why)
+DVENV := .venv-datasets
+DSTAMP := $(DVENV)/.installed
 # ENGINE=vllm|llamacpp|sglang: serve or bench VARIANT with another engine than its config.env names
 ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
@@ -170,8 +173,13 @@ eval-identity: weights ## greedy token ids of VARIANT vs its reference at c=1 an
 gate: $(STAMP) ## VARIANT's GATE_* criteria with one-sided 95% bounds: pass | fail | inconclusive (and what decides it)
 	$(PY) -m scripts.gate $(VARIANT)
 
-datasets: $(STAMP) ## BIG-bench from its PyPI sdist (pip download, SHA-256 checked, task JSON extracted) and the BIG-bench Lite suite drawn from it
-	$(PY) -m scripts.make_bigbench_tasks
+$(DSTAMP): requirements/datasets.txt
+	$(PYTHON_BASE) -m venv $(DVENV)
+	$(DVENV)/bin/python -m pip install -q -r requirements/datasets.txt
+	touch $@
+
+datasets: $(STAMP) $(DSTAMP) ## BIG-bench from its PyPI sdist (pip download, SHA-256 checked, task JSON extracted) and the BIG-bench Lite suite drawn from it
+	$(PY) -m scripts.make_bigbench_tasks --pip-python $(DVENV)/bin/python
 
 datasets-hub: $(STAMP) ## where the Hugging Face hub is reachable: cache MMLU-Pro, IFEval, GPQA-Diamond and Wikitext-2
 	$(PY) -m scripts.eval_quality --download-datasets

@@ -195,13 +195,14 @@ def write_yaml(manifest: dict, directory: Path | None = None, suite_dir: Path | 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--yaml", action="store_true", help="also rewrite the committed YAMLs under eval/tasks/bigbench_lite")
+    p.add_argument("--pip-python", help="the Python whose pip downloads the sdist (make datasets: .venv-datasets)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        source = bigbench.fetch()
+        source = bigbench.fetch(pip_python=args.pip_python)
         print(f"{source['sdist']}: {source['task_files']} task files (sha256 {source['sdist_sha256'][:12]}…) in "
               f"{paths.shown(bigbench.DATA)}")
         m = build_suite(bigbench.DATA, SUITE_DIR)

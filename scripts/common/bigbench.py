@@ -95,9 +95,10 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def download_sdist(dest: Path) -> Path:
-    """pip download of the sdist (no dependencies, never installed) into dest; one-line error without an index."""
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", SDIST,
+def download_sdist(dest: Path, pip_python: str | None = None) -> Path:
+    """pip download of the sdist (no dependencies, never installed) into dest by the pip of `pip_python` (pip 26.3
+    refuses this sdist: requirements/datasets.txt); one-line error without an index."""
+    r = subprocess.run([pip_python or sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", SDIST,
                         "-d", str(dest)],
                        capture_output=True, text=True, check=False)
     path = dest / SDIST_FILE
@@ -130,7 +131,7 @@ def extract(sdist: Path, dest: Path) -> dict:
             "bytes": sum(files.values()), "lite": lite_tasks(dest)}
 
 
-def fetch(data: Path | None = None, sdist: Path | None = None) -> dict:
+def fetch(data: Path | None = None, sdist: Path | None = None, pip_python: str | None = None) -> dict:
     """Download (or take `sdist`), check, extract into a temp dir beside `data`, then rename: never half-written."""
     data = data or DATA
     try:
@@ -140,7 +141,7 @@ def fetch(data: Path | None = None, sdist: Path | None = None) -> dict:
     data.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=data.parent, prefix=".bigbench-") as tmp:
         tmp = Path(tmp)
-        src = sdist or download_sdist(tmp)
+        src = sdist or download_sdist(tmp, pip_python)
         got = sha256_file(src)
         if got != SDIST_SHA256:
             raise BigBenchError(f"{src.name} has SHA-256 {got[:16]}…, expected {SDIST_SHA256[:16]}… ({SDIST}); "
