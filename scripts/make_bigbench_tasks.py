@@ -80,23 +80,14 @@ def draw(items: list[bigbench.Item], n: int) -> list[bigbench.Item]:
     return sorted(items, key=lambda i: draw_order(i.id))[:n]
 
 
-def doc(item: bigbench.Item, spec_stop: str | None, spec_regex: str | None) -> dict:
+def doc(item: bigbench.Item) -> dict:
     d = {"id": item.id, "prompt": item.prompt}
     if item.multiple_choice:
         d.update(choices=list(item.choices), scores=list(item.scores),
                  gold=max(range(len(item.scores)), key=item.scores.__getitem__))
     else:
-        d.update(targets=list(item.targets), stop_string=spec_stop, output_regex=spec_regex)
+        d.update(targets=list(item.targets), stop_string=item.stop_string, output_regex=item.output_regex)
     return d
-
-
-def task_spec_fields(task: str, data: Path) -> dict[str, tuple[str | None, str | None]]:
-    """subtask -> (stop_string, output_regex) as its task.json sets them (generative post-processing)."""
-    out = {}
-    for subtask, path in bigbench.task_files(task, data):
-        spec = json.loads(path.read_text())
-        out[subtask] = (spec.get("stop_string"), spec.get("output_regex"))
-    return out
 
 
 def draw_settings() -> dict:
@@ -121,8 +112,7 @@ def build_suite(data: Path | None = None, out: Path | None = None) -> dict:
     sizes = draw_sizes(pools)
     for task, every in pools.items():
         chosen = draw(every, sizes[task])
-        fields = task_spec_fields(task, data) if not chosen[0].multiple_choice else {}
-        lines = [json.dumps(doc(i, *fields.get(i.subtask, (None, None))), ensure_ascii=False) for i in chosen]
+        lines = [json.dumps(doc(i), ensure_ascii=False) for i in chosen]
         text = "\n".join(lines) + "\n"
         (tmp / f"{TASK_PREFIX}{task}.jsonl").write_text(text)
         tasks[task] = {"kind": "multiple_choice" if chosen[0].multiple_choice else "generate",

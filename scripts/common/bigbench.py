@@ -34,10 +34,11 @@ from pathlib import Path
 
 from scripts.common import paths
 
-SDIST = "bigbench==1.0.0"
-SDIST_FILE = "bigbench-1.0.0.tar.gz"
+VERSION = "1.0.0"
+SDIST = f"bigbench=={VERSION}"
+SDIST_FILE = f"bigbench-{VERSION}.tar.gz"
 SDIST_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"
-DATA = paths.CACHE / "datasets" / "bigbench-1.0.0"
+DATA = paths.CACHE / "datasets" / f"bigbench-{VERSION}"
 TASKS_MEMBER = "bigbench/benchmark_tasks/"
 LITE_MEMBER = "bigbench/bbseqio/bigbench_lite.py"
 LITE_VERSION = "bigbench_lite_v1"
@@ -63,6 +64,8 @@ class Item:
     scores: tuple[float, ...]  # target_scores of the choices
     targets: tuple[str, ...]  # generative: the accepted answers
     preferred_score: str
+    stop_string: str | None = None  # generative post-processing, as the task.json sets it
+    output_regex: str | None = None
 
     @property
     def id(self) -> str:
@@ -221,4 +224,5 @@ def items(task: str, data: Path | None = None) -> Iterator[Item]:
                 continue
             seen.add(key)
             prompt, choices, scores, targets = format_example(spec, example)
-            yield Item(task, subtask, index, prompt, choices, scores, targets, str(spec.get("preferred_score", "")))
+            yield Item(task, subtask, index, prompt, choices, scores, targets, str(spec.get("preferred_score", "")),
+                       spec.get("stop_string"), spec.get("output_regex"))
