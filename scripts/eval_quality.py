@@ -4,7 +4,7 @@
     python -m scripts.eval_quality smollm2-bf16 --profile fast        # `make eval-quality`
     python -m scripts.eval_quality smollm2-bf16 --profile smoke       # a handful of items (`make eval-smoke`)
     python -m scripts.eval_quality qwen35-4b-awq-ref --profile full --base-url http://127.0.0.1:8000
-    python -m scripts.eval_quality --download-datasets                # `make datasets`: cache task data for offline use
+    python -m scripts.eval_quality --download-datasets                # `make datasets-hub`: cache hub task data
 
 Tasks come from --suite (the suite of record: BIG-bench Lite as drawn by scripts/make_bigbench_tasks.py, after
 `make datasets`), else --tasks, else the variant's EVAL_TASKS, else MMLU-Pro, IFEval and GPQA-Diamond. BIG-bench
@@ -41,7 +41,7 @@ from scripts.common.server import ServerError, http_post_json, is_healthy
 from scripts.common.variants import VariantError, load_variant
 
 DEFAULT_TASKS = ("mmlu_pro", "ifeval", "gpqa_diamond_cot_zeroshot")
-# task -> (HF dataset, config): what `make datasets` caches. GPQA is gated on the hub: accept its terms, set HF_TOKEN.
+# task -> (HF dataset, config): what `make datasets-hub` caches. GPQA is gated on the hub: accept its terms, set HF_TOKEN.
 TASK_DATASETS = {
     "mmlu_pro": ("TIGER-Lab/MMLU-Pro", None),
     "ifeval": ("google/IFEval", None),
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks = suite["tasks"] if suite else [
             t for t in (args.tasks or variant.resolved.get("EVAL_TASKS") or ",".join(DEFAULT_TASKS)).split(",") if t]
         if missing := missing_datasets(tasks):
-            raise EvalError(f"task data not cached: {'; '.join(missing)}. Run `make datasets` where the hub is "
+            raise EvalError(f"task data not cached: {'; '.join(missing)}. Run `make datasets-hub` where the hub is "
                             f"reachable, or pick offline tasks (--tasks lab_arith_mc,lab_arith_gen,lab_ifeval)")
         limit = args.limit if args.limit is not None else PROFILES[args.profile]
         if isinstance(limit, float) and limit >= 1:

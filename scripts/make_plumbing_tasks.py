@@ -7,7 +7,7 @@ with no network: `lab_arith_mc` (multiple choice by log-likelihood, local-comple
 of generated numbers, local-chat-completions) and `lab_ifeval` (IFEval-format items scored by lm-eval's own IFEval
 checkers, restricted to instructions that need no NLTK data). Their sizes come from the gate's power calculation
 (the N_* sizes below), so a paired 2-point tolerance can be decided on them. Their scores say nothing about a model's quality;
-MMLU-Pro / IFEval / GPQA-Diamond do (`make datasets` where the hub is reachable).
+MMLU-Pro / IFEval / GPQA-Diamond do (`make datasets-hub` where the hub is reachable).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Text corpora for parity metrics and calibration, each with a name and a SHA-256 of its exact text.
 
-- `wikitext2`: the Wikitext-2 raw test split, when `make datasets` has cached it (HF datasets, offline read).
+- `wikitext2`: the Wikitext-2 raw test split, when `make datasets-hub` has cached it (HF datasets, offline read).
 - `cpython-docs`: an offline corpus this project assembles from the running CPython's own documentation strings of a
   fixed list of standard-library modules, plus its license text. Real English technical prose, available everywhere;
   its hash depends on the Python version, which is part of its name.
@@ -75,7 +75,7 @@ def cpython_docs() -> Corpus:
 
 
 def dataset_cached(path: str, name: str | None = None) -> bool:
-    """Whether `make datasets` left this HF dataset in the local datasets cache (checked without the network)."""
+    """Whether `make datasets-hub` left this HF dataset in the local datasets cache (checked without the network)."""
     import datasets
 
     d = Path(datasets.config.HF_DATASETS_CACHE) / path.replace("/", "___")
@@ -86,7 +86,7 @@ def wikitext2() -> Corpus:
     import datasets
 
     if not dataset_cached("wikitext", "wikitext-2-raw-v1"):
-        raise CorpusError("wikitext2 is not cached; run `make datasets` where the hub is reachable, "
+        raise CorpusError("wikitext2 is not cached; run `make datasets-hub` where the hub is reachable, "
                           "or use --corpus cpython-docs")
     ds = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split="test")
     return Corpus(name="wikitext-2-raw-v1/test", text="".join(ds["text"]))
