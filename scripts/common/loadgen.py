@@ -1,4 +1,4 @@
-"""Load generation shared by bench_latency and monitor: the versioned prompt set and streamed greedy requests."""
+"""Load generation shared by measure.latency and monitor: the versioned prompt set and streamed greedy requests."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 PERCENTILES = (50, 90, 99)
 # BF16 near-tie: a token the reference rates within this many nats of its own argmax, given the same prefix. Kernel
 # order and batch shape change BF16 rounding (seen here: gaps of 0.125-0.25 nats, one or two BF16 steps of the
-# logits); a wrong computation puts tokens several nats away. Used by the serving tests and scripts.eval_identity.
+# logits); a wrong computation puts tokens several nats away. Used by the serving tests and scripts.measure.identity.
 TIE_NATS = 0.5
 
 

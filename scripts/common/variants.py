@@ -32,9 +32,9 @@ KEYS: dict[str, str] = {
     "SOURCE": "where MODEL's weights come from: embedded | embedded:gemma3-270m | <org>/<repo> (hub) | shape-proxy:<config> | lever",
     "TOKENIZER": "tokenizer directory or hub id when it differs from MODEL",
     "BENCH_MODELS": "model names the latency bench spreads its requests over, round-robin (LoRA adapters by name)",
-    "ENGINE": "the server that serves MODEL: vllm (default) | llamacpp | sglang (scripts/common/engines.py)",
-    "GGUF_TYPE": "llama.cpp tensor type of a GGUF export: BF16 | F16 | Q8_0 | Q4_K_M | … (read by scripts.export_gguf)",
-    "DRAFT_LAYERS": "decoder layers of PARENT a layer-truncated draft model keeps (scripts.make_draft_model)",
+    "ENGINE": "the server that serves MODEL: vllm (default) | llamacpp | sglang (ENGINE_KEYS below)",
+    "GGUF_TYPE": "llama.cpp tensor type of a GGUF export: BF16 | F16 | Q8_0 | Q4_K_M | … (read by scripts.levers.gguf.export)",
+    "DRAFT_LAYERS": "decoder layers of PARENT a layer-truncated draft model keeps (scripts.levers.speculate.draft)",
 }
 # Key families: a prefix and what the rest of the key means.
 PREFIXES: dict[str, str] = {
@@ -44,11 +44,15 @@ PREFIXES: dict[str, str] = {
     "ENV_": "an environment variable of the server process: ENV_VLLM_CPU_KVCACHE_SPACE=4",
     "GATE_": "a parity tolerance against the reference variant (read by the quality gate)",
     "EVAL_": "an evaluation option (read by eval/ drivers)",
-    "CALIBRATE_": "a quantization lever option (read by scripts.llmcompressor_calibrate)",
-    "REDISTILL_": "a draft-head distillation option (read by scripts.redistill_mtp)",
-    "LORA_": "a LoRA adapter option (scripts/common/lora.py: read by scripts.train_lora and scripts.merge_lora)",
-    "PRUNE_": "a vocabulary-pruning option (read by scripts.prune_vocab_v2): PRUNE_KEEP=32768 output rows kept",
+    "CALIBRATE_": "a quantization lever option (read by scripts.levers.quantize.calibrate)",
+    "REDISTILL_": "a draft-head distillation option (read by scripts.levers.speculate.redistill)",
+    "LORA_": "a LoRA adapter option (scripts/levers/lora/adapters.py: read by scripts.levers.lora.train and scripts.levers.lora.merge)",
+    "PRUNE_": "a vocabulary-pruning option (read by scripts.levers.vocab.prune): PRUNE_KEEP=32768 output rows kept",
 }
+# The engines a variant can name (ENGINE=) and the key family of each one's own flags; the first is the default.
+# scripts/common/engines.py says how to reach each one, scripts/serve/command.py how to start it.
+ENGINE_KEYS: dict[str, str] = {"vllm": "SERVE_", "llamacpp": "LLAMACPP_", "sglang": "SGLANG_"}
+DEFAULT_ENGINE = next(iter(ENGINE_KEYS))
 MAX_SPECULATIVE_TOKENS = 16  # K: draft tokens verified per step
 REQUIRED = ("MODEL", "BASE")
 
@@ -61,7 +65,7 @@ PLATFORM_DEFAULTS: dict[str, dict[str, str]] = {
         "SERVE_GPU_MEMORY_UTILIZATION": "0.5",
         "SERVE_DTYPE": "bfloat16",
         # Compiled mode (torch.compile), chosen by test and speed: it passes the teacher-forced greedy-parity test
-        # (tests/test_serve_integration.py: every token of 4 concurrent chats within a BF16 near-tie of transformers'
+        # (tests/serve/test_serve_integration.py: every token of 4 concurrent chats within a BF16 near-tie of transformers'
         # choice; 16 prompts x 48 tokens at c=8 gave at most 0.125 nats) and decodes 1.37-1.43x faster than eager at c=1
         # (results/cpu-compiled-mode vs experiments/smollm2-bf16 records). Its answer that looked like garbage
         # ("L'Etoile, la Marseillaise..." for the capital of France) starts with a token transformers rates 0.25 nats
@@ -202,6 +206,27 @@ class Variant:
         return int(self.resolved.get("SERVE_MAX_NUM_SEQS", 8))
 
     @property
+    def engine(self) -> str:
+        """The engine that serves MODEL: ENGINE, else vLLM (check_engine says whether it can)."""
+        return self.resolved.get("ENGINE", DEFAULT_ENGINE)
+
+    def check_engine(self) -> None:
+        """ENGINE names a known engine, and config.env holds no flags of another engine (written for vLLM, they
+        would silently do nothing under llama.cpp)."""
+        if self.engine not in ENGINE_KEYS:
+            raise VariantError(f"{self.path}/config.env: ENGINE={self.engine!r}; valid engines: {', '.join(ENGINE_KEYS)}")
+        prefix = ENGINE_KEYS[self.engine]
+        foreign = sorted(k for k in self.settings if k.startswith(tuple(ENGINE_KEYS.values())) and not k.startswith(prefix))
+        if foreign:
+            raise VariantError(f"{self.path}/config.env: ENGINE={self.engine} reads {prefix}* flags, not "
+                               f"{', '.join(foreign)}")
+
+    def engine_settings(self) -> dict[str, str]:
+        """The engine's own flag keys without their family prefix, as written (LLAMACPP_N_CTX=4096 -> N_CTX: 4096)."""
+        prefix = ENGINE_KEYS[self.engine]
+        return {k[len(prefix):]: v for k, v in self.resolved.items() if k.startswith(prefix)}
+
+    @property
     def is_shape_proxy(self) -> bool:
         return self.resolved.get("SHAPE_PROXY") == "1"
 
@@ -274,6 +299,17 @@ def load_variant(
         found, _missing = cpu_preload()
         resolved["ENV_LD_PRELOAD"] = ":".join(found)
     return Variant(name=name, path=path.parent, settings=settings, resolved=resolved, target=target)
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    """`--set KEY=VALUE` arguments → {KEY: VALUE}."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise VariantError(f"--set {item!r}: expected KEY=VALUE")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
 
 
 def cpu_preload() -> tuple[list[str], list[str]]:

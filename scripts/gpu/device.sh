@@ -19,7 +19,7 @@
 #   SET="…" [ONLY="tag …"] bash scripts/gpu/device.sh profile   # decode-step profiles of running servers (below)
 #   bash scripts/gpu/device.sh stop             # stop every server `start` left running
 #   [BAKE_ARGS="--device-name 'NVIDIA H200'"] bash scripts/gpu/device.sh bake V [V ...]   # build weights, then
-#                                               # scripts.bake_cache V --measure-warm for each (cold start with empty
+#                                               # scripts.levers.cache.bake V --measure-warm for each (cold start with empty
 #                                               # caches, warm-up, pack, warm start from the tarball); tarballs in
 #                                               # /root/bake/<V><BAKE_TAG>.tar.gz, records + logs as $OUT/bake.tar (and
 #                                               # in /root/bake/results: run it under setsid to outlive the call)
@@ -52,17 +52,17 @@ ready() { grep -q "^ready:" "$RUN/$1.serve" 2>/dev/null; }
 cfg() { sed -n "s/^$2=//p" "experiments/$1/config.env"; }
 # MODEL of variant $1 if missing, its PARENT's first: a lever variant is pruned (PRUNE_KEEP) or calibrated; any other
 # is materialized by download_weights (shape proxy). The repo root is on PYTHONPATH: vLLM's processes import the
-# project's model plugin (scripts.pruned_vocab_model) through the entry point written by `setup`.
+# project's model plugin (scripts.levers.vocab.plugin) through the entry point written by `setup`.
 build() {
   local v=$1 parent; [ -d "$(cfg $v MODEL)" ] && return 0
   parent=$(cfg $v PARENT); [ -n "$parent" ] && { build "$parent" || return 1; }
   local t=$(date +%s)
   if [ -n "$(cfg $v PRUNE_KEEP)" ]; then
-    timeout 600 python3 -m scripts.prune_vocab_v2 "$v" --timing-repeat ${PRUNE_TIMING_REPEAT:-20} 2>&1 | tail -4
+    timeout 600 python3 -m scripts.levers.vocab.prune "$v" --timing-repeat ${PRUNE_TIMING_REPEAT:-20} 2>&1 | tail -4
   elif [ "$(cfg $v SOURCE)" = lever ]; then  # llm-compressor's own pins first; pydantic & co. from the vLLM bundle
-    PYTHONPATH=$QUANT:$EXTRA:$SITE timeout 400 python3 -m scripts.llmcompressor_calibrate --variant "$v" 2>&1 | tail -5
+    PYTHONPATH=$QUANT:$EXTRA:$SITE timeout 400 python3 -m scripts.levers.quantize.calibrate --variant "$v" 2>&1 | tail -5
   else
-    timeout 300 python3 -m scripts.download_weights --for-variant "$v"
+    timeout 300 python3 -m scripts.weights.download --for-variant "$v"
   fi
   [ -d "$(cfg $v MODEL)" ] && echo "built $v in $(( $(date +%s) - t )) s" || { echo "weights for $v failed"; return 1; }
 }
@@ -130,7 +130,7 @@ PY
       mkdir -p "$OUT/$v"
       # A start that hangs (seen once with a tiny Llama) gets its Python stacks dumped (faulthandler, SIGABRT) into the
       # server log before the bench is stopped; BENCH_LIMIT seconds per variant.
-      python3 -m scripts.bench_latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v" & pid=$!
+      python3 -m scripts.measure.latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v" & pid=$!
       ( sleep "${BENCH_LIMIT:-420}"; kill -0 $pid 2>/dev/null || exit 0; echo "bench $v hung: dumping stacks"
         pkill -ABRT -f "vllm[.]entrypoints|VLLM::|vllm serve"; sleep 5; kill $pid ) & dog=$!
       wait $pid; rc=$?; pkill -P $dog 2>/dev/null; kill $dog 2>/dev/null
@@ -185,10 +185,10 @@ PY
         echo "== $tag (round $round) $(date +%T)"
         # the bench warms up with 2 requests at c=1; the first c=8 batch of an MTP server stalled 1.8-3.2 s (one-time
         # compilation for the batched shapes, 2026-11-22): PREWARM=1 sends one c=8 round first (record discarded)
-        [ -n "${PREWARM:-}" ] && timeout 120 python3 -m scripts.bench_latency "$v" --base-url http://127.0.0.1:$port \
+        [ -n "${PREWARM:-}" ] && timeout 120 python3 -m scripts.measure.latency "$v" --base-url http://127.0.0.1:$port \
           --concurrency 8 --modes fixed --limit 8 --max-tokens-cap 32 "${vs[@]}" "${xs[@]}" --out-dir $RUN/prewarm/$tag \
           < /dev/null | grep -E "^fixed|error"
-        timeout ${BENCH_LIMIT:-240} python3 -m scripts.bench_latency "$v" --base-url http://127.0.0.1:$port \
+        timeout ${BENCH_LIMIT:-240} python3 -m scripts.measure.latency "$v" --base-url http://127.0.0.1:$port \
           --concurrency 1,8 --modes fixed ${BENCH_ARGS:-} "${vs[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null || echo "bench $tag failed ($?)"
       else
         echo "== $tag never became healthy"
@@ -205,7 +205,7 @@ PY
     stop_servers; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   profile)
     # SET="…the start SET, with SERVE_PROFILER_CONFIG…" [CONCURRENCY=1,8] [PROFILE_ARGS=…] bash scripts/gpu/device.sh profile
-    # The servers `start` left running, profiled one after another (scripts/profile_matrix.sh, scripts.profile_model
+    # The servers `start` left running, profiled one after another (scripts/measure/profile_matrix.sh, scripts.measure.profile
     # at c=1,8); records + markdown tables come back as $OUT/${TAR:-profile}.tar, raw traces stay in the profiler's
     # folder here. The servers keep running: `measure` afterwards benches and stops them.
     export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
@@ -216,7 +216,7 @@ PY
     done < $RUN/servers
     # ONLY="tag …": profile just those servers (the others keep running for `measure`)
     awk -v only="${ONLY:-}" 'only == "" || index(" " only " ", " " $1 " ")' $RUN/servers > $RUN/servers.profile
-    SERVERS=$RUN/servers.profile OUT_DIR=$res PYTHON=python3 bash scripts/profile_matrix.sh || echo "profile: some failed"
+    SERVERS=$RUN/servers.profile OUT_DIR=$res PYTHON=python3 bash scripts/measure/profile_matrix.sh || echo "profile: some failed"
     tar cf $OUT/${TAR:-profile}.tar -C $res . && ls -lR $res | head -40
     du -sh /root/run/prof* 2>/dev/null; echo "profile $(( $(date +%s) - t0 )) s" ;;
   bake)
@@ -229,7 +229,7 @@ PY
     for v in "$@"; do
       echo "== $v $(date +%T)"; build "$v" || continue
       # BAKE_ARGS is split like a command line (eval): --device-name 'NVIDIA H200' keeps its quotes
-      eval "timeout ${BAKE_LIMIT:-900} python3 -m scripts.bake_cache $v --out /root/bake/$v${BAKE_TAG:-}.tar.gz ${BAKE_ARGS:---measure-warm}" \
+      eval "timeout ${BAKE_LIMIT:-900} python3 -m scripts.levers.cache.bake $v --out /root/bake/$v${BAKE_TAG:-}.tar.gz ${BAKE_ARGS:---measure-warm}" \
         || echo "bake $v failed ($?)"
       cp -r results/cold-start-cuda-* /root/bake/results/ 2>/dev/null
     done
@@ -240,8 +240,8 @@ PY
     python3 - "$1" "$2" <<'PY'
 import datetime as dt, json, os, subprocess, sys
 from pathlib import Path
-from scripts.bake_cache import timed_start
-from scripts.common.compile_cache import IMPORTS, cache_env, import_cache, now_stamp, read_manifest
+from scripts.levers.cache.bake import timed_start
+from scripts.serve.compile_cache import IMPORTS, cache_env, import_cache, now_stamp, read_manifest
 from scripts.common.records import git_state, hardware, versions
 from scripts.common.variants import load_variant
 

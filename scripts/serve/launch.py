@@ -1,0 +1,87 @@
+"""Start a variant's server (its engine's command from scripts/serve/command.py), or use one already running: what
+`make serve`, the measurements and the levers that need answers share."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError, read_checkpoint
+from scripts.common.engines import engine_of
+from scripts.common.server import Server, ServerError, is_healthy
+from scripts.common.variants import Variant, build_target, cpu_preload, head_dir
+from scripts.serve.command import serve_argv
+
+
+def check_model_present(variant: Variant) -> None:
+    model = variant.resolved["MODEL"]
+    if not model.startswith("weights/"):
+        return
+    path = paths.ROOT / model
+    if not path.exists():
+        raise CheckpointError(f"{model} does not exist: run `make weights VARIANT={variant.name}` "
+                              f"(or `make {build_target(variant.resolved)} VARIANT={variant.name}` for a lever-built variant)")
+    if path.is_file():  # a GGUF file (llama.cpp): its engine reads and checks it
+        return
+    read_checkpoint(path)  # files present, config parses, shards whole; full checks: scripts.weights.verify
+    check_head(variant)
+
+
+def check_head(variant: Variant) -> None:
+    """A draft head under weights/ exists and was built for this target's shapes and vocabulary."""
+    head = head_dir(variant)
+    if head is None:
+        return
+    if not (head / "config.json").exists():
+        make = "draft" if json.loads(variant.resolved["SERVE_SPECULATIVE_CONFIG"])["method"] == "draft_model" else "redistill"
+        raise CheckpointError(f"{paths.shown(head)} does not exist: run `make {make} VARIANT={variant.name}`")
+    cfg = json.loads((head / "config.json").read_text())
+    layer = cfg.get("transformer_layer_config", cfg)  # an EAGLE head's layer config, else a draft model's own
+    target = json.loads((Path(variant.model) / "config.json").read_text())
+    built = json.loads((head / "PROVENANCE.json").read_text()).get("target", "?") if (head / "PROVENANCE.json").exists() else "?"
+    for what, mine, theirs in (("hidden size", layer.get("hidden_size"), target.get("hidden_size")),
+                               ("vocabulary", layer.get("vocab_size"), target.get("vocab_size"))):
+        if mine != theirs:
+            raise CheckpointError(f"{paths.shown(head)} was built for {built} ({what} {mine}); {variant.name} serves "
+                                  f"{variant.resolved['MODEL']} ({what} {theirs})")
+
+
+def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, log_path: Path | None = None) -> Server:
+    """The variant's server, not started: its engine and flags checked first (vLLM's against vLLM), then the weights."""
+    engine = engine_of(variant)
+    check_model_present(variant)
+    argv = serve_argv(variant, host=host, port=port, api_key=api_key)
+    if engine.name == "vllm" and variant.settings.get("ENV_LD_PRELOAD", "auto") == "auto" and variant.target == "cpu":
+        for hint in cpu_preload()[1]:
+            print(f"warning: not preloaded, {hint}: vLLM on CPU runs slower without it", file=sys.stderr)
+    url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return Server(argv=argv, base_url=f"http://{url_host}:{port}", env=variant.env(), log_path=log_path,
+                  health_path=engine.health_path)
+
+
+@contextmanager
+def variant_server(variant: Variant, *, base_url: str | None, port: int, purpose: str) -> Iterator[tuple[str, Server | None]]:
+    """Yield (base_url, server): a healthy running server at base_url, or one started on 127.0.0.1:port (log in
+    .cache/<purpose>-<variant>.log) and stopped, whole process group, when the block exits."""
+    if base_url:
+        base_url = base_url.rstrip("/")
+        health = engine_of(variant).health_path
+        if not is_healthy(base_url, path=health):
+            raise ServerError(f"no healthy server at {base_url} (GET {health} failed)")
+        yield base_url, None
+        return
+    log = paths.CACHE / f"{purpose}-{variant.name}.log"
+    log.parent.mkdir(exist_ok=True)
+    server = make_server(variant, host="127.0.0.1", port=port, api_key=None, log_path=log)
+    print(f"starting {variant.name}; server log {log}", flush=True)
+    server.start()
+    try:
+        server.wait_healthy()
+        print(f"healthy after {server.startup_s:.1f} s", flush=True)
+        yield server.base_url, server
+    finally:
+        server.stop()

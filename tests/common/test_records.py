@@ -1,0 +1,195 @@
+"""The atomic record writer, the schema checker and the comparison report (no server)."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import os
+
+import pytest
+
+from scripts.common import records
+from scripts.common.gate import Criterion
+from scripts.common.metrics import RequestSample, summarize
+from scripts.common.variants import load_variant
+from scripts.report import compare
+from scripts.report import schemas as check_schemas
+
+
+def make_record(variant="smollm2-bf16", tput_scale=1.0, ladder=None) -> dict:
+    v = load_variant(variant, target="cpu")
+    rec = records.envelope("latency", v, command=["python", "-m", "scripts.measure.latency", variant], server_command=["vllm"])
+    s = RequestSample("p0", ok=True, start_s=0, end_s=1.0 / tput_scale, prompt_tokens=5, output_tokens=10, ttft_s=0.1,
+                      itl_s=[0.1] * 9)
+    rec["inputs"] = {"prompt_set": "latency-v1.jsonl", "prompt_set_sha256": "a" * 64, "num_prompts": 1,
+                     "modes": ["fixed"], "concurrency": [1], "ladder_id": ladder}
+    rec["samples"] = [{"mode": "fixed", "concurrency": 1, "requests": [s.to_json()]}]
+    rec["summary"] = {"fixed": {"1": summarize([s])}}
+    rec["startup_s"], rec["server_metrics"], rec["duration_s"] = 1.0, {"available": False}, 1.0
+    rec["model"] = {"model": "weights/x", "weight_bytes": 1000, "quantization": None}
+    return rec
+
+
+def test_atomic_writer_names_and_never_overwrites(tmp_path):
+    when = records.now_utc()
+    p1 = records.write_record({"a": 1}, tmp_path, "latency", when=when)
+    p2 = records.write_record({"a": 2}, tmp_path, "latency", when=when)
+    assert p1.name == f"latency_{when:%Y%m%d-%H%M%S}.json" and p2 != p1
+    assert json.loads(p1.read_text()) == {"a": 1}
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+
+
+def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
+    def boom(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(KeyboardInterrupt):
+        records.write_record({"a": 1}, tmp_path, "latency")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_valid_record_passes_schema(tmp_path):
+    path = records.write_record(make_record(), tmp_path, "latency")
+    assert check_schemas.check_file(path) == []
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda r: r["summary"]["fixed"]["1"].pop("median_ttft_ms"), "summary/fixed/1"),
+    (lambda r: r["git"].update(commit="abc"), "git/commit"),
+    (lambda r: r.update(status="failed"), "failure"),
+    (lambda r: r["summary"]["fixed"]["1"].update(output_throughput=-1), "summary/fixed/1/output_throughput"),
+    (lambda r: r["inputs"].update(modes=["turbo"]), "inputs/modes/0"),
+    (lambda r: r.pop("hardware"), "(top level)"),
+])
+def test_hand_edited_record_fails_with_file_and_field(tmp_path, edit, field):
+    rec = copy.deepcopy(make_record())
+    edit(rec)
+    path = records.write_record(rec, tmp_path, "latency")
+    errors = check_schemas.check_file(path)
+    assert errors and str(path) in errors[0] and field in " ".join(errors), errors
+
+
+def test_not_json(tmp_path):
+    p = tmp_path / "latency_20260101-000000.json"
+    p.write_text("{")
+    assert "not valid JSON" in check_schemas.check_file(p)[0]
+
+
+def test_committed_records_are_valid():
+    assert check_schemas.main([]) == 0
+
+
+def test_compare_ratio_back_to_back_and_excludes_failed(tmp_path):
+    exp = tmp_path / "experiments"
+    base = make_record("smollm2-bf16", 1.0, ladder="L1")
+    fast = make_record("smollm2-bf16", 2.0, ladder="L1")
+    fast["variant"], fast["config"]["PARENT"] = "smollm2-fast", "smollm2-bf16"
+    bad = make_record("smollm2-bf16", 3.0)
+    bad["variant"], bad["status"], bad["failure"] = "smollm2-broken", "failed", "2 of 16 requests failed"
+    for rec in (base, fast, bad):
+        records.write_record(rec, exp / rec["variant"], "latency")
+    missing = compare.Judged("missing", [Criterion("GATE_MAX_MEAN_KLD", 0.05, "max", detail="no parity record")])
+    text, rows = compare.build_report(records.all_records("latency", exp),
+                                      {"smollm2-bf16": compare.Judged("reference"), "smollm2-fast": missing,
+                                       "smollm2-broken": missing})
+    line = next(x for x in text.splitlines() if x.startswith("| smollm2-fast"))
+    assert "| 2.00 |" in line and "| yes |" in line and "missing: GATE_MAX_MEAN_KLD |" in line
+    assert "c=1: none certified" in text and "- smollm2-fast (2.00×): missing GATE_MAX_MEAN_KLD" in text
+    assert "smollm2-broken (" in text and "2 of 16 requests failed" in text
+    assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out")]) == 0
+    assert list((tmp_path / "out").glob("compare_*.png"))
+
+
+def test_compare_keeps_each_hardware_newest_record(tmp_path):
+    """A variant measured on a CPU and later on a GPU appears in both tables, each with its own newest record."""
+    exp = tmp_path / "experiments"
+    cpu = make_record("smollm2-bf16", 1.0)
+    gpu = make_record("smollm2-bf16", 50.0)
+    gpu["hardware"]["gpu"] = {"name": "NVIDIA H100 80GB HBM3", "memory": "81559 MiB", "driver": "1", "count": 1}
+    records.write_record(cpu, exp / "smollm2-bf16", "latency", when=records.now_utc())
+    records.write_record(gpu, exp / "smollm2-bf16", "latency",
+                         when=records.now_utc() + dt.timedelta(seconds=5))
+    text, rows = compare.build_report(records.all_records("latency", exp), {"smollm2-bf16": compare.Judged("reference")})
+    assert "## NVIDIA H100 80GB HBM3 x1" in text and len([r for r in rows if r["variant"] == "smollm2-bf16"]) == 2
+
+
+def test_compare_names_the_fastest_certified_variant_per_level(tmp_path):
+    """The fastest variant is inconclusive: the winner is the fastest *certified* one, with its evidence lines."""
+    exp = tmp_path / "experiments"
+    recs = {"smollm2-bf16": make_record("smollm2-bf16", 1.0, ladder="L"),
+            "smollm2-a": make_record("smollm2-bf16", 1.5, ladder="L"),
+            "smollm2-b": make_record("smollm2-bf16", 3.0, ladder="L")}
+    for name, rec in recs.items():
+        if name != "smollm2-bf16":
+            rec["variant"], rec["config"]["PARENT"] = name, "smollm2-bf16"
+        records.write_record(rec, exp / name, "latency")
+    kld = Criterion("GATE_MAX_MEAN_KLD", 0.05, "max", value=0.02, lo=0.018, hi=0.022, status="pass")
+    top1 = Criterion("GATE_MIN_TOP1", 0.9, "min", value=0.9, lo=0.89, hi=0.91, status="inconclusive",
+                     decide="≈24320 tokens would decide it")
+    judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-a": compare.Judged("pass", [kld]),
+              "smollm2-b": compare.Judged("inconclusive", [kld, top1])}
+    text, rows = compare.build_report(records.all_records("latency", exp), judged)
+    assert "Fastest at certified parity, c=1: smollm2-a** — 1.50× smollm2-bf16" in text
+    assert "- PASS         GATE_MAX_MEAN_KLD = 0.02 [0.018, 0.022]" in text
+    assert "- smollm2-b: inconclusive GATE_MIN_TOP1 = 0.9 [0.89, 0.91] — ≈24320 tokens would decide it" in text
+    assert compare.plot_pareto(rows, judged, tmp_path / "p.png") and (tmp_path / "p.png").stat().st_size > 0
+    # a certified variant slower than BF16 is never "the fastest": the reference is
+    judged["smollm2-b"] = compare.Judged("fail", [kld])
+    rows_slow = [{**r, "vs_base": {"1": 0.5}} if r["variant"] == "smollm2-a" else r for r in rows]
+    assert "c=1: the BF16 reference** — no certified variant is faster (the fastest certified, smollm2-a, runs at " \
+           "0.50×" in "\n".join(compare.winner_lines([r for r in rows_slow if r["base"]], judged))
+
+
+def test_pareto_front():
+    pts = [(1.6, 0.015), (1.5, 0.03), (1.05, 0.04), (2.0, 0.3), (0.9, 0.01)]
+    assert compare.pareto_front(pts) == [(0.9, 0.01), (1.6, 0.015), (2.0, 0.3)]
+
+
+def test_quality_v2_lm_eval_record_needs_per_item_outcomes(tmp_path):
+    rec = records.envelope("quality", load_variant("smollm2-bf16", target="cpu"), command=["x"], server_command=None)
+    rec["inputs"] = {"kind": "lm-eval", "tasks": ["t"], "profile": "full", "limit": None, "plumbing": True,
+                     "lm_eval": "0.4.13", "task_meta": {"t": {"version": "2.0", "metric": "acc", "n": 1,
+                                                              "items_sha256": "a" * 64}}}
+    rec["summary"] = {"tasks": {"t": {"acc": 1.0, "n": 1}}}
+    rec["samples"] = [{"task": "t", "doc_id": 0, "item_id": "q0", "score": 1.0, "metrics": {"acc": 1.0}}]
+    assert check_schemas.check_file(records.write_record(rec, tmp_path, "quality")) == []
+    del rec["samples"][0]["item_id"]
+    errors = check_schemas.check_file(records.write_record(rec, tmp_path, "quality"))
+    assert errors and "item_id" in errors[0]
+
+
+def test_compare_certifies_only_through_a_certified_reference():
+    """A passing lossless variant on an inconclusive parent is inconclusive against BF16; on a passing parent it
+    passes; the reference itself and a failing variant keep their verdicts."""
+    from scripts.report.compare import Judged, chain
+
+    configs = {"b": {}, "q": {"PARENT": "b"}, "q-spec": {"PARENT": "q"}, "ok": {"PARENT": "b"},
+               "ok-spec": {"PARENT": "ok"}, "bad": {"PARENT": "b"}}
+    judged = {"b": Judged("reference"), "q": Judged("inconclusive"), "q-spec": Judged("pass"), "ok": Judged("pass"),
+              "ok-spec": Judged("pass"), "bad": Judged("fail")}
+    out = chain(judged, configs)
+    assert out["q-spec"].verdict == "inconclusive" and "reference q is inconclusive" in out["q-spec"].note
+    assert [out[v].verdict for v in ("b", "q", "ok", "ok-spec", "bad")] == ["reference", "inconclusive", "pass", "pass", "fail"]
+
+
+def test_compare_names_one_winner_across_engines(tmp_path):
+    """Per engine, then across engines: a certified llama.cpp peer faster than every certified vLLM variant wins the
+    machine's group, each measured against the same BF16 reference."""
+    exp = tmp_path / "experiments"
+    recs = {"smollm2-bf16": make_record("smollm2-bf16", 1.0, ladder="L"),
+            "smollm2-a": make_record("smollm2-bf16", 1.5, ladder="L"),
+            "smollm2-gguf": make_record("smollm2-bf16", 2.0, ladder="L")}
+    recs["smollm2-gguf"]["engine"] = {"name": "llamacpp", "version": "0.3.36"}
+    for name, rec in recs.items():
+        if name != "smollm2-bf16":
+            rec["variant"], rec["config"]["PARENT"] = name, "smollm2-bf16"
+        records.write_record(rec, exp / name, "latency")
+    drop = Criterion("GATE_MAX_SUITE_DROP[bigbench_lite]", 1.0, "max", value=0.1, lo=-0.3, hi=0.5, status="pass")
+    judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-a": compare.Judged("pass", [drop]),
+              "smollm2-gguf": compare.Judged("pass", [drop])}
+    text, _ = compare.build_report(records.all_records("latency", exp), judged)
+    across = text.split("### Across engines")[1]
+    assert "Fastest at certified parity, c=1: smollm2-gguf** — 2.00× smollm2-bf16" in across
+    assert "Fastest at certified parity, c=1: smollm2-a** — 1.50×" in text.split("### Across engines")[0]

@@ -1,0 +1,86 @@
+"""Recipe handling of the llm-compressor entry point: pure parts, no llm-compressor import (it lives in .venv-quant)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts.common import paths
+from scripts.levers.quantize import calibrate as cal
+
+
+def test_group_size_is_the_largest_power_of_two_dividing_the_width():
+    assert cal.group_size_for(576, 128, "q_proj") == 64  # SmolLM2's hidden size
+    assert cal.group_size_for(1536, 128, "down_proj") == 128
+    assert cal.group_size_for(9216, 128, "down_proj") == 128  # Qwen3.5-4B's MLP width
+    with pytest.raises(cal.CalibrateError, match="layer odd: input width 100 has no power-of-two group size"):
+        cal.group_size_for(100, 128, "odd")
+
+
+def test_config_groups_split_by_group_size_and_name_layers_exactly():
+    recipe, _ = cal.load_recipe("awq-w4a16")
+    layers = {"model.layers.0.self_attn.q_proj": 576, "model.layers.0.mlp.down_proj": 1536}
+    groups, ignore = cal.config_groups(recipe, layers)
+    sizes = {g["weights"]["group_size"]: g["targets"] for g in groups.values()}
+    assert sizes == {128: [r"re:^model\.layers\.0\.mlp\.down_proj$"], 64: [r"re:^model\.layers\.0\.self_attn\.q_proj$"]}
+    assert ignore == []
+
+
+def test_single_group_targets_linear_and_keeps_model_aware_ignores():
+    recipe, _ = cal.load_recipe("int8-w8a8")
+    groups, ignore = cal.config_groups(recipe, {"a.q_proj": 576, "a.down_proj": 1536})
+    assert groups["group_0"]["targets"] == ["Linear"] and "group_size" not in groups["group_0"]["weights"]
+    assert "re:.*lm_head$" in ignore and "re:.*mtp.*" in ignore and "re:.*linear_attn.*" in ignore and \
+        "re:.*visual.*" in ignore
+
+
+def test_mlp_scope_and_lm_head_recipe():
+    mlp, _ = cal.load_recipe("awq-w4a16-mlp")
+    groups, _ = cal.config_groups(mlp, {"m.mlp.up_proj": 2560})
+    assert groups["group_0"]["targets"] == [f"re:{cal.MLP_TARGET.pattern}"]
+    w4lm, _ = cal.load_recipe("w4lm")
+    _, ignore = cal.config_groups(w4lm, {"m.mlp.up_proj": 1536})
+    assert not any("lm_head" in p for p in ignore)
+
+
+def test_every_recipe_loads_and_unknown_is_refused():
+    for path in sorted((paths.ROOT / "scripts" / "levers" / "quantize" / "recipes").glob("*.yaml")):
+        recipe, sha = cal.load_recipe(path.stem)
+        assert recipe["algorithm"] in cal.ALGORITHMS and len(sha) == 64
+    with pytest.raises(cal.CalibrateError, match="unknown recipe 'nope'; known: awq-w4a16"):
+        cal.load_recipe("nope")
+
+
+def test_cli_refuses_existing_output(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    assert cal.main(["int8-w8a8", "--model", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    assert "exists; remove it first" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_source_that_fails_verification(tmp_path, capsys):
+    assert cal.main(["int8-w8a8", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 1
+    assert "no such checkpoint directory" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_set_overrides_nested_fields_without_touching_the_recipe():
+    recipe, _ = cal.load_recipe("gptq-w4a16")
+    out = cal.apply_overrides(recipe, ["weights.group_size=32", "weights.symmetric=false", "scope=mlp"])
+    assert out["weights"]["group_size"] == 32 and out["weights"]["symmetric"] is False and out["scope"] == "mlp"
+    assert recipe["weights"]["group_size"] == 128 and "scope" not in recipe  # a copy, not the loaded recipe
+
+
+@pytest.mark.parametrize("item, message", [
+    ("foo=1", "expected KEY=VALUE with KEY one of"),
+    ("weights.group_size", "expected KEY=VALUE"),
+    ("weights.a.b=1", "expected KEY=VALUE"),
+    ("scope.x=1", "scope is not a mapping"),
+    ("algorithm=magic", "algorithm must be one of"),
+])
+def test_bad_set_is_refused_with_one_line(item, message):
+    recipe, _ = cal.load_recipe("awq-w4a16-mlp")
+    with pytest.raises(cal.CalibrateError, match=message):
+        cal.apply_overrides(recipe, [item])
+
+
+def test_bad_set_fails_before_any_work(embedded_weights, tmp_path, capsys):
+    assert cal.main(["awq-w4a16", "--model", str(embedded_weights), "--out", str(tmp_path / "o"), "--set", "bogus=1"]) == 1
+    assert "bogus=1" in capsys.readouterr().err and not (tmp_path / "o").exists()

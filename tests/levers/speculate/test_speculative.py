@@ -1,0 +1,150 @@
+"""Speculative decoding: the prompt set's splits, variant and head checks, identity and distillation logic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts.common import paths, variants
+from scripts.common.checkpoint import CheckpointError
+from scripts.levers.speculate import prompts as make_spec_prompts
+from scripts.levers.speculate import redistill as redistill_mtp
+from scripts.measure import identity as eval_identity
+from scripts.serve import launch
+
+
+def rows(split: str) -> list[dict]:
+    return [json.loads(x) for x in (paths.EVAL / "prompts" / f"spec-v1-{split}.jsonl").read_text().splitlines()]
+
+
+def test_spec_prompts_are_generated_by_the_committed_script():
+    for name, text in make_spec_prompts.render().items():
+        assert (paths.EVAL / "prompts" / name).read_text() == text, f"{name}: run python -m scripts.levers.speculate.prompts"
+
+
+def test_spec_prompt_splits_never_overlap():
+    train, held = rows("train"), rows("eval")
+    assert len(train) + len(held) >= 300 and len(held) >= 100
+    text = lambda r: r["messages"][0]["content"]  # noqa: E731
+    assert not {text(r) for r in train} & {text(r) for r in held}
+    assert not {r["id"] for r in train} & {r["id"] for r in held}
+    # no evaluation prompt rewords a training one: the family (everything after the kind's verb) is never shared
+    for kind, part in (("explain", 0), ("code", -1)):
+        stems = [{text(r).split(" to ")[part] for r in rows if r["group"] == kind} for rows in (train, held)]
+        assert not stems[0] & stems[1]
+    assert {r["group"] for r in held} == {"explain", "list", "code", "writing", "rewrite", "passage-qa"}
+
+
+# ---- speculative variants: config validation, the head check (no server)
+
+
+@pytest.mark.parametrize("value, message", [
+    ('{"method": "eagle3", "num_speculative_tokens": 17}', "integer in 1..16, got 17"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', "integer in 1..16, got 0"),
+    ('{"num_speculative_tokens": 4}', 'JSON object with a "method"'),
+    ('["ngram", 4]', 'JSON object with a "method"'),
+])
+def test_speculative_config_is_checked_with_file_and_line(tmp_path, value, message):
+    (tmp_path / "x-spec").mkdir()
+    (tmp_path / "x-spec" / "config.env").write_text(f"MODEL=weights/x\nBASE=x\n# K\nSERVE_SPECULATIVE_CONFIG={value}\n")
+    with pytest.raises(variants.VariantError, match=f"config.env:4: .*{message}"):
+        variants.load_variant("x-spec", root=tmp_path, target="cpu")
+
+
+def test_head_path_becomes_absolute_for_vllm():
+    v = variants.load_variant("smollm2-bf16-eagle4", target="cpu")
+    spec = json.loads(v.serve_settings()["speculative-config"])
+    assert spec["model"] == str(paths.WEIGHTS / "smollm2-bf16-eagle-head") and spec["num_speculative_tokens"] == 4
+    assert variants.head_dir(variants.load_variant("smollm2-ngram4", target="cpu")) is None
+
+
+def test_missing_or_mismatched_head_is_refused(tmp_path, monkeypatch):
+    target, head = tmp_path / "target", tmp_path / "head"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"hidden_size": 576, "vocab_size": 49152}))
+    v = variants.Variant("x-eagle4", tmp_path, {}, {"MODEL": str(target), "BASE": "x", "SERVE_SPECULATIVE_CONFIG":
+                         json.dumps({"method": "eagle3", "model": "weights/h", "num_speculative_tokens": 4})})
+    monkeypatch.setattr(launch, "head_dir", lambda _v: head)
+    with pytest.raises(CheckpointError, match="make redistill VARIANT=x-eagle4"):
+        launch.check_head(v)
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"transformer_layer_config": {"hidden_size": 960, "vocab_size": 49152}}))
+    (head / "PROVENANCE.json").write_text(json.dumps({"target": "other-bf16"}))
+    with pytest.raises(CheckpointError, match=r"built for other-bf16 \(hidden size 960\); x-eagle4 serves .* \(hidden size 576\)"):
+        launch.check_head(v)
+    (head / "config.json").write_text(json.dumps({"transformer_layer_config": {"hidden_size": 576, "vocab_size": 49152}}))
+    launch.check_head(v)
+
+
+def test_redistill_pure_parts():
+    from collections import Counter
+
+    assert redistill_mtp.aux_layer_ids(30) == [2, 15, 27]  # vLLM's default for SmolLM2's 30 layers
+    freq = Counter({1: 50, 2: 30, 3: 20})
+    assert redistill_mtp.coverage(freq, (1, 2, 3)) == {"1": 0.5, "2": 0.8, "3": 1.0}
+    assert redistill_mtp.pack([300, 300, 100, 600, 50], [0, 1, 2, 3, 4], 512) == [[0], [1, 2], [3], [4]]
+
+
+def test_identity_compare_by_hand():
+    ref = {"id": "a", "ids": [1, 2, 3, 4]}
+    assert eval_identity.compare(ref, {"id": "a", "ids": [1, 2, 3, 4]}, None)["identical"]
+    tie = eval_identity.compare(ref, {"id": "a", "ids": [1, 2, 9, 9]}, [0.0, 0.0, 0.125, 0.0])
+    far = eval_identity.compare(ref, {"id": "a", "ids": [1, 2, 9, 9]}, [0.0, 0.0, 2.5, 0.0])
+    assert tie["first_divergence"] == 2 and tie["near_tie"] and not far["near_tie"]
+    short = eval_identity.compare(ref, {"id": "a", "ids": [1, 2]}, [0.0, 0.0])
+    assert short["first_divergence"] == 2
+    s = eval_identity.summarize_identity([eval_identity.compare(ref, {"id": "a", "ids": [1, 2, 3, 4]}, None), tie, far])
+    assert (s["identical"], s["near_tie_divergences"], s["divergences_beyond_tie"]) == (1, 1, 1)
+    with pytest.raises(eval_identity.IdentityError, match="not teacher-forced"):
+        eval_identity.compare(ref, {"id": "a", "ids": [5]}, None)
+
+
+@pytest.mark.slow
+def test_tiny_eagle_head_serves_and_is_lossless(embedded_server, tmp_path):
+    """`make redistill BUDGET=tiny` end to end (responses from the real server, hidden states, speculators training),
+    then vLLM serves the head (EAGLE-3, K=4) and its greedy token ids equal the reference server's at batch 1 and 4,
+    up to teacher-forced near-ties. A tiny head accepts little: this checks the format and losslessness, not speed."""
+    from tests.conftest import serve
+
+    head = tmp_path / "head"
+    assert redistill_mtp.main(["smollm2-bf16-eagle4", "--budget", "tiny", "--base-url", embedded_server.base_url,
+                               "--out", str(head)]) == 0
+    prov = json.loads((head / "PROVENANCE.json").read_text())
+    assert prov["target"] == "smollm2-bf16" and prov["steps"] == redistill_mtp.BUDGETS["tiny"][2] and prov["curve"]
+    spec = json.dumps({"method": "eagle3", "model": str(head), "num_speculative_tokens": 4})
+    with serve("smollm2-bf16-eagle4", tmp_path, [f"SERVE_SPECULATIVE_CONFIG={spec}", "SERVE_ENFORCE_EAGER=1"]) as s:
+        code = eval_identity.main(["smollm2-bf16-eagle4", "--limit", "4", "--max-tokens", "32", "--concurrency", "1,4",
+                                   "--var-url", s.base_url, "--ref-url", embedded_server.base_url,
+                                   "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("quality_*.json")
+    rec = json.loads(path.read_text())
+    assert code == 0 and rec["summary"]["identity"]["divergences_beyond_tie"] == 0
+    assert rec["summary"]["identity"]["sequences"] == 8
+
+
+def test_truncated_draft_keeps_the_first_layers_and_refuses_bad_counts(tmp_path):
+    """make_draft_model.truncate: layers < N, embedding, norm and tokenizer files kept; config says N; N outside
+    1..layers-1 refused naming the limit."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from scripts.levers.speculate import draft as make_draft_model
+
+    parent, out = tmp_path / "p", tmp_path / "d"
+    parent.mkdir()
+    out.mkdir()
+    (parent / "config.json").write_text(json.dumps({"num_hidden_layers": 3, "hidden_size": 4}))
+    (parent / "tokenizer.json").write_text("{}")
+    save_file({"model.embed_tokens.weight": torch.zeros(8, 4), "model.norm.weight": torch.ones(4),
+               **{f"model.layers.{i}.mlp.up_proj.weight": torch.full((4, 4), float(i)) for i in range(3)}},
+              str(parent / "model.safetensors"))
+    info = make_draft_model.truncate(parent, out, 2)
+    kept = load_file(out / "model.safetensors")
+    assert sorted(kept) == ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight",
+                            "model.layers.1.mlp.up_proj.weight", "model.norm.weight"]
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2 == info["layers"]
+    assert (out / "tokenizer.json").exists()
+    for bad in (0, 3):
+        with pytest.raises(make_draft_model.DraftError, match=r"must lie in 1\.\.2"):
+            make_draft_model.truncate(parent, tmp_path, bad)

@@ -1,0 +1,244 @@
+"""Vocabulary pruning: ranking and coverage (pure logic), keep-list checks, and a pruned variant served by the real
+vLLM server through the project's model plugin (slow)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from scripts.common.metrics import TIE_NATS
+from scripts.levers.vocab import keep as vocab
+from scripts.levers.vocab.analyze import coverage_curve, n_for, rank
+
+
+class FakeToken:
+    def __init__(self, content: str, special: bool = True):
+        self.content, self.special = content, special
+
+
+class FakeTokenizer:
+    """Byte-fallback vocabulary: <pad> <eos> <bos> <unused0>, 256 byte tokens, then words."""
+
+    chat_template = None
+
+    def __init__(self, words: int = 100):
+        self.vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unused0>": 3}
+        self.vocab.update({f"<0x{b:02X}>": 4 + b for b in range(256)})
+        self.vocab.update({f"w{i}": 260 + i for i in range(words)})
+        self.all_special_ids = [0, 1, 2]
+        self.added_tokens_decoder = {0: FakeToken("<pad>"), 1: FakeToken("<eos>"), 2: FakeToken("<bos>"),
+                                     3: FakeToken("<unused0>")}
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def convert_ids_to_tokens(self, ids):
+        inv = {v: k for k, v in self.vocab.items()}
+        return [inv[i] for i in ids]
+
+    def __len__(self):
+        return len(self.vocab)
+
+
+def test_always_kept_specials_and_bytes_not_unused():
+    kept = vocab.always_kept(FakeTokenizer())
+    assert kept["special"] == [0, 1, 2]  # <unused0> is a reserved placeholder, not kept for its own sake
+    assert len(kept["single_byte"]) == 256 and kept["chat_template"] == []
+
+
+def test_rank_puts_always_kept_first_then_shares_then_unseen_by_id():
+    text = Counter({300: 10, 301: 5})
+    gen = Counter({301: 1, 302: 1})  # shares: 301 = 5/15 + 1/2, 300 = 10/15, 302 = 1/2
+    r = rank(310, [text, gen], first=[0, 1])
+    assert r[:5] == [0, 1, 301, 300, 302]
+    assert r[5:] == [t for t in range(310) if t not in (0, 1, 300, 301, 302)]
+    assert sorted(r) == list(range(310))
+
+
+def test_coverage_and_n_for():
+    counts = Counter({5: 90, 6: 9, 7: 1})
+    assert n_for(counts, 0.9) == 1 and n_for(counts, 0.99) == 2 and n_for(counts, 0.999) == 3
+    curve = coverage_curve(counts, [5, 6, 7], [1, 2, 3])
+    assert curve == {1: 0.9, 2: 0.99, 3: 1.0}
+
+
+def write_keep(tmp_path, monkeypatch, tok, ids, n=None, fingerprint=None):
+    monkeypatch.setattr(vocab, "vocab_dir", lambda base: tmp_path)
+    n = n or len(ids)
+    (tmp_path / f"keep-{n}.json").write_text(json.dumps({
+        "tokenizer_sha256": fingerprint or vocab.tokenizer_fingerprint(tok), "kept_ids": ids}))
+    return n
+
+
+def test_keep_list_accepted(tmp_path, monkeypatch):
+    tok = FakeTokenizer()
+    ids = [0, 1, 2, *range(4, 260), 260, 261]
+    n = write_keep(tmp_path, monkeypatch, tok, ids)
+    assert vocab.load_keep_list("fake", n, tok, len(tok))["kept_ids"] == ids
+
+
+@pytest.mark.parametrize("case,message", [
+    ("missing", "does not exist"),
+    ("tokenizer", "another tokenizer"),
+    ("too_big", "larger than the vocabulary"),
+    ("duplicates", "distinct"),
+    ("special", "lacks 1 always-kept tokens (special"),
+    ("byte", "single_byte"),
+])
+def test_keep_list_refused(tmp_path, monkeypatch, case, message):
+    tok = FakeTokenizer()
+    ids = [0, 1, 2, *range(4, 260), 260, 261]
+    if case == "missing":
+        monkeypatch.setattr(vocab, "vocab_dir", lambda base: tmp_path)
+        n = 7
+    elif case == "tokenizer":
+        n = write_keep(tmp_path, monkeypatch, tok, ids, fingerprint="0" * 64)
+    elif case == "too_big":
+        n = write_keep(tmp_path, monkeypatch, tok, ids, n=len(tok) + 1)
+    elif case == "duplicates":
+        n = write_keep(tmp_path, monkeypatch, tok, [*ids[:-1], 260])
+    elif case == "special":
+        n = write_keep(tmp_path, monkeypatch, tok, [i for i in ids if i != 1] + [262])
+    else:
+        n = write_keep(tmp_path, monkeypatch, tok, [i for i in ids if i != 4] + [262])
+    with pytest.raises(vocab.VocabError, match=message.replace("(", r"\(")):
+        vocab.load_keep_list("fake", n, tok, len(tok))
+
+
+def test_plugin_registers_every_base():
+    from vllm import ModelRegistry
+
+    from scripts.levers.vocab.plugin import register
+
+    register()
+    archs = ModelRegistry.get_supported_archs()
+    assert all(vocab.PLUGIN_PREFIX + b in archs for b in vocab.PLUGIN_BASES)
+
+
+def test_plugin_is_an_installed_entry_point():
+    """vLLM finds plugins only through installed entry points (`make install` installs the project editable)."""
+    import importlib.metadata
+
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert any(ep.value == "scripts.levers.vocab.plugin:register" for ep in eps)
+
+
+# ------------------------------------------------------------------------------------------------ real vLLM (slow)
+PRUNED = "smollm2-v16k"
+
+
+@pytest.fixture(scope="module")
+def pruned_server(embedded_weights, tmp_path_factory):
+    from scripts.levers.vocab.prune import prune
+    from tests.conftest import serve
+
+    prune(PRUNED, record_dir=tmp_path_factory.mktemp("prune-record"))
+    with serve(PRUNED, tmp_path_factory.mktemp("serve-pruned"), []) as s:
+        yield s
+
+
+def kept_ids() -> list[int]:
+    from scripts.common import paths
+
+    return json.loads((paths.WEIGHTS / PRUNED / vocab.ID_MAP).read_text())["kept_ids"]
+
+
+@pytest.mark.slow
+def test_pruned_accepts_any_input_text(pruned_server, hf_reference):
+    """Text made of rare and dropped tokens is accepted and tokenized exactly as the parent tokenizes it."""
+    from scripts.common.loadgen import openai_client
+
+    _, tok = hf_reference
+    kept = set(kept_ids())
+    dropped = [i for i in range(len(tok)) if i not in kept and i not in tok.all_special_ids]
+    rng = random.Random(0)
+    client = openai_client(pruned_server.base_url)
+    for _ in range(3):
+        text = tok.decode(rng.sample(dropped, 24))
+        r = client.completions.create(model=PRUNED, prompt=text, max_tokens=8, temperature=0)
+        assert r.usage.prompt_tokens == len(tok(text).input_ids)
+        assert r.usage.completion_tokens > 0
+    r = client.completions.create(model=PRUNED, prompt=rng.sample(dropped, 16), max_tokens=4, temperature=0)
+    assert r.usage.completion_tokens > 0
+
+
+@pytest.mark.slow
+def test_pruned_greedy_equals_parent_where_its_argmax_is_kept(pruned_server, hf_reference):
+    """Teacher-forced on the pruned server's own greedy text: where the parent's argmax is a kept id the server picks
+    it (up to a BF16 near-tie); where it is dropped, the server picks the best kept id."""
+    import torch
+
+    from scripts.common.loadgen import openai_client
+
+    model, tok = hf_reference
+    kept = torch.tensor(kept_ids())
+    kept_set = set(kept.tolist())
+    client = openai_client(pruned_server.base_url)
+    prompts = ["Write a haiku about the sea.", "List three uses of Python's itertools module.",
+               "Explain what a hash table is in two sentences.", "Translate 'good morning' into French and German."]
+    checked = dropped_argmax = 0
+    for p in prompts:
+        r = client.chat.completions.create(model=PRUNED, messages=[{"role": "user", "content": p}], max_tokens=40,
+                                           temperature=0, extra_body={"return_token_ids": True}).model_dump()
+        prompt_ids, out = r["prompt_token_ids"], r["choices"][0]["token_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt_ids + out])).logits[0, len(prompt_ids) - 1:-1].float()
+        lp = torch.log_softmax(logits, -1)
+        for pos, t in enumerate(out):
+            best = int(lp[pos].argmax())
+            if best in kept_set:
+                gap = float(lp[pos, best] - lp[pos, t])
+            else:
+                dropped_argmax += 1
+                gap = float(lp[pos, kept].max() - lp[pos, t])
+            assert gap <= TIE_NATS, f"{p!r} token {pos}: {tok.decode([t])!r} is {gap:.3f} nats below the parent's pick"
+            checked += 1
+    assert checked > 100, checked
+
+
+def test_parity_of_a_pruned_checkpoint_on_a_tiny_model(tmp_path):
+    """eval_parity's pruned path on a 2-layer random Llama: KL over kept ids ~0, argmax coverage and dropped mass
+    as computed directly from the reference's distribution, NLL only where the gold id is kept."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scripts.measure.parity import per_token_transformers
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True)
+    ref, var = tmp_path / "ref", tmp_path / "var"
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(ref)
+    tensors = load_file(ref / "model.safetensors")
+    kept = sorted(random.Random(1).sample(range(300), 200))
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"][kept].contiguous()
+    var.mkdir()
+    save_file(tensors, var / "model.safetensors")
+    c = json.loads((ref / "config.json").read_text())
+    c.update(tie_word_embeddings=False, vocab_pruning={"id_map": vocab.ID_MAP, "kept": 200})
+    (var / "config.json").write_text(json.dumps(c))
+    (var / vocab.ID_MAP).write_text(json.dumps({"vocab_size": 300, "kept_ids": kept}))
+    chunk = [random.Random(2).randrange(300) for _ in range(64)]
+    kld, agree, nll_r, nll_v, stats = next(per_token_transformers(str(ref), str(var), [chunk]))
+    assert len(kld) == 32 and max(kld) < 1e-3
+    assert stats["argmax_kept"] == agree  # the variant's argmax is the reference's wherever that is kept
+    gold_kept = [t in set(kept) for t in chunk[32:]]
+    assert stats["gold_kept"] == gold_kept and len(nll_r) == len(nll_v) == sum(gold_kept)
+    assert all(v <= r + 1e-4 for r, v in zip(nll_r, nll_v, strict=True))  # renormalized on fewer ids
+    assert all(0 < m < 1 for m in stats["dropped_mass"])
+
+
+def test_base_model_chat_template_joins_contents_after_bos():
+    """eval/templates/base-plain.jinja (SERVE_CHAT_TEMPLATE of the gemma3-270m variants): no turn markers."""
+    import jinja2
+
+    from scripts.common import paths
+
+    template = jinja2.Template((paths.EVAL / "templates" / "base-plain.jinja").read_text())
+    text = template.render(bos_token="<bos>", messages=[{"role": "system", "content": "A"},
+                                                        {"role": "user", "content": "B"}])
+    assert text == "<bos>A\n\nB"

@@ -1,0 +1,102 @@
+"""bench_latency against the real embedded server (shared session fixture) and its bad-input paths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts.measure import latency as bench_latency
+from scripts.report import schemas as check_schemas
+from tests.conftest import free_port
+
+
+def test_unreachable_server_is_one_clear_error(capsys):
+    code = bench_latency.main(["smollm2-bf16", "--base-url", f"http://127.0.0.1:{free_port()}"])
+    err = capsys.readouterr().err
+    assert code == 1 and "error: no healthy server at" in err
+
+
+def test_empty_prompt_set(tmp_path):
+    (tmp_path / "p.jsonl").write_text("\n")
+    from scripts.common.loadgen import PromptSetError, load_prompts
+
+    with pytest.raises(PromptSetError, match="is empty"):
+        load_prompts(tmp_path / "p.jsonl")
+
+
+def test_bad_concurrency():
+    with pytest.raises(bench_latency.BenchError, match="levels must be >= 1"):
+        bench_latency.parse_levels("1,0")
+
+
+@pytest.mark.slow
+def test_short_real_run_writes_valid_record(embedded_server, tmp_path):
+    code = bench_latency.main(["smollm2-bf16", "--base-url", embedded_server.base_url, "--limit", "4",
+                               "--concurrency", "1,2", "--modes", "fixed,natural", "--max-tokens-cap", "8",
+                               "--out-dir", str(tmp_path)])
+    assert code == 0
+    (path,) = tmp_path.glob("latency_*.json")
+    assert check_schemas.check_file(path) == []
+    rec = json.loads(path.read_text())
+    fixed = rec["summary"]["fixed"]
+    assert fixed["1"]["completed"] == 4 and fixed["1"]["failed"] == 0
+    assert fixed["2"]["total_output_tokens"] == 4 * 8, "fixed mode must generate exactly max_tokens"
+    assert all(r["ttft_s"] > 0 for lvl in rec["samples"] for r in lvl["requests"])
+    assert rec["server_metrics"]["kv_cache_tokens"] > 0
+    assert rec["server_metrics"]["prefix_cache_queries"] is not None
+
+
+@pytest.mark.slow
+def test_failed_requests_are_counted_not_dropped(embedded_server, tmp_path):
+    prompts = tmp_path / "beyond-context.jsonl"
+    row = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000}  # > the 8192-token context
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", **row}) + "\n" for i in range(4)))
+    code = bench_latency.main(["smollm2-bf16", "--base-url", embedded_server.base_url, "--prompts", str(prompts),
+                               "--concurrency", "1", "--modes", "fixed", "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("latency_*.json")
+    rec = json.loads(path.read_text())
+    assert code == 1 and rec["status"] == "failed" and "requests failed" in rec["failure"]
+    assert rec["summary"]["fixed"]["1"]["failed"] == 4
+    assert check_schemas.check_file(path) == []
+
+
+@pytest.mark.slow
+def test_chat_latency_turns(embedded_server, tmp_path):
+    from scripts.measure import chat_latency as bench_chat_latency
+
+    out = tmp_path / "chat.json"
+    assert bench_chat_latency.main([embedded_server.variant, "--base-url", embedded_server.base_url, "--turns", "3",
+                                    "--max-tokens", "8", "--out", str(out)]) == 0
+    turns = json.loads(out.read_text())["turns"]
+    assert [t["turn"] for t in turns] == [1, 2, 3]
+    assert turns[2]["prompt_tokens"] > turns[0]["prompt_tokens"], "history is not resent"
+    assert all(t["ttft_ms"] > 0 for t in turns)
+
+
+@pytest.mark.slow
+def test_monitor_one_probe_exports_gauges(embedded_server, capsys):
+    from scripts.common.server import http_get
+    from scripts.measure import monitor
+
+    port = free_port()
+    assert monitor.main([embedded_server.variant, "--base-url", embedded_server.base_url, "--batch", "2",
+                         "--probes", "1", "--every", "0", "--port", str(port)]) == 0
+    assert "probe 1:" in capsys.readouterr().out
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200 and b'variant_lab_output_throughput{variant="smollm2-bf16"}' in body
+
+
+def test_engine_cores_from_the_vllm_log_and_the_llamacpp_command(tmp_path):
+    from scripts.common.server import Server
+
+    log = tmp_path / "engine.log"
+    log.write_text("INFO [ompmultiprocessing.py:185] \treserved_cpus=[1]\n"
+                   "INFO [torch_utils.py:295] Reducing Torch threads from 2 to 1 for serving.\n")
+    vllm = Server(argv=["vllm", "serve"], base_url="http://x", log_path=log)
+    assert bench_latency.engine_cores(vllm, gpu=False) == {"compute_threads": 1, "reserved_cpus": [1],
+                                                           "source": "vLLM start log"}
+    assert bench_latency.engine_cores(vllm, gpu=True) is None
+    llama = Server(argv=["python", "-m", "llama_cpp.server", "--n_threads", "2"], base_url="http://x")
+    assert bench_latency.engine_cores(llama, gpu=False)["compute_threads"] == 2
+    assert bench_latency.engine_cores(None, gpu=False) is None

@@ -1,0 +1,63 @@
+"""The variant → `vllm serve` command builder, with a hand-made flag table (no vLLM import)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts.common.variants import Variant, VariantError
+from scripts.serve.command import build_serve_argv, printable, serve_flags
+
+TABLE = {
+    "--max-num-seqs": "value", "--enforce-eager": "switch", "--no-enforce-eager": "switch",
+    "--enable-prefix-caching": "switch", "--no-enable-prefix-caching": "switch", "--trust-remote-code": "switch",
+    "--cudagraph-capture-sizes": "multi", "--speculative-config": "value", "--served-model-name": "multi",
+}
+
+
+def variant(**resolved) -> Variant:
+    return Variant(name="v-x", path=__import__("pathlib").Path("/x/v-x"), settings={},
+                   resolved={"MODEL": "org/model", "BASE": "v", **resolved})
+
+
+def test_flags_values_switches_multi_and_json():
+    v = variant(SERVE_MAX_NUM_SEQS="8", SERVE_ENFORCE_EAGER="1", SERVE_ENABLE_PREFIX_CACHING="0",
+                SERVE_TRUST_REMOTE_CODE="0", SERVE_CUDAGRAPH_CAPTURE_SIZES="1 2 4 8",
+                SERVE_SPECULATIVE_CONFIG='{"method": "mtp", "num_speculative_tokens": 4}')
+    assert serve_flags(v, TABLE) == [
+        "--max-num-seqs", "8", "--enforce-eager", "--no-enable-prefix-caching",
+        "--cudagraph-capture-sizes", "1", "2", "4", "8",
+        "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 4}',
+    ]
+
+
+def test_unknown_flag_is_refused_with_similar_flags():
+    with pytest.raises(VariantError, match=r"SERVE_MAX_NUM_SEQ: vLLM has no flag --max-num-seq; similar: --max-num-seqs"):
+        serve_flags(variant(SERVE_MAX_NUM_SEQ="8"), TABLE)
+
+
+def test_switch_needs_0_or_1():
+    with pytest.raises(VariantError, match="SERVE_ENFORCE_EAGER is a switch: use 1 or 0"):
+        serve_flags(variant(SERVE_ENFORCE_EAGER="true"), TABLE)
+
+
+def test_full_command_binds_localhost_names_model_and_masks_key():
+    argv = build_serve_argv(variant(), TABLE, api_key="s3cret")
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--served-model-name") + 1] == "v-x"
+    assert "org/model" in argv
+    assert argv[-2:] == ["--api-key", "s3cret"]
+    line = printable(argv, {"VLLM_CPU_KVCACHE_SPACE": "4"})
+    assert line.startswith("VLLM_CPU_KVCACHE_SPACE=4 ") and "s3cret" not in line and "--api-key '***'" in line
+
+
+def test_real_vllm_flag_table_knows_every_committed_variant():
+    """Every SERVE_* key of every committed variant is a flag of the installed vLLM (the table is cached)."""
+    pytest.importorskip("vllm")
+    from scripts.common.variants import PLATFORM_DEFAULTS, list_variants, load_variant
+    from scripts.serve.command import vllm_flag_table
+
+    table = vllm_flag_table()
+    assert table["--max-num-seqs"] == "value" and table["--enforce-eager"] == "switch"
+    for name in list_variants():
+        for target in PLATFORM_DEFAULTS:
+            serve_flags(load_variant(name, target=target), table)

