@@ -42,6 +42,7 @@ class Engine:
     health_path: str  # GET answers 200 once the model is loaded
     weights: str  # the format MODEL must be in
     label: str  # how reports name it
+    key_env: str  # the environment variable its server reads the API key from (never argv: `ps` shows argv to all)
 
     @property
     def key_prefix(self) -> str:
@@ -50,13 +51,19 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {
-    "vllm": Engine("vllm", "vllm", "vllm", "run `make install`", "/health", "safetensors checkpoint directory", "vLLM"),
+    # vLLM's API server reads VLLM_API_KEY where --api-key is absent (vllm/entrypoints/serve/middleware/register.py)
+    "vllm": Engine("vllm", "vllm", "vllm", "run `make install`", "/health", "safetensors checkpoint directory", "vLLM",
+                   "VLLM_API_KEY"),
+    # llama-cpp-python's ServerSettings is a pydantic BaseSettings: api_key falls back to the API_KEY variable
     "llamacpp": Engine("llamacpp", "llama-cpp-python", "llama_cpp.server", "run `make install-llamacpp`",
-                       "/v1/models", "GGUF file (.gguf)", "llama.cpp"),
+                       "/v1/models", "GGUF file (.gguf)", "llama.cpp", "API_KEY"),
     "sglang": Engine("sglang", "sglang", "sglang.launch_server",
                      "it runs on the GPU machine, where `scripts/gpu/device.sh setup` installs .gpu/sglang and sets "
                      "LAB_SGLANG_PYTHON (scripts/gpu/README.md)",
-                     "/health", "safetensors checkpoint directory", "SGLang"),
+                     "/health", "safetensors checkpoint directory", "SGLang",
+                     # SGLang takes the key by flag only: the project's launcher (scripts/gpu/sglang_text_only.py)
+                     # hands it to SGLang's parser in-process, so no process's argv holds it
+                     "LAB_SGLANG_API_KEY"),
 }
 LLAMACPP_VENV = paths.ROOT / ".venv-llamacpp"
 

@@ -57,10 +57,11 @@ def http_post_json(url: str, body: dict, timeout: float = 60.0) -> tuple[int, di
         return status, None
 
 
-def is_healthy(base_url: str, timeout: float = 2.0, path: str = "/health") -> bool:
-    """GET base_url+path answers 200 (vLLM's and SGLang's /health; an engine without one: its /v1/models)."""
+def is_healthy(base_url: str, timeout: float = 2.0, path: str = "/health", api_key: str | None = None) -> bool:
+    """GET base_url+path answers 200 (vLLM's and SGLang's /health; an engine without one: its /v1/models, which a
+    server started with a key answers only to that key)."""
     try:
-        return http_get(f"{base_url}{path}", timeout=timeout)[0] == 200
+        return http_get(f"{base_url}{path}", timeout=timeout, api_key=api_key)[0] == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return False
 
@@ -102,6 +103,7 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     health_path: str = "/health"
+    api_key: str | None = None  # the key it was started with (in its environment, never argv): the health check sends it
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     startup_s: float | None = None
@@ -127,7 +129,7 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerError(f"server exited with code {self.proc.returncode} before it was healthy{self._log_hint()}")
-            if is_healthy(self.base_url, path=self.health_path):
+            if is_healthy(self.base_url, path=self.health_path, api_key=self.api_key):
                 self.startup_s = time.monotonic() - self.started_at
                 return self.startup_s
             time.sleep(0.5)

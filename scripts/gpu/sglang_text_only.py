@@ -11,7 +11,8 @@ never use. This launcher changes only that default to False before the arguments
 derives chunked prefill, CUDA graphs and the processor from it), so the choice travels in server_args to every
 process; `--enable-multimodal` still turns it on. The vLLM variants' counterpart is SERVE_LANGUAGE_MODEL_ONLY=1.
 SGLang's Qwen3.5 class still builds the vision tower (random, never run; ~0.6 GB of the weights budget).
-Everything else is launch_server's own __main__ (plugins, run_server, child cleanup).
+Everything else is launch_server's own __main__ (plugins, run_server, child cleanup). LAB_SGLANG_API_KEY, if set,
+becomes `--api-key` in-process (never in argv).
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     from sglang.srt.utils import kill_process_tree
 
     load_plugins()
-    server_args = prepare_server_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # the API key arrives in the environment (scripts/common/engines.py: key_env) and joins the flags here, inside
+    # this process: SGLang has no variable of its own, and a key on the command line is readable by every local user
+    key = os.environ.get("LAB_SGLANG_API_KEY")
+    server_args = prepare_server_args([*argv, "--api-key", key] if key else argv)
     try:
         run_server(server_args)
     finally:

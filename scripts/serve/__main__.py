@@ -3,9 +3,12 @@
     python -m scripts.serve smollm2-bf16                       # what `make serve` runs
     python -m scripts.serve smollm2-bf16 --dry-run             # print the exact command only
     HOST=0.0.0.0 PORT=8001 API_KEY=secret python -m scripts.serve smollm2-bf16
+    python -m scripts.serve smollm2-bf16 --api-key-file ~/.config/lab/key   # a file only its owner can read (0600)
     python -m scripts.serve smollm2-bf16 --set SERVE_MAX_NUM_SEQS=4
     python -m scripts.serve smollm2-gguf-q8-0                  # ENGINE=llamacpp: llama-cpp-python's server
 
+The key reaches the engine through its environment (VLLM_API_KEY for vLLM, API_KEY for llama-cpp-python's server),
+never its command line, which `ps` shows to every local user; the printed command shows it as ***.
 Prints the exact server command, starts it in its own process group, waits for /health, and on SIGINT/SIGTERM
 stops the whole group (engine core and workers included) by PID. Binds 127.0.0.1 unless HOST says otherwise.
 """
@@ -31,11 +34,13 @@ from scripts.serve.launch import make_server
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # no abbreviations: `--api-key` must not pass for --api-key-file (a key on the command line is refused)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("variant", nargs="?", default=paths.DEFAULT_VARIANT, help="experiments/<variant>/config.env")
     p.add_argument("--host", default=os.environ.get("HOST", DEFAULT_HOST))
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", DEFAULT_PORT)))
-    p.add_argument("--api-key", default=os.environ.get("API_KEY") or None, help="require this bearer token (env API_KEY)")
+    p.add_argument("--api-key-file", type=Path, help="require the bearer token this file holds (mode 0600; else the "
+                   "environment's API_KEY). There is no --api-key: a key in argv is visible to every local user")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--log", type=Path, help="write the server's output here instead of the terminal")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for /health")
@@ -46,11 +51,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def read_api_key(path: Path) -> str:
+    """The key a file holds (first line, stripped); ServerError unless only its owner can read it."""
+    try:
+        mode = path.stat().st_mode
+        key = path.read_text().strip().splitlines()[0].strip() if path.read_text().strip() else ""
+    except OSError as e:
+        raise ServerError(f"--api-key-file {path}: {e.strerror}") from None
+    if mode & 0o077:
+        raise ServerError(f"--api-key-file {path} is readable by others (mode {mode & 0o777:o}): chmod 600 it")
+    if not key:
+        raise ServerError(f"--api-key-file {path} is empty")
+    return key
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         variant = load_variant(args.variant, overrides=parse_overrides(args.set))
-        server = make_server(variant, host=args.host, port=args.port, api_key=args.api_key, log_path=args.log)
+        api_key = read_api_key(args.api_key_file) if args.api_key_file else os.environ.get("API_KEY") or None
+        server = make_server(variant, host=args.host, port=args.port, api_key=api_key, log_path=args.log)
         if args.cache:
             env, message = import_cache(args.cache, variant, shim=os.environ.get("LAB_CACHE_SHIM") == "1")
             print(message, flush=True)

@@ -1,6 +1,7 @@
 """The one place that turns a variant into the exact command of its engine's server.
 
-    serve_argv(load_variant("smollm2-bf16"), host="127.0.0.1", port=8000, api_key=None)   # ['…/vllm', 'serve', …]
+    serve_argv(load_variant("smollm2-bf16"), host="127.0.0.1", port=8000)   # ['…/vllm', 'serve', …]
+    serve_env(load_variant("smollm2-bf16"), api_key="…")                  # {…, 'VLLM_API_KEY': '…'}
 
 vLLM: `vllm serve` with the variant's SERVE_* keys as flags, checked against vLLM's own argument parser.
 llama.cpp: llama-cpp-python's server with LLAMACPP_* flags; SGLang: its launcher with SGLANG_* flags. What an engine
@@ -97,27 +98,27 @@ def serve_flags(variant: Variant, table: FlagTable) -> list[str]:
     return argv
 
 
-def build_serve_argv(
-    variant: Variant,
-    table: FlagTable,
-    *,
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    api_key: str | None = None,
-) -> list[str]:
+def build_serve_argv(variant: Variant, table: FlagTable, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> list[str]:
     argv = [*vllm_serve_prefix(), variant.model, "--host", host, "--port", str(port)]
     if "served-model-name" not in variant.serve_settings():
         argv += ["--served-model-name", variant.name]
-    argv += serve_flags(variant, table)
-    if api_key:
-        argv += ["--api-key", api_key]
-    return argv
+    return argv + serve_flags(variant, table)
 
 
-def printable(argv: list[str], env: dict[str, str] | None = None, hide: tuple[str, ...] = ("--api-key",)) -> str:
-    """The command as a shell line, secrets masked."""
-    shown = [("***" if i > 0 and argv[i - 1] in hide else a) for i, a in enumerate(argv)]
-    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items()))
+def serve_env(variant: Variant, api_key: str | None) -> dict[str, str]:
+    """The server's environment: the variant's ENV_* keys, and the API key in the variable its engine reads (an
+    argv is world-readable in /proc/<pid>/cmdline; an environment only to its user)."""
+    return {**variant.env(), **({engine_of(variant).key_env: api_key} if api_key else {})}
+
+
+SECRET_FLAGS = ("--api-key", "--api_key")
+
+
+def printable(argv: list[str], env: dict[str, str] | None = None) -> str:
+    """The command as a shell line, secrets masked (a key flag's value, every engine's key variable)."""
+    secret_env = {e.key_env for e in engines.ENGINES.values()}
+    shown = [("***" if i > 0 and argv[i - 1] in SECRET_FLAGS else a) for i, a in enumerate(argv)]
+    prefix = " ".join(f"{k}={'***' if k in secret_env else shlex.quote(v)}" for k, v in sorted((env or {}).items()))
     return (prefix + " " if prefix else "") + shlex.join(shown)
 
 
@@ -158,12 +159,13 @@ def llamacpp_defaults() -> dict[str, str]:
     return {"n_threads": cores, "n_threads_batch": cores, "interrupt_requests": "False"}
 
 
-def serve_argv(variant: Variant, *, host: str, port: int, api_key: str | None) -> list[str]:
-    """The exact command that serves the variant with its engine (vLLM's flags checked against vLLM itself)."""
+def serve_argv(variant: Variant, *, host: str, port: int) -> list[str]:
+    """The exact command that serves the variant with its engine (vLLM's flags checked against vLLM itself); the API
+    key is not in it (serve_env)."""
     engine = engine_of(variant)
     check_weights(variant, engine)
     if engine.name == "vllm":
-        return build_serve_argv(variant, vllm_flag_table(), host=host, port=port, api_key=api_key)
+        return build_serve_argv(variant, vllm_flag_table(), host=host, port=port)
     engines.version(engine.name)  # installed, else the install target
     py = python_of(engine)
     if engine.name == "llamacpp":
@@ -171,7 +173,7 @@ def serve_argv(variant: Variant, *, host: str, port: int, api_key: str | None) -
                     for a in (f"--{k}", v)]
         argv = [py, "-m", "llama_cpp.server", "--model", variant.model, "--model_alias", variant.served_name,
                 "--host", host, "--port", str(port), *defaults, *flags(variant)]
-        return argv + (["--api_key", api_key] if api_key else [])
+        return argv
     argv = [py, str(paths.ROOT / "scripts" / "gpu" / "sglang_text_only.py"), "--model-path", variant.model, "--served-model-name",
             variant.served_name, "--host", host, "--port", str(port), *flags(variant)]
-    return argv + (["--api-key", api_key] if api_key else [])
+    return argv

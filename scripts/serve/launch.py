@@ -14,7 +14,7 @@ from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import engine_of
 from scripts.common.server import Server, ServerError, is_healthy
 from scripts.common.variants import Variant, build_target, cpu_preload, head_dir
-from scripts.serve.command import serve_argv
+from scripts.serve.command import serve_argv, serve_env
 
 
 def check_model_present(variant: Variant) -> None:
@@ -54,12 +54,13 @@ def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, 
     """The variant's server, not started: its engine and flags checked first (vLLM's against vLLM), then the weights."""
     engine = engine_of(variant)
     check_model_present(variant)
-    argv = serve_argv(variant, host=host, port=port, api_key=api_key)
+    argv = serve_argv(variant, host=host, port=port)
     if engine.name == "vllm" and variant.settings.get("ENV_LD_PRELOAD", "auto") == "auto" and variant.target == "cpu":
         for hint in cpu_preload()[1]:
             print(f"warning: not preloaded, {hint}: vLLM on CPU runs slower without it", file=sys.stderr)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    return Server(argv=argv, base_url=f"http://{url_host}:{port}", env=variant.env(), log_path=log_path,
+    return Server(argv=argv, base_url=f"http://{url_host}:{port}", env=serve_env(variant, api_key), api_key=api_key,
+                  log_path=log_path,
                   health_path=engine.health_path)
 
 

@@ -51,8 +51,8 @@ def test_missing_engine_names_the_target_that_installs_it(monkeypatch, tmp_path)
 def test_flags_follow_each_engines_spelling(monkeypatch):
     v = load_variant(GGUF_VARIANT, overrides={"LLAMACPP_N_BATCH": "256", "LLAMACPP_N_THREADS": "1"})
     monkeypatch.setattr(engines, "version", lambda name: "0")
-    argv = command.serve_argv(v, host="127.0.0.1", port=9, api_key="k")
-    assert argv[1:3] == ["-m", "llama_cpp.server"] and argv[-2:] == ["--api_key", "k"]
+    argv = command.serve_argv(v, host="127.0.0.1", port=9)
+    assert argv[1:3] == ["-m", "llama_cpp.server"] and "--api_key" not in argv
     assert argv[argv.index("--n_batch") + 1] == "256" and argv[argv.index("--model_alias") + 1] == GGUF_VARIANT
     assert argv.count("--n_threads") == 1 and argv[argv.index("--n_threads") + 1] == "1"  # the variant's, not the default
     assert argv[argv.index("--interrupt_requests") + 1] == "False"
@@ -95,6 +95,39 @@ def test_tensor_names_and_tied_output():
 
 
 # --- llama.cpp for real ---------------------------------------------------------------------------------------------
+
+
+def test_the_key_goes_to_each_engines_environment_never_its_argv(tmp_path):
+    for name, var in (("vllm", "VLLM_API_KEY"), ("llamacpp", "API_KEY"), ("sglang", "LAB_SGLANG_API_KEY")):
+        (tmp_path / f"v-{name}").mkdir()
+        (tmp_path / f"v-{name}" / "config.env").write_text(f"MODEL=weights/x\nBASE=smollm2\nENGINE={name}\n")
+        v = load_variant(f"v-{name}", root=tmp_path)
+        env = command.serve_env(v, "k3y")
+        assert env[var] == "k3y" and "k3y" not in command.printable(["x"], env)
+        assert command.serve_env(v, None) == v.env()
+
+
+def test_serve_reads_the_key_from_the_environment_or_a_private_file(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    def serve(*args, **env):
+        return subprocess.run([sys.executable, "-m", "scripts.serve", "smollm2-bf16", "--dry-run", *args],
+                              cwd=paths.ROOT, capture_output=True, text=True, env={**os.environ, **env}, check=False)
+
+    r = serve(API_KEY="s3cret-env")
+    assert r.returncode == 0 and "VLLM_API_KEY=***" in r.stdout and "s3cret" not in r.stdout + r.stderr
+    key = tmp_path / "key"
+    key.write_text("s3cret-file\n")
+    key.chmod(0o644)
+    r = serve("--api-key-file", str(key))
+    assert r.returncode == 2 and "readable by others (mode 644): chmod 600 it" in r.stderr
+    key.chmod(0o600)
+    r = serve("--api-key-file", str(key))
+    assert r.returncode == 0 and "VLLM_API_KEY=***" in r.stdout and "s3cret" not in r.stdout
+    r = serve("--api-key", "s3cret")
+    assert r.returncode != 0 and "unrecognized arguments: --api-key" in r.stderr
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +206,32 @@ def test_llamacpp_bench_names_engine_and_a_killed_server_fails_the_record(q8_exp
 
     report, rows = build_report([(died, failed)], {})  # a failed record is listed as not comparable, never ranked
     assert rows == [] and "## Not comparable" in report and f"{GGUF_VARIANT} (" in report
+
+
+@pytest.mark.slow
+def test_a_served_key_is_in_no_process_cmdline_and_guards_v1(q8_export):
+    """The real llama.cpp server started with a key (seconds to start): no process's /proc/<pid>/cmdline holds the
+    key, and /v1 refuses a request without it."""
+    from pathlib import Path
+
+    from scripts.common.server import http_get
+    from scripts.serve.launch import make_server
+    from tests.conftest import free_port
+
+    key = "k3y-" + "x" * 20
+    server = make_server(q8_export, host="127.0.0.1", port=free_port(), api_key=key)
+    server.start()
+    try:
+        server.wait_healthy(120)  # its health path, /v1/models, asked with the key
+        leaks = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and key.encode() in (proc / "cmdline").read_bytes():
+                    leaks.append(proc.name)
+            except OSError:
+                continue
+        assert not leaks, f"the key is in the argv of pid(s) {leaks}"
+        assert http_get(f"{server.base_url}/v1/models")[0] == 401
+        assert http_get(f"{server.base_url}/v1/models", api_key="wrong")[0] == 401
+    finally:
+        server.stop()
