@@ -110,3 +110,20 @@ def hf_reference(embedded_weights):
     model = AutoModelForCausalLM.from_pretrained(embedded_weights, dtype=torch.bfloat16).eval()
     return model, tok
 
+
+def assert_key_guarded(base_url: str, key: str) -> None:
+    """A server started with KEY: no process's /proc/<pid>/cmdline holds it, and /v1/models answers 401 without it
+    or with a wrong one, 200 with it."""
+    from scripts.common.server import http_get
+
+    leaks = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and key.encode() in (proc / "cmdline").read_bytes():
+                leaks.append(proc.name)
+        except OSError:
+            continue
+    assert not leaks, f"the key is in the argv of pid(s) {leaks}"
+    assert http_get(f"{base_url}/v1/models")[0] == 401
+    assert http_get(f"{base_url}/v1/models", api_key="wrong")[0] == 401
+    assert http_get(f"{base_url}/v1/models", api_key=key)[0] == 200

@@ -212,26 +212,14 @@ def test_llamacpp_bench_names_engine_and_a_killed_server_fails_the_record(q8_exp
 def test_a_served_key_is_in_no_process_cmdline_and_guards_v1(q8_export):
     """The real llama.cpp server started with a key (seconds to start): no process's /proc/<pid>/cmdline holds the
     key, and /v1 refuses a request without it."""
-    from pathlib import Path
-
-    from scripts.common.server import http_get
     from scripts.serve.launch import make_server
-    from tests.conftest import free_port
+    from tests.conftest import assert_key_guarded, free_port
 
     key = "k3y-" + "x" * 20
     server = make_server(q8_export, host="127.0.0.1", port=free_port(), api_key=key)
     server.start()
     try:
         server.wait_healthy(120)  # its health path, /v1/models, asked with the key
-        leaks = []
-        for proc in Path("/proc").iterdir():
-            try:
-                if proc.name.isdigit() and key.encode() in (proc / "cmdline").read_bytes():
-                    leaks.append(proc.name)
-            except OSError:
-                continue
-        assert not leaks, f"the key is in the argv of pid(s) {leaks}"
-        assert http_get(f"{server.base_url}/v1/models")[0] == 401
-        assert http_get(f"{server.base_url}/v1/models", api_key="wrong")[0] == 401
+        assert_key_guarded(server.base_url, key)
     finally:
         server.stop()

@@ -130,27 +130,16 @@ def test_metrics_exposed(embedded_server):
 def test_vllm_started_with_a_key_keeps_it_out_of_argv_and_guards_v1(embedded_weights):
     """The key reaches vLLM as VLLM_API_KEY: no process's /proc/<pid>/cmdline holds it, /v1 answers 401 without it."""
     import os
-    from pathlib import Path
 
     from scripts.common.variants import load_variant
     from scripts.serve.launch import make_server
-    from tests.conftest import free_port
+    from tests.conftest import assert_key_guarded, free_port
 
     key = "k3y-" + os.urandom(8).hex()
     server = make_server(load_variant("smollm2-bf16"), host="127.0.0.1", port=free_port(), api_key=key)
     server.start()
     try:
         server.wait_healthy(600)
-        leaks = []
-        for proc in Path("/proc").iterdir():
-            try:
-                if proc.name.isdigit() and key.encode() in (proc / "cmdline").read_bytes():
-                    leaks.append(proc.name)
-            except OSError:
-                continue
-        assert not leaks, f"the key is in the argv of pid(s) {leaks}"
-        assert http_get(f"{server.base_url}/v1/models")[0] == 401
-        assert http_get(f"{server.base_url}/v1/models", api_key="wrong")[0] == 401
-        assert http_get(f"{server.base_url}/v1/models", api_key=key)[0] == 200
+        assert_key_guarded(server.base_url, key)
     finally:
         server.stop()
