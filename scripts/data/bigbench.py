@@ -20,7 +20,6 @@ RandomState(42) permutation of the sorted choices gives, where `append_choices_t
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.checkpoint import sha256_file
 
 VERSION = "1.0.0"
 SDIST = f"bigbench=={VERSION}"
@@ -88,14 +88,6 @@ def manifest(data: Path | None = None) -> dict:
         raise BigBenchError(f"{paths.shown(data)} was extracted from another sdist ({m.get('sdist_sha256', '?')[:12]}); "
                             f"delete it and run `{FETCH_COMMAND}`")
     return m
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def download_sdist(dest: Path, pip_python: str | None = None) -> Path:

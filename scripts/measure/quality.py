@@ -31,12 +31,13 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
-from scripts.common.engines import EngineError, engine_of
+from scripts.common.engines import EngineError
 from scripts.common.gate import main_metric
 from scripts.common.records import envelope, write_record
 from scripts.common.server import ServerError, http_post_json, is_healthy
 from scripts.common.variants import VariantError, load_variant
 from scripts.data.bigbench import BigBenchError
+from scripts.data.bigbench_tasks import SUITE, TASK_PREFIX, suite_manifest, suite_tasks
 from scripts.data.corpus import dataset_cached
 from scripts.levers.gguf import logits as llamacpp_logits
 from scripts.serve.launch import variant_server
@@ -134,8 +135,6 @@ def scores(results: dict) -> tuple[dict, dict, list]:
 
 def loglikelihood_task(task: str) -> bool:
     """Scored by the log-likelihood of its choices: needs the prompt tokens' log-probabilities from the server."""
-    from scripts.data.bigbench_tasks import TASK_PREFIX, suite_manifest
-
     if task.startswith(TASK_PREFIX):
         return suite_manifest()["tasks"][task[len(TASK_PREFIX):]]["kind"] == "multiple_choice"
     return task in LOGLIKELIHOOD_TASKS
@@ -196,8 +195,6 @@ def llamacpp_model(args: dict, gguf: str):
 
 def completion_task(task: str) -> bool:
     """Scored in the task's own prompt format through /v1/completions: log-likelihood tasks and BIG-bench items."""
-    from scripts.data.bigbench_tasks import TASK_PREFIX
-
     return task in LOGLIKELIHOOD_TASKS or task.startswith(TASK_PREFIX)
 
 
@@ -209,7 +206,7 @@ def evaluate(variant, base_url: str, tasks: list[str], limit) -> tuple[dict, dic
     max_gen = variant.resolved.get("EVAL_MAX_GEN_TOKS")
     if max_gen:
         common["max_gen_toks"] = int(max_gen)
-    llamacpp = engine_of(variant).name == "llamacpp"
+    llamacpp = variant.engine == "llamacpp"
     context = variant.resolved.get("LLAMACPP_N_CTX" if llamacpp else "SERVE_MAX_MODEL_LEN", 2048)
     completions = {**common, "base_url": f"{base_url}/v1/completions", "tokenizer_backend": "huggingface",
                    "tokenizer": tokenizer, "max_length": int(context),
@@ -234,8 +231,6 @@ def evaluate(variant, base_url: str, tasks: list[str], limit) -> tuple[dict, dic
 
 def suite_inputs() -> dict:
     """The suite of record as a record names it: lm-eval tasks, item count and hashes of the drawn items and sdist."""
-    from scripts.data.bigbench_tasks import SUITE, suite_manifest, suite_tasks
-
     m = suite_manifest()
     return {"name": SUITE, "tasks": suite_tasks(), "items": m["items"], "sha256": m["sha256"],
             "sdist": m["sdist"], "sdist_sha256": m["sdist_sha256"], "draw": m["draw"]}
@@ -282,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             record = envelope("quality", variant, command=[sys.executable, "-m", "scripts.measure.quality", *sys.argv[1:]],
                               server_command=server.argv if server else None)
             t0 = time.monotonic()
-            llamacpp = engine_of(variant).name == "llamacpp"
+            llamacpp = variant.engine == "llamacpp"  # checked by variant_server
             # a GGUF's log-likelihoods come from llama.cpp in-process, not from its server
             tasks, skipped = (tasks, None) if llamacpp else split_loglikelihood(tasks, base_url, variant.served_name)
             try:

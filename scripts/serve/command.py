@@ -171,9 +171,7 @@ def serve_argv(variant: Variant, *, host: str, port: int) -> list[str]:
     if engine.name == "llamacpp":
         defaults = [a for k, v in llamacpp_defaults().items() if k.upper() not in variant.engine_settings()
                     for a in (f"--{k}", v)]
-        argv = [py, "-m", "llama_cpp.server", "--model", variant.model, "--model_alias", variant.served_name,
+        return [py, "-m", "llama_cpp.server", "--model", variant.model, "--model_alias", variant.served_name,
                 "--host", host, "--port", str(port), *defaults, *flags(variant)]
-        return argv
-    argv = [py, str(paths.ROOT / "scripts" / "gpu" / "sglang_text_only.py"), "--model-path", variant.model, "--served-model-name",
-            variant.served_name, "--host", host, "--port", str(port), *flags(variant)]
-    return argv
+    return [py, str(paths.ROOT / "scripts" / "gpu" / "sglang_text_only.py"), "--model-path", variant.model,
+            "--served-model-name", variant.served_name, "--host", host, "--port", str(port), *flags(variant)]

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.checkpoint import sha256_file
 
 IMPORTS = paths.CACHE / "compile-import"
 MANIFEST = "manifest.json"
@@ -150,7 +151,7 @@ def import_cache(tarball: Path, variant, *, shim: bool = False) -> tuple[dict[st
     why = mismatch(manifest, here, shim=shim)
     if why:
         return {}, f"compile cache {tarball.name} not used: {why}; compiling as usual"
-    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    digest = sha256_file(tarball)
     root = place(variant)
     marker = root / ".tarball-sha256"
     if not (marker.exists() and marker.read_text() == digest):

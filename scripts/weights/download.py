@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import CheckpointError, embedded_gguf, package_file
+from scripts.common.checkpoint import CheckpointError, embedded_gguf, package_file, sha256_file
 from scripts.common.variants import VariantError, build_target, load_variant
 from scripts.levers.lora.adapters import served_adapters
 
@@ -42,14 +42,6 @@ ALIASES = {"smollm2": EMBEDDED, "gemma3-270m": EMBEDDED_GEMMA3}
 
 class DownloadError(RuntimeError):
     pass
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def assemble_gemma3(out_dir: Path) -> Path:
