@@ -23,6 +23,11 @@ from pathlib import Path
 
 from scripts.common import paths
 
+# The engines a variant can name (ENGINE=) and the key family of each one's own flags; the first is the default.
+# scripts/common/engines.py says how to reach each one, scripts/serve/command.py how to start it.
+ENGINE_KEYS: dict[str, str] = {"vllm": "SERVE_", "llamacpp": "LLAMACPP_", "sglang": "SGLANG_"}
+DEFAULT_ENGINE = next(iter(ENGINE_KEYS))
+
 # Plain keys every variant may set. Later levers add theirs here, and only here.
 KEYS: dict[str, str] = {
     "MODEL": "weights directory (relative to the repo root) or Hugging Face hub id that vLLM serves",
@@ -32,15 +37,15 @@ KEYS: dict[str, str] = {
     "SOURCE": "where MODEL's weights come from: embedded | embedded:gemma3-270m | <org>/<repo> (hub) | shape-proxy:<config> | lever",
     "TOKENIZER": "tokenizer directory or hub id when it differs from MODEL",
     "BENCH_MODELS": "model names the latency bench spreads its requests over, round-robin (LoRA adapters by name)",
-    "ENGINE": "the server that serves MODEL: vllm (default) | llamacpp | sglang (ENGINE_KEYS below)",
+    "ENGINE": "the server that serves MODEL: vllm (default) | llamacpp | sglang (ENGINE_KEYS above)",
     "GGUF_TYPE": "llama.cpp tensor type of a GGUF export: BF16 | F16 | Q8_0 | Q4_K_M | … (read by scripts.levers.gguf.export)",
     "DRAFT_LAYERS": "decoder layers of PARENT a layer-truncated draft model keeps (scripts.levers.speculate.draft)",
 }
 # Key families: a prefix and what the rest of the key means.
 PREFIXES: dict[str, str] = {
-    "SERVE_": "a `vllm serve` flag: SERVE_MAX_NUM_SEQS=8 -> --max-num-seqs 8; 1/0 for switches; JSON for structured",
-    "LLAMACPP_": "a llama-cpp-python server flag (ENGINE=llamacpp): LLAMACPP_N_CTX=4096 -> --n_ctx 4096",
-    "SGLANG_": "an SGLang server flag (ENGINE=sglang): SGLANG_MEM_FRACTION_STATIC=0.2 -> --mem-fraction-static 0.2",
+    ENGINE_KEYS["vllm"]: "a `vllm serve` flag: SERVE_MAX_NUM_SEQS=8 -> --max-num-seqs 8; 1/0 for switches; JSON for structured",
+    ENGINE_KEYS["llamacpp"]: "a llama-cpp-python server flag (ENGINE=llamacpp): LLAMACPP_N_CTX=4096 -> --n_ctx 4096",
+    ENGINE_KEYS["sglang"]: "an SGLang server flag (ENGINE=sglang): SGLANG_MEM_FRACTION_STATIC=0.2 -> --mem-fraction-static 0.2",
     "ENV_": "an environment variable of the server process: ENV_VLLM_CPU_KVCACHE_SPACE=4",
     "GATE_": "a parity tolerance against the reference variant (read by the quality gate)",
     "EVAL_": "an evaluation option (read by eval/ drivers)",
@@ -49,10 +54,6 @@ PREFIXES: dict[str, str] = {
     "LORA_": "a LoRA adapter option (scripts/levers/lora/adapters.py: read by scripts.levers.lora.train and scripts.levers.lora.merge)",
     "PRUNE_": "a vocabulary-pruning option (read by scripts.levers.vocab.prune): PRUNE_KEEP=32768 output rows kept",
 }
-# The engines a variant can name (ENGINE=) and the key family of each one's own flags; the first is the default.
-# scripts/common/engines.py says how to reach each one, scripts/serve/command.py how to start it.
-ENGINE_KEYS: dict[str, str] = {"vllm": "SERVE_", "llamacpp": "LLAMACPP_", "sglang": "SGLANG_"}
-DEFAULT_ENGINE = next(iter(ENGINE_KEYS))
 MAX_SPECULATIVE_TOKENS = 16  # K: draft tokens verified per step
 REQUIRED = ("MODEL", "BASE")
 
