@@ -4,6 +4,7 @@
 VARIANT ?= smollm2-bf16
 BASE ?= smollm2
 BENCH_ARGS ?=
+CORPUS ?= auto
 BACKEND ?= auto
 BASE_URL ?= http://127.0.0.1:8000
 PROFILE_ARGS ?=
@@ -161,8 +162,8 @@ eval-quality-full: weights ## the suite of record on VARIANT: BIG-bench Lite, ev
 eval-smoke: weights ## lm-eval on VARIANT, 5 items per task (plumbing check)
 	$(PY) -m scripts.measure.quality $(VARIANT) --profile smoke $(if $(TASKS),--tasks $(TASKS))
 
-eval-parity: weights ## KL divergence / top-1 agreement / perplexity of VARIANT vs its reference (BACKEND=auto|transformers|vllm|llamacpp)
-	$(PY) -m scripts.measure.parity $(VARIANT) --backend $(BACKEND)
+eval-parity: weights ## KL divergence / top-1 agreement / perplexity of VARIANT vs its reference (BACKEND=auto|transformers|vllm|llamacpp, CORPUS=auto|cpython-docs|bigbench-held-out)
+	$(PY) -m scripts.measure.parity $(VARIANT) --backend $(BACKEND) --corpus $(CORPUS)
 
 sweep: $(STAMP) $(QSTAMP) weights ## build and score every attempt of a recipe sweep file (SWEEP, eval/sweeps/*.yaml)
 	$(PY) -m scripts.levers.quantize.sweep $(SWEEP)

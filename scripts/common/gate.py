@@ -8,6 +8,7 @@
                                      # items and paired item by item; each task's own drop is reported beside it
     GATE_MAX_TASK_DROP=2.0           # points (0-100) lost on any lm-eval task's main metric, paired item by item
     GATE_GREEDY_IDENTITY=1           # lossless speculation: greedy token ids equal the reference's, up to near-ties
+    GATE_MIN_TEXT_IDENTITY=0.90      # greedy answers whose text agrees with the reference's (measure.identity)
     GATE_MIN_ARGMAX_COVERAGE=0.995   # pruned vocabulary (measure.parity): share of tokens whose reference argmax is kept
     GATE_MAX_DROPPED_MASS=0.005      # pruned vocabulary: mean reference probability on dropped ids
 
@@ -52,7 +53,8 @@ PARITY_CRITERIA = {
 TASK_KEY = "GATE_MAX_TASK_DROP"
 SUITE_KEY = "GATE_MAX_SUITE_DROP"
 IDENTITY_KEY = "GATE_GREEDY_IDENTITY"
-GATE_KEYS = (*PARITY_CRITERIA, SUITE_KEY, TASK_KEY, IDENTITY_KEY, "GATE_REFERENCE")
+TEXT_KEY = "GATE_MIN_TEXT_IDENTITY"
+GATE_KEYS = (*PARITY_CRITERIA, SUITE_KEY, TASK_KEY, IDENTITY_KEY, TEXT_KEY, "GATE_REFERENCE")
 MAIN_METRICS = ("acc", "exact_match", "prompt_level_strict_acc", "acc_norm", "multiple_choice_grade", "exact_str_match")  # first one a task reports
 ITEMS_COMMAND = "make eval-quality-full VARIANT={v}"  # with no TASKS: the suite of record
 STATUSES = ("pass", "inconclusive", "missing", "fail")  # verdict precedence: the last present wins
@@ -263,6 +265,28 @@ def identity_criterion(summary: dict | None) -> Criterion:
     return c
 
 
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """The Wilson score interval of a proportion k/n whose ends are one-sided 95% bounds."""
+    p, z2 = k / n, Z * Z
+    mid, half = (p + z2 / (2 * n)) / (1 + z2 / n), Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def text_criterion(limit: float, summary: dict | None) -> Criterion:
+    """The share of greedy answers whose text agrees with the reference's (a proportion over prompts: Wilson)."""
+    c = Criterion(TEXT_KEY, limit, "min")
+    if summary is None or not summary.get("sequences") or "text_agrees" not in summary:
+        c.detail, c.decide = "no greedy-identity record with text against the reference", "make eval-identity"
+        return c
+    k, n = summary["text_agrees"], summary["sequences"]
+    c.value, (c.lo, c.hi) = k / n, wilson(k, n)
+    c.status = decide(c.lo, c.hi, limit, "min")
+    c.detail = f"{k}/{n} answers' text agrees ({summary['spelled_out']} of them spelled out in other tokens)"
+    if c.status == "inconclusive":
+        c.decide = "more prompts in the greedy-identity check (make eval-identity ... --limit N)"
+    return c
+
+
 # ---------------------------------------------------------------------------------------------------------- records
 def main_metric(task_scores: dict) -> str | None:
     return next((m for m in MAIN_METRICS if isinstance(task_scores.get(m), (int, float))), None)
@@ -364,9 +388,11 @@ def gate_for(variant: str, settings: dict[str, str], root: Path | None = None) -
     if TASK_KEY in settings:
         var_rec = newest([r for r in mine if has_items(r) and "suite" not in r["inputs"]], kind="lm-eval")
         out += task_criteria(float(settings[TASK_KEY]), var_rec, quality_records(reference, root), variant, reference)
+    ident = newest(mine, kind="greedy-identity", reference=reference)
     if settings.get(IDENTITY_KEY) == "1":
-        ident = newest(mine, kind="greedy-identity", reference=reference)
         out.append(identity_criterion(ident["summary"]["identity"] if ident else None))
+    if TEXT_KEY in settings:
+        out.append(text_criterion(float(settings[TEXT_KEY]), ident["summary"]["identity"] if ident else None))
     if not out:
         out = [Criterion("GATE_*", 0, "max", detail=f"{variant} sets no GATE_* tolerance")]
     return reference, out

@@ -105,8 +105,9 @@ def greedy_ids(base_url: str, model: str, rows: list[dict], max_tokens: int, con
             r = client.chat.completions.create(model=model, messages=row["messages"], **sampled,
                                                max_tokens=min(max_tokens, row["max_tokens"]),
                                                extra_body={"return_token_ids": True}).model_dump()
-            out.append({"id": row["id"], "sample": i, "prompt_ids": r["prompt_token_ids"],
-                        "ids": r["choices"][0]["token_ids"]})
+            choice = r["choices"][0]
+            out.append({"id": row["id"], "sample": i, "prompt_ids": r["prompt_token_ids"], "ids": choice["token_ids"],
+                        "text": choice["message"]["content"] or "", "finish_reason": choice["finish_reason"]})
         return out
 
     with cf.ThreadPoolExecutor(concurrency) as ex:

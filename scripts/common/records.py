@@ -126,6 +126,24 @@ def envelope(kind: str, variant, *, command: list[str], server_command: list[str
     }
 
 
+def counter_files(variant) -> dict[str, Path]:
+    """The variant's engine-side counter files: ENV_<NAME>_STATS=<path> in config.env names a JSON file the serving
+    engine rewrites while it runs (e.g. the tail fallback's full-row reads, scripts.levers.vocab.plugin)."""
+    return {k: paths.ROOT / v for k, v in variant.env().items() if k.endswith("_STATS")}
+
+
+def reset_counters(variant) -> None:
+    """Remove counter files a previous server left, before a measured server starts."""
+    for path in counter_files(variant).values():
+        path.unlink(missing_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def read_counters(variant) -> dict[str, Any]:
+    """What the measured server's engine wrote to its counter files (absent files left out)."""
+    return {k: json.loads(p.read_text()) for k, p in counter_files(variant).items() if p.exists()}
+
+
 def write_record(record: dict[str, Any], directory: Path, kind: str, *, when: dt.datetime | None = None) -> Path:
     """Atomically write `record` as <directory>/<kind>_<YYYYMMDD-HHMMSS>.json (never overwrites)."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,8 @@
 """Text corpora for parity metrics and calibration, each with a name and a SHA-256 of its exact text.
 
 - `wikitext2`: the Wikitext-2 raw test split, when `make datasets-hub` has cached it (HF datasets, offline read).
+- `bigbench-held-out`: the inputs and targets of BIG-bench's held-out tasks (outside BIG-bench Lite and outside
+  every calibration; scripts.data.bigbench_corpus), up to 20,000 characters per task, after `make datasets`.
 - `cpython-docs`: an offline corpus this project assembles from the running CPython's own documentation strings of a
   fixed list of standard-library modules, plus its license text. Real English technical prose, available everywhere;
   its hash depends on the Python version, which is part of its name.
@@ -92,7 +94,19 @@ def wikitext2() -> Corpus:
     return Corpus(name="wikitext-2-raw-v1/test", text="".join(ds["text"]))
 
 
-CORPORA = {"wikitext2": wikitext2, "cpython-docs": cpython_docs}
+def bigbench_held_out() -> Corpus:
+    """The text of BIG-bench's held-out tasks (scripts.data.bigbench_corpus): no keep list or estimator ranks or fits
+    on it, so a pruned vocabulary's argmax coverage is measured on task families its calibration never saw."""
+    from scripts.data import bigbench, bigbench_corpus
+
+    try:
+        pairs, info = bigbench_corpus.texts("held_out", 20_000)
+    except bigbench.BigBenchError as e:
+        raise CorpusError(str(e)) from e
+    return Corpus(name=f"bigbench-{bigbench.VERSION}-held-out-tasks", text="\n\n".join(t for _, t in pairs))
+
+
+CORPORA = {"wikitext2": wikitext2, "cpython-docs": cpython_docs, "bigbench-held-out": bigbench_held_out}
 
 
 def load_corpus(name: str) -> Corpus:

@@ -8,8 +8,13 @@ one batch); the reference's server answers them at batch 1. Where a variant's to
 the reference server teacher-forces the variant's whole output (prompt logprobs over prompt + output): at every
 generated position the gap between the reference's best logprob and its logprob of the variant's token. A gap of at
 most TIE_NATS is a BF16 near-tie resolved the other way by a different batch shape or kernel order (the serving
-tests' rule); anything larger is a real divergence, which fails GATE_GREEDY_IDENTITY. Writes a quality record of kind
-`greedy-identity` to experiments/<variant>/.
+tests' rule); anything larger is a real divergence, which fails GATE_GREEDY_IDENTITY.
+
+Beside the ids, the text a user reads: whether the two answers' strings are identical, whether they agree (identical,
+or one is a prefix of the other and the shorter stopped at the token cap: a pruned vocabulary spells a dropped token
+out in several kept ones, so its text runs behind by a few characters at the cap), and the character offset of the
+first difference. `spelled_out` counts the answers whose ids diverge while the text agrees. GATE_MIN_TEXT_IDENTITY
+judges the share that agrees. Writes a quality record of kind `greedy-identity` to experiments/<variant>/.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts, openai_client
 from scripts.common.metrics import TIE_NATS
-from scripts.common.records import envelope, write_record
+from scripts.common.records import envelope, read_counters, reset_counters, write_record
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, load_variant, reference_name
 from scripts.serve.launch import variant_server
@@ -47,13 +52,26 @@ def tie_gaps(base_url: str, model: str, prompt_ids: list[int], ids: list[int]) -
     return gaps
 
 
+def text_agreement(ref: dict, var: dict) -> dict:
+    """What a user sees: the two answers' texts equal, or equal until the shorter one stopped at the token cap (a
+    word the variant spelled out in more tokens), and the character offset of the first difference."""
+    a, b = ref.get("text", ""), var.get("text", "")
+    first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if first is None and len(a) != len(b):
+        first = min(len(a), len(b))
+    shorter = ref if len(a) < len(b) else var
+    agrees = first is None or (first == min(len(a), len(b)) and shorter.get("finish_reason") == "length")
+    return {"text_identical": first is None, "text_agrees": agrees, "first_char_difference": first}
+
+
 def compare(ref: dict, var: dict, gaps: list[float] | None) -> dict:
-    """One sequence's verdict: identical, a near-tie divergence, or a divergence beyond a tie."""
+    """One sequence's verdict: identical, a near-tie divergence, or a divergence beyond a tie; and its text's."""
     n = min(len(ref["ids"]), len(var["ids"]))
     first = next((i for i in range(n) if ref["ids"][i] != var["ids"][i]), None)
     if first is None and len(ref["ids"]) != len(var["ids"]):
         first = n
-    out = {"id": var["id"], "tokens": len(var["ids"]), "identical": first is None, "first_divergence": first}
+    out = {"id": var["id"], "tokens": len(var["ids"]), "identical": first is None, "first_divergence": first,
+           **text_agreement(ref, var)}
     if first is not None:
         if gaps is None:
             raise IdentityError(f"{var['id']}: diverges at token {first} but was not teacher-forced")
@@ -65,11 +83,16 @@ def compare(ref: dict, var: dict, gaps: list[float] | None) -> dict:
 
 def summarize_identity(samples: list[dict]) -> dict:
     diverged = [s for s in samples if not s["identical"]]
+    offsets = [s["first_char_difference"] for s in samples if not s["text_identical"]]
     return {"sequences": len(samples), "identical": len(samples) - len(diverged),
             "near_tie_divergences": sum(1 for s in diverged if s["near_tie"]),
             "divergences_beyond_tie": sum(1 for s in diverged if not s["near_tie"]),
             "tokens_compared": sum(s["tokens"] for s in samples), "tie_nats": TIE_NATS,
-            "max_gap_nats": max((s["max_gap_nats"] for s in diverged), default=0.0)}
+            "max_gap_nats": max((s["max_gap_nats"] for s in diverged), default=0.0),
+            "text_identical": sum(1 for s in samples if s["text_identical"]),
+            "text_agrees": sum(1 for s in samples if s["text_agrees"]),
+            "spelled_out": sum(1 for s in diverged if s["text_agrees"]),
+            "median_first_char_difference": sorted(offsets)[len(offsets) // 2] if offsets else None}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,9 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         ref = load_variant(ref_name)
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
         rows, info = load_prompts(args.prompts, args.limit)
+        reset_counters(var)
         with variant_server(var, base_url=args.var_url, port=args.port, purpose="identity") as (url, server):
             var_server = server.argv if server else None
             outputs = {c: greedy_ids(url, var.served_name, rows, args.max_tokens, c) for c in levels}
+        counters = read_counters(var)
         with variant_server(ref, base_url=args.ref_url, port=args.port, purpose="identity") as (url, server):
             ref_server = server.argv if server else None
             reference = {r["id"]: r for r in greedy_ids(url, ref.served_name, rows, args.max_tokens, 1)}
@@ -121,13 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     record["inputs"] = {"kind": "greedy-identity", "reference": ref.name, "reference_server": ref_server, **info,
                         "max_tokens": args.max_tokens, "concurrency": levels, "temperature": 0}
     record["samples"] = samples
+    if counters:
+        record["engine_counters"] = counters
     record["summary"] = {"identity": summarize_identity(samples),
                          "per_concurrency": {str(c): summarize_identity([s for s in samples if s["concurrency"] == c])
                                              for c in levels}}
     path = write_record(record, args.out_dir or var.path, "quality")
     s = record["summary"]["identity"]
     print(f"{var.name} vs {ref.name}: {s['identical']}/{s['sequences']} identical, {s['near_tie_divergences']} "
-          f"near-tie divergences, {s['divergences_beyond_tie']} beyond a tie (max gap {s['max_gap_nats']:.3f} nats)")
+          f"near-tie divergences, {s['divergences_beyond_tie']} beyond a tie (max gap {s['max_gap_nats']:.3f} nats); "
+          f"text agrees on {s['text_agrees']}/{s['sequences']} ({s['spelled_out']} spelled out in other tokens, "
+          f"median first difference at character {s['median_first_char_difference']})")
     print(f"wrote {paths.shown(path)}")
     return 0 if s["divergences_beyond_tie"] == 0 else 1
 

@@ -25,7 +25,7 @@ from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import engine_of, fixed_body_for
 from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, openai_client, run_level, stream_one
 from scripts.common.metrics import summarize
-from scripts.common.records import envelope, now_utc, write_record
+from scripts.common.records import envelope, now_utc, read_counters, reset_counters, write_record
 from scripts.common.server import Server, ServerError, group_rss_mib, is_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
 from scripts.measure.prom import scrape, server_counters
@@ -167,8 +167,11 @@ def run_variant(name: str, args, ladder_id: str | None = None) -> int:
     try:
         variant = load_variant(name, overrides=parse_overrides(args.set))
         args.served_model = variant.request_models
+        reset_counters(variant)
         with variant_server(variant, base_url=args.base_url, port=args.port, purpose="bench") as (base_url, server):
             record = measure(args, variant, base_url, server)
+        if counters := read_counters(variant):
+            record["engine_counters"] = counters  # over the whole server run: warm-up requests included
         record["inputs"]["ladder_id"] = ladder_id
     except (BenchError, PromptSetError, VariantError, ServerError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

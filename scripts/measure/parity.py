@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variant")
     p.add_argument("--reference", help="reference variant (default: GATE_REFERENCE, else PARENT)")
-    p.add_argument("--corpus", default="auto", help="auto | wikitext2 | cpython-docs")
+    p.add_argument("--corpus", default="auto", help="auto | wikitext2 | cpython-docs | bigbench-held-out")
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="tokens to score (default %(default)s)")
     p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context per chunk (default %(default)s)")
     p.add_argument("--backend", choices=["auto", "transformers", "vllm", "llamacpp"], default="auto",

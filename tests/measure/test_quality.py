@@ -203,6 +203,34 @@ def test_identity_criterion():
     assert gate_lib.identity_criterion(None).status == "missing"
 
 
+def test_text_criterion_wilson_by_hand():
+    # 95 of 100 agree, z = 1.64485: centre (0.95 + z²/200) / (1 + z²/100) = 0.93815, half-width
+    # z·sqrt(0.95·0.05/100 + z²/40000) / (1 + z²/100) = 0.03731 (by hand)
+    lo, hi = gate_lib.wilson(95, 100)
+    assert abs(lo - 0.90084) < 1e-4 and abs(hi - 0.97545) < 1e-4
+    s = {"sequences": 100, "text_agrees": 95, "spelled_out": 3}
+    assert gate_lib.text_criterion(0.85, s).status == "pass"
+    assert gate_lib.text_criterion(0.98, s).status == "fail"
+    assert gate_lib.text_criterion(0.93, s).status == "inconclusive"
+    assert gate_lib.text_criterion(0.9, None).status == "missing"
+
+
+def test_text_agreement_of_greedy_answers():
+    from scripts.measure.identity import compare
+
+    ref = {"id": "a", "ids": [1, 2, 3], "text": "The cat sat", "finish_reason": "length"}
+    assert compare(ref, dict(ref), None)["text_identical"]
+    # a dropped token spelled out in two kept ones: ids diverge, the text runs behind at the cap and agrees
+    spelled = compare(ref, {"id": "a", "ids": [1, 2, 7], "text": "The cat s", "finish_reason": "length"}, [0, 0, 3.0])
+    assert not spelled["identical"] and not spelled["text_identical"] and spelled["text_agrees"]
+    assert spelled["first_char_difference"] == 9
+    # the same prefix, but the variant stopped by itself: a different answer
+    stopped = compare(ref, {"id": "a", "ids": [1, 2, 7], "text": "The cat s", "finish_reason": "stop"}, [0, 0, 3.0])
+    assert not stopped["text_agrees"]
+    other = compare(ref, {"id": "a", "ids": [1, 5, 3], "text": "The dog sat", "finish_reason": "length"}, [0, 2.0, 0])
+    assert not other["text_agrees"] and other["first_char_difference"] == 4
+
+
 def test_gate_cli_on_a_reference_variant(capsys):
     assert gate.main(["smollm2-bf16"]) == 0
     assert "reference variant" in capsys.readouterr().out

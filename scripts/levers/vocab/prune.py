@@ -11,6 +11,9 @@ kept, ids in range), and writes MODEL (a temp directory, verified, renamed into 
   - vocab_map.json (kept ids, full vocabulary size, the keep list's hash) and config.json naming the architecture
     PrunedVocab<Base> with a `vocab_pruning` block, which scripts.levers.vocab.plugin serves in vLLM: logits for the
     kept rows, scattered to their original ids (-inf elsewhere). Tokenizer files are copied unchanged.
+With PRUNE_TAIL=1 (a tied parent only) the checkpoint also carries the exact tail fallback: vocab_tail.safetensors,
+fitted here on the parent's hidden states (scripts.levers.vocab.tail, minutes on a CPU), named by config.json's
+vocab_pruning.tail; its report goes into PROVENANCE.json and the record.
 It also times, on this machine, the output layer a decode step runs: the full head vs the kept rows plus the scatter,
 at batch 1 and 8 (the scatter's cost per step), and writes it with the provenance to PROVENANCE.json and to
 experiments/<variant>/prune_<timestamp>.json.
@@ -29,6 +32,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, copy_side_files, verify
 from scripts.common.records import git_state, hardware, now_utc, versions
 from scripts.common.variants import VariantError, load_variant
+from scripts.levers.vocab import tail
 from scripts.levers.vocab.keep import ID_MAP, PLUGIN_BASES, PLUGIN_PREFIX, VocabError, load_keep_list
 
 
@@ -129,7 +133,14 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
     if rows.dtype not in (torch.bfloat16, torch.float16, torch.float32) or rows.shape[0] != vocab_size:
         raise VocabError(f"{rows_name} is {rows.dtype} {tuple(rows.shape)}: expected a dense float "
                          f"[{vocab_size}, hidden] output layer (a quantized head is not pruned)")
+    with_tail = s.get("PRUNE_TAIL", "0") == "1"
+    if with_tail and rows_name == "lm_head.weight":
+        raise VocabError(f"{parent.name}'s output layer is untied: the tail fallback reads full rows from the input "
+                         f"embedding, which then is not the output matrix")
     timing = time_head(rows, kept, repeat=timing_repeat)
+    tail_file, tail_report = None, None
+    if with_tail:
+        tail_file, tail_report = tail.fit(src, s["BASE"], kept, keep["sha256"], rows_name)
     tensors["lm_head.weight"] = rows[kept].contiguous()
 
     tmp = dest.parent / f".tmp-{dest.name}"
@@ -144,6 +155,9 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
             cfg["text_config"]["tie_word_embeddings"] = False
         cfg["vocab_pruning"] = {"base_architecture": arch, "kept": n, "vocab_size": vocab_size, "id_map": ID_MAP,
                                 "parent": parent.name, "output_rows_from": rows_name}
+        if tail_file:
+            save_file(tail_file["tensors"], tmp / tail.TAIL_FILE, metadata=tail_file["metadata"])
+            cfg["vocab_pruning"]["tail"] = tail.TAIL_FILE
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / ID_MAP).write_text(json.dumps({"vocab_size": vocab_size, "kept_ids": kept, "keep_list": keep["path"],
                                               "keep_list_sha256": keep["sha256"]}) + "\n")
@@ -152,7 +166,8 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
                       "keep_list": keep["path"], "keep_list_sha256": keep["sha256"], "output_rows_from": rows_name,
                       "output_layer_bytes": {"parent": rows.numel() * rows.element_size(),
                                              "pruned": n * rows.shape[1] * rows.element_size()},
-                      "head_timing_this_machine": timing, "seconds": round(time.monotonic() - t0, 1)}
+                      "head_timing_this_machine": timing, "tail_fallback": tail_report,
+                      "seconds": round(time.monotonic() - t0, 1)}
         (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
         verify(tmp, shapes=False)
         shutil.rmtree(dest, ignore_errors=True)
@@ -169,6 +184,11 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
         t = timing[b]
         print(f"  output layer, {b}: full {t['full_head']} us, kept {t['kept_head']} us + scatter "
               f"{t['scatter_only']} us = {t['kept_head_and_scatter']} us")
+    if tail_report:
+        for name, r in tail_report["candidates"][tail_report["target"]]["per_set"].items():
+            print(f"  tail fallback ({tail_report['target']}, margin {tail_report['margin']}), {name}: argmax "
+                  f"coverage {r['argmax_coverage']:.4%}, full row read at {r['full_row_rate']:.2%} of "
+                  f"{r['positions']:,} positions, recall {r['recall']}")
     return dest
 
 

@@ -199,6 +199,71 @@ def test_pruned_greedy_equals_parent_where_its_argmax_is_kept(pruned_server, hf_
     assert checked > 100, checked
 
 
+TAIL = "smollm2-v16k-tail"
+
+
+@pytest.fixture(scope="module")
+def tail_server(embedded_weights, tmp_path_factory):
+    """The tail-fallback variant, built (its estimator fitted on the committed answers) and served; its counters are
+    written to tail.json."""
+    from scripts.levers.vocab.plugin import STATS_ENV
+    from scripts.levers.vocab.prune import prune
+    from tests.conftest import serve
+
+    prune(TAIL, record_dir=tmp_path_factory.mktemp("prune-tail-record"))
+    d = tmp_path_factory.mktemp("serve-tail")
+    with serve(TAIL, d, [], env={STATS_ENV: str(d / "tail.json")}) as s:
+        yield s, d / "tail.json"
+
+
+def dropped_argmax_prompt(model, tok, kept: set[int]) -> tuple[list[int], int]:
+    """A prompt whose parent argmax is a dropped id: a dropped word repeated, which the parent goes on copying."""
+    import torch
+
+    words = [i for i in range(len(tok)) if i not in kept and tok.decode([i]).strip().isalpha()
+             and len(tok.decode([i]).strip()) >= 5 and tok.decode([i]).startswith(" ")]
+    for t in words[:300]:
+        ids = tok(f"Repeat the word:{tok.decode([t]) * 6}", add_special_tokens=False).input_ids
+        with torch.no_grad():
+            best = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        if best not in kept:
+            return ids, best
+    raise AssertionError("no dropped-argmax prompt among 300 dropped words")
+
+
+@pytest.mark.slow
+def test_tail_fallback_greedy_output_is_the_parents(tail_server, hf_reference):
+    """Served through the plugin, the tail-fallback variant picks the parent's argmax at every position (up to a BF16
+    near-tie), including a position whose argmax is a dropped id, and its counters show full rows read."""
+    import torch
+
+    from scripts.common import paths
+    from scripts.common.loadgen import openai_client
+
+    server, stats = tail_server
+    model, tok = hf_reference
+    kept = set(json.loads((paths.WEIGHTS / TAIL / vocab.ID_MAP).read_text())["kept_ids"])
+    client = openai_client(server.base_url)
+    prompt_ids, dropped = dropped_argmax_prompt(model, tok, kept)
+    r = client.completions.create(model=TAIL, prompt=prompt_ids, max_tokens=12, temperature=0,
+                                  extra_body={"return_token_ids": True}).model_dump()
+    cases = [(prompt_ids, r["choices"][0]["token_ids"])]
+    assert cases[0][1][0] == dropped, f"served {tok.decode(cases[0][1][:1])!r}, parent's argmax {tok.decode([dropped])!r}"
+    for p in ["Write a haiku about the sea.", "Explain what a hash table is in two sentences.",
+              "Translate 'good morning' into French and German."]:
+        r = client.chat.completions.create(model=TAIL, messages=[{"role": "user", "content": p}], max_tokens=40,
+                                           temperature=0, extra_body={"return_token_ids": True}).model_dump()
+        cases.append((r["prompt_token_ids"], r["choices"][0]["token_ids"]))
+    for prompt, out in cases:
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].float(), -1)
+        for pos, t in enumerate(out):
+            gap = float(lp[pos].max() - lp[pos, t])
+            assert gap <= TIE_NATS, f"token {pos}: {tok.decode([t])!r} is {gap:.3f} nats below the parent's pick"
+    counts = json.loads(stats.read_text())
+    assert counts["positions"] > 0 and 0 < counts["full_rows"] < counts["positions"]
+
+
 def test_parity_of_a_pruned_checkpoint_on_a_tiny_model(tmp_path):
     """eval_parity's pruned path on a 2-layer random Llama: KL over kept ids ~0, argmax coverage and dropped mass
     as computed directly from the reference's distribution, NLL only where the gold id is kept."""
