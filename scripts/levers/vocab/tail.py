@@ -212,7 +212,7 @@ def fit(parent_dir: Path, base: str, kept: list[int], keep_list_sha256: str, row
 
     t0 = time.monotonic()
     tok = AutoTokenizer.from_pretrained(parent_dir)
-    model = AutoModelForCausalLM.from_pretrained(parent_dir, torch_dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(parent_dir, dtype=torch.bfloat16).eval()
     rows = model.get_output_embeddings().weight.detach()
     vocab = rows.shape[0]
     kept_mask = torch.zeros(vocab, dtype=torch.bool)
