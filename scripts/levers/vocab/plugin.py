@@ -99,7 +99,7 @@ def _wrap(base_name: str):
                 tail.check_rows(self.tail, embed.weight[:self.full_vocab].detach().cpu())
                 self.tail["weight"] = self.tail["weight"].to(embed.weight.device)
                 self.tail["bias"] = self.tail["bias"].to(embed.weight.device)
-                self.full_rows = embed.weight
+                self._rows_of = (embed,)  # a tuple: not registered as a parameter of this model (it is the embedding's)
             return loaded
 
         def _fallback(self, hidden_states, kept, full):
@@ -111,7 +111,7 @@ def _wrap(base_name: str):
             flagged = tail.flags(hidden_states, kept, t["weight"], t["bias"], t["target"], t["margin"])
             idx = flagged.nonzero().squeeze(1)
             if idx.numel():
-                exact = hidden_states[idx] @ self.full_rows[:self.full_vocab].T
+                exact = hidden_states[idx] @ self._rows_of[0].weight[:self.full_vocab].T
                 proc = owner.logits_processor
                 if proc.soft_cap is not None:
                     exact = torch.tanh(exact / proc.soft_cap) * proc.soft_cap

@@ -11,7 +11,7 @@ kept, ids in range), and writes MODEL (a temp directory, verified, renamed into 
   - vocab_map.json (kept ids, full vocabulary size, the keep list's hash) and config.json naming the architecture
     PrunedVocab<Base> with a `vocab_pruning` block, which scripts.levers.vocab.plugin serves in vLLM: logits for the
     kept rows, scattered to their original ids (-inf elsewhere). Tokenizer files are copied unchanged.
-With PRUNE_TAIL=1 (a tied parent only) the checkpoint also carries the exact tail fallback: vocab_tail.safetensors,
+With PRUNE_TAIL=1 (a tied parent only) the checkpoint also carries the exact tail fallback: vocab_tail/estimator.safetensors,
 fitted here on the parent's hidden states (scripts.levers.vocab.tail, minutes on a CPU), named by config.json's
 vocab_pruning.tail; its report goes into PROVENANCE.json and the record.
 It also times, on this machine, the output layer a decode step runs: the full head vs the kept rows plus the scatter,
@@ -94,7 +94,8 @@ def time_head(rows, kept_ids, batches=(1, 8), repeat: int = 200) -> dict:
     return out
 
 
-def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = None, timing_repeat: int = 200) -> Path:
+def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = None, timing_repeat: int = 200,
+          refit_tail: bool = False) -> Path:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
@@ -140,7 +141,8 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
     timing = time_head(rows, kept, repeat=timing_repeat)
     tail_file, tail_report = None, None
     if with_tail:
-        tail_file, tail_report = tail.fit(src, s["BASE"], kept, keep["sha256"], rows_name)
+        tail_file, tail_report = tail.estimator(src, s["BASE"], parent.name, kept, keep["sha256"], rows_name, rows,
+                                                refit=refit_tail)
     tensors["lm_head.weight"] = rows[kept].contiguous()
 
     tmp = dest.parent / f".tmp-{dest.name}"
@@ -156,6 +158,7 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
         cfg["vocab_pruning"] = {"base_architecture": arch, "kept": n, "vocab_size": vocab_size, "id_map": ID_MAP,
                                 "parent": parent.name, "output_rows_from": rows_name}
         if tail_file:
+            (tmp / tail.TAIL_FILE).parent.mkdir()
             save_file(tail_file["tensors"], tmp / tail.TAIL_FILE, metadata=tail_file["metadata"])
             cfg["vocab_pruning"]["tail"] = tail.TAIL_FILE
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -196,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variant")
     p.add_argument("--force", action="store_true", help="rebuild MODEL even if it exists")
+    p.add_argument("--refit-tail", action="store_true", help="PRUNE_TAIL: fit the estimator anew even if the "
+                                                                "committed one matches")
     p.add_argument("--timing-repeat", type=int, default=200,
                    help="repeats of the output-layer timing (a 248k x 2560 head on a CPU: fewer keep it to seconds)")
     return p
@@ -204,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        prune(args.variant, force=args.force, timing_repeat=args.timing_repeat)
+        prune(args.variant, force=args.force, timing_repeat=args.timing_repeat, refit_tail=args.refit_tail)
     except (VocabError, VariantError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,9 +1,9 @@
 """The exact tail fallback of a pruned output vocabulary: a one-row estimator that says when a dropped token could win.
 
-    python -m scripts.levers.vocab.tail gemma3-270m-v32k-tail     # fit only (prints the report; prune.py calls fit())
+    make prune-vocab VARIANT=gemma3-270m-v32k-tail [REFIT_TAIL=1]    # prune.py calls estimator()
 
 A pruned head (scripts.levers.vocab.prune) computes logits for the kept rows only; a dropped token can then never be
-chosen, even where the parent would choose it. With PRUNE_TAIL=1 the checkpoint also carries `vocab_tail.safetensors`:
+chosen, even where the parent would choose it. With PRUNE_TAIL=1 the checkpoint also carries `vocab_tail/estimator.safetensors`:
 one row over the features the serving step already has, [hidden state (after the final norm), max kept logit,
 logsumexp of the kept logits, 1], trained to predict the largest dropped logit (`max_dropped`), or the log of the
 probability mass on dropped ids (`tail_mass`, as adaptive softmax's tail cluster scores it). The serving plugin reads
@@ -13,7 +13,9 @@ the kept rows on every step, evaluates the row, and where
     tail_mass:    estimate + margin >= log p(best kept token)      (p computed with the estimated tail mass)
 
 it computes that position's full row from the whole output matrix, which stays in memory (the tied input embedding),
-so the greedy choice there is the parent's exactly. The margin is fitted on held-out positions: the smallest that
+so the greedy choice there is the parent's exactly. The fitted row is kept, like the keep lists, in
+results/vocab/<base>/tail-<parent>-<N>.safetensors with its report (.json) and committed: `make prune-vocab` reuses
+it when its keep list and output rows match, so a fresh clone builds the variant without the fit's data or minutes. The margin is fitted on held-out positions: the smallest that
 flags every held-out position whose parent argmax is a dropped id, plus SAFETY_NATS. Both targets are fitted; the one
 that reads the full row least often at that recall is kept.
 
@@ -28,17 +30,15 @@ it for another checkpoint or keep list, naming both hashes.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 
 from scripts.common import paths
 from scripts.levers.vocab.keep import VocabError, vocab_dir
 
-TAIL_FILE = "vocab_tail.safetensors"
+TAIL_FILE = "vocab_tail/estimator.safetensors"  # (a folder: vLLM loads every top-level *.safetensors as weights)
 TARGETS = ("max_dropped", "tail_mass")
 SAFETY_NATS = 0.5
 RIDGE = 1e-3
@@ -86,17 +86,21 @@ def flags(hidden, kept_logits, weight, bias, target: str, margin: float):
     return gap(estimate(hidden, kept_logits, weight, bias), mx, lse, target) <= margin
 
 
-def load(model_dir: Path, keep_list_sha256: str) -> dict:
-    """The checkpoint's tail estimator, checked against its keep list (the output rows are checked by the plugin)."""
+def read(path: Path) -> tuple[dict, dict]:
+    """(tensors, metadata) of a safetensors file."""
     from safetensors import safe_open
 
+    with safe_open(str(path), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}  # noqa: SIM118 - safe_open is not iterable
+
+
+def load(model_dir: Path, keep_list_sha256: str) -> dict:
+    """The checkpoint's tail estimator, checked against its keep list (the output rows are checked by the plugin)."""
     path = Path(model_dir) / TAIL_FILE
     if not path.exists():
         raise TailError(f"{path} is missing: this checkpoint's vocab_pruning names a tail fallback, and it does not "
                         f"serve pruned-only without it (rebuild with `make prune-vocab`)")
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not iterable
+    tensors, meta = read(path)
     if set(tensors) != {"weight", "bias"} or meta.get("target") not in TARGETS or "margin" not in meta:
         raise TailError(f"{path}: not a tail estimator (needs weight, bias, target, margin)")
     if meta.get("keep_list_sha256") != keep_list_sha256:
@@ -204,6 +208,34 @@ def flag_rate(p: dict, weight, bias, target: str, margin: float) -> dict:
             "dropped_argmax_flagged": fw, "recall": round(fw / w, 6) if w else None}
 
 
+def estimator_path(base: str, parent: str, n: int) -> Path:
+    """Where a fitted estimator is kept (committed, like the keep lists): per base, parent checkpoint and N."""
+    return vocab_dir(base) / f"tail-{parent}-{n}.safetensors"
+
+
+def estimator(parent_dir: Path, base: str, parent: str, kept: list[int], keep_list_sha256: str, rows_name: str,
+              rows, refit: bool = False) -> tuple[dict, dict]:
+    """The committed estimator for this parent and keep list (checked: same keep list, same output rows), or a new
+    fit written there (with its report beside it) when there is none, it is stale, or refit is asked."""
+    from safetensors.torch import save_file
+
+    path = estimator_path(base, parent, len(kept))
+    report_path = path.with_suffix(".json")
+    if path.exists() and report_path.exists() and not refit:
+        tensors, meta = read(path)
+        if meta.get("keep_list_sha256") == keep_list_sha256 and meta.get("rows_sha256") == rows_sha256(rows):
+            return {"tensors": tensors, "metadata": meta}, json.loads(report_path.read_text())
+        print(f"{paths.shown(path)} was fitted for another keep list or checkpoint: refitting")
+    file, report = fit(parent_dir, base, kept, keep_list_sha256, rows_name)
+    report = {"parent": parent, "estimator": paths.shown(path), **report}
+    for out, write in ((path, lambda t: save_file(file["tensors"], t, metadata=file["metadata"])),
+                       (report_path, lambda t: t.write_text(json.dumps(report, indent=1) + "\n"))):
+        tmp = out.with_name(f".{out.name}.tmp")
+        write(tmp)
+        tmp.rename(out)
+    return file, report
+
+
 def fit(parent_dir: Path, base: str, kept: list[int], keep_list_sha256: str, rows_name: str,
         max_positions: int = 40_000) -> tuple[dict, dict]:
     """(tensors and metadata for TAIL_FILE, report). Reads the parent (never written) with transformers."""
@@ -243,32 +275,3 @@ def fit(parent_dir: Path, base: str, kept: list[int], keep_list_sha256: str, row
                        "margin": ["text/held_out", "answers/held_out"], "check": ["generations/held_out"]},
               "seconds": round(time.monotonic() - t0, 1)}
     return {"tensors": {"weight": c["weight"].contiguous(), "bias": c["bias"].contiguous()}, "metadata": meta}, report
-
-
-def main(argv: list[str] | None = None) -> int:
-    from transformers import AutoTokenizer
-
-    from scripts.common.variants import VariantError, load_variant
-    from scripts.levers.vocab.keep import load_keep_list
-
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("variant", help="a pruned variant (PARENT, BASE, PRUNE_KEEP)")
-    p.add_argument("--max-positions", type=int, default=40_000)
-    args = p.parse_args(argv)
-    try:
-        var = load_variant(args.variant)
-        parent = load_variant(var.resolved["PARENT"])
-        n = int(var.resolved["PRUNE_KEEP"])
-        tok = AutoTokenizer.from_pretrained(parent.model)
-        cfg = json.loads((Path(parent.model) / "config.json").read_text())
-        keep = load_keep_list(var.resolved["BASE"], n, tok, cfg.get("text_config", cfg)["vocab_size"])
-        _, report = fit(Path(parent.model), var.resolved["BASE"], keep["kept_ids"], keep["sha256"], "tied")
-    except (VocabError, VariantError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(report, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

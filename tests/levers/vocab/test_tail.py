@@ -51,6 +51,7 @@ def test_fitted_margin_flags_every_dropped_argmax_of_the_margin_set(target):
 
 def write(path, keep_sha="k" * 64, rows_sha="r" * 64, **extra):
     meta = {"target": "max_dropped", "margin": "1.5", "keep_list_sha256": keep_sha, "rows_sha256": rows_sha, **extra}
+    (path / tail.TAIL_FILE).parent.mkdir(exist_ok=True)
     save_file({"weight": torch.zeros(18), "bias": torch.zeros(1)}, path / tail.TAIL_FILE, metadata=meta)
 
 
@@ -75,3 +76,35 @@ def test_rows_of_another_checkpoint_are_refused_with_both_hashes(tmp_path):
     other[0, 0] += 1
     with pytest.raises(tail.TailError, match=f"rows {tail.rows_sha256(rows)[:12]}.*is {tail.rows_sha256(other)[:12]}"):
         tail.check_rows(t, other)
+
+
+def test_committed_estimator_is_reused_only_for_its_keep_list_and_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(tail, "vocab_dir", lambda base: tmp_path)
+    rows = torch.randn(8, 4).to(torch.bfloat16)
+    fits = []
+
+    def fake_fit(parent_dir, base, kept, keep_sha, rows_name):
+        fits.append(keep_sha)
+        meta = {"target": "max_dropped", "margin": "1.0", "keep_list_sha256": keep_sha,
+                "rows_sha256": tail.rows_sha256(rows)}
+        return {"tensors": {"weight": torch.zeros(6), "bias": torch.zeros(1)}, "metadata": meta}, {"target": "max_dropped"}
+
+    monkeypatch.setattr(tail, "fit", fake_fit)
+    args = (tmp_path, "b", "p", [0, 1, 2])
+    _, report = tail.estimator(*args, "a" * 64, "tied", rows)
+    assert fits == ["a" * 64] and (tmp_path / "tail-p-3.safetensors").exists()
+    assert report["estimator"].endswith("tail-p-3.safetensors") and json_of(tmp_path / "tail-p-3.json") == report
+    tail.estimator(*args, "a" * 64, "tied", rows)
+    assert fits == ["a" * 64]  # reused
+    tail.estimator(*args, "b" * 64, "tied", rows)  # another keep list: refitted
+    other = rows.clone()
+    other[0, 0] += 1
+    tail.estimator(*args, "b" * 64, "tied", other)  # another checkpoint: refitted
+    tail.estimator(*args, "b" * 64, "tied", other, refit=True)
+    assert fits == ["a" * 64, "b" * 64, "b" * 64, "b" * 64]
+
+
+def json_of(path):
+    import json
+
+    return json.loads(path.read_text())
