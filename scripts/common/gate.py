@@ -8,7 +8,7 @@
                                      # items and paired item by item; each task's own drop is reported beside it
     GATE_MAX_TASK_DROP=2.0           # points (0-100) lost on any lm-eval task's main metric, paired item by item
     GATE_GREEDY_IDENTITY=1           # lossless speculation: greedy token ids equal the reference's, up to near-ties
-    GATE_MIN_TEXT_IDENTITY=0.90      # greedy answers whose text agrees with the reference's (measure.identity)
+    GATE_MIN_TEXT_IDENTITY=0.90      # greedy answers (one per prompt, c=1) whose text agrees with the reference's (measure.identity)
     GATE_MIN_ARGMAX_COVERAGE=0.995   # pruned vocabulary (measure.parity): share of tokens whose reference argmax is kept
     GATE_MAX_DROPPED_MASS=0.005      # pruned vocabulary: mean reference probability on dropped ids
 
@@ -392,7 +392,9 @@ def gate_for(variant: str, settings: dict[str, str], root: Path | None = None) -
     if settings.get(IDENTITY_KEY) == "1":
         out.append(identity_criterion(ident["summary"]["identity"] if ident else None))
     if TEXT_KEY in settings:
-        out.append(text_criterion(float(settings[TEXT_KEY]), ident["summary"]["identity"] if ident else None))
+        # one answer per prompt: the same prompt's answers at other concurrencies are not independent evidence
+        per_prompt = ident["summary"].get("per_concurrency", {}).get("1", ident["summary"]["identity"]) if ident else None
+        out.append(text_criterion(float(settings[TEXT_KEY]), per_prompt))
     if not out:
         out = [Criterion("GATE_*", 0, "max", detail=f"{variant} sets no GATE_* tolerance")]
     return reference, out

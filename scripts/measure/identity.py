@@ -14,7 +14,7 @@ Beside the ids, the text a user reads: whether the two answers' strings are iden
 or one is a prefix of the other and the shorter stopped at the token cap: a pruned vocabulary spells a dropped token
 out in several kept ones, so its text runs behind by a few characters at the cap), and the character offset of the
 first difference. `spelled_out` counts the answers whose ids diverge while the text agrees. GATE_MIN_TEXT_IDENTITY
-judges the share that agrees. Writes a quality record of kind `greedy-identity` to experiments/<variant>/.
+judges the share that agrees at c=1 (one answer per prompt). Writes a quality record of kind `greedy-identity` to experiments/<variant>/.
 """
 
 from __future__ import annotations
