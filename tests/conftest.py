@@ -62,9 +62,8 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout_s: fl
 
 
 @contextmanager
-def serve(variant: str, log_dir: Path, sets: list[str], env: dict[str, str] | None = None) -> Iterator[RunningServer]:
-    """`python -m scripts.serve <variant> --set …` on a free port (with `env` added to the environment), stopped by
-    SIGTERM when the block exits."""
+def serve(variant: str, log_dir: Path, sets: list[str]) -> Iterator[RunningServer]:
+    """`python -m scripts.serve <variant> --set …` on a free port, stopped by SIGTERM when the block exits."""
     port = free_port()
     log = log_dir / "serve.log"
     engine_log = log.with_name("engine.log")
@@ -72,7 +71,7 @@ def serve(variant: str, log_dir: Path, sets: list[str], env: dict[str, str] | No
         proc = subprocess.Popen(
             [sys.executable, "-m", "scripts.serve", variant, "--port", str(port), "--log", str(engine_log),
              *[a for kv in sets for a in ("--set", kv)]],
-            cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
     try:

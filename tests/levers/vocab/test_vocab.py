@@ -205,14 +205,14 @@ TAIL = "smollm2-v16k-tail"
 @pytest.fixture(scope="module")
 def tail_server(embedded_weights, tmp_path_factory):
     """The tail-fallback variant, built (its estimator fitted on the committed answers) and served; its counters are
-    written to tail.json."""
+    written to tail.json (set like any server setting: the variant's config.env names its own path)."""
     from scripts.levers.vocab.plugin import STATS_ENV
     from scripts.levers.vocab.prune import prune
     from tests.conftest import serve
 
     prune(TAIL, record_dir=tmp_path_factory.mktemp("prune-tail-record"))
     d = tmp_path_factory.mktemp("serve-tail")
-    with serve(TAIL, d, [], env={STATS_ENV: str(d / "tail.json")}) as s:
+    with serve(TAIL, d, [f"ENV_{STATS_ENV}={d / 'tail.json'}"]) as s:
         yield s, d / "tail.json"
 
 
