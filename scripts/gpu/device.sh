@@ -18,6 +18,12 @@
 #                                               # KEEP=1: leave them running, e.g. for `profile`, then `stop`)
 #   SET="…" [ONLY="tag …"] bash scripts/gpu/device.sh profile   # decode-step profiles of running servers (below)
 #   bash scripts/gpu/device.sh stop             # stop every server `start` left running
+#   [HEADS="tag:tokens ..."] [STEPS=N] bash scripts/gpu/device.sh redistill V   # in the background (setsid; it
+#                                               # outlives the call, `poll` follows it): V's PARENT answers V's prompt
+#                                               # set on vLLM (GEN_CONCURRENCY in flight, redistill --generate-only),
+#                                               # then one head per HEADS entry (REDISTILL_MAX_TRAIN_TOKENS=tokens,
+#                                               # empty: all) trained side by side on the GPU, into /root/heads/<tag>
+#   bash scripts/gpu/device.sh poll             # the redistill log so far; when done, heads + logs as $OUT/heads.tar.NN
 #   [BAKE_ARGS="--device-name 'NVIDIA H200'"] bash scripts/gpu/device.sh bake V [V ...]   # build weights, then
 #                                               # scripts.levers.cache.bake V --measure-warm for each (cold start with empty
 #                                               # caches, warm-up, pack, warm start from the tarball); tarballs in
@@ -201,6 +207,34 @@ PY
     [ -z "${KEEP:-}" ] && stop_servers
     tar cf $OUT/${TAR:-results}.tar -C $res . && ls -lR $res | head -40
     nvidia-smi --query-gpu=memory.used --format=csv,noheader; echo "measure $(( $(date +%s) - t0 )) s" ;;
+  redistill)
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1 LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
+    [ -f $STAGE/smollm2.gguf ] || cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
+    v=$1; mkdir -p $RUN /root/heads .cache/prompts; rm -f /root/heads/DONE
+    for f in $STAGE/prompts/*.jsonl.gz; do [ -f "$f" ] && gunzip -c "$f" > .cache/prompts/$(basename "$f" .gz); done
+    build "$(cfg $v PARENT)" || exit 1
+    (setsid bash -c '
+      v=$0; t0=$(date +%s)
+      echo "== generate $(date +%T)"
+      python3 -m scripts.levers.speculate.redistill "$v" --generate-only --concurrency ${GEN_CONCURRENCY:-256} \
+        --target-set SERVE_MAX_NUM_SEQS=${GEN_CONCURRENCY:-256} --target-set SERVE_GPU_MEMORY_UTILIZATION=0.6 \
+        || { echo "generation failed"; touch /root/heads/DONE; exit 1; }
+      cp .cache/redistill-*.log /root/heads/ 2>/dev/null
+      echo "== train $(date +%T): ${HEADS:-full:}"
+      for h in ${HEADS:-full:}; do tag=${h%%:*}; n=${h#*:}
+        python3 -m scripts.levers.speculate.redistill "$v" ${STEPS:+--steps $STEPS} --out /root/heads/$tag \
+          --set REDISTILL_MAX_TRAIN_TOKENS=$n > /root/heads/train-$tag.log 2>&1 &
+      done; wait
+      echo "== done $(date +%T) after $(( $(date +%s) - t0 )) s"; touch /root/heads/DONE
+    ' "$v" > $RUN/redistill.out 2>&1 < /dev/null &)
+    sleep 20; cat $RUN/redistill.out ;;
+  poll)
+    for _ in $(seq ${WAIT:-500}); do [ -f /root/heads/DONE ] && break; sleep 1; done
+    tail -${LOG_TAIL:-30} $RUN/redistill.out; for f in /root/heads/train-*.log; do echo "--- $f"; tr '\r' '\n' < $f | grep -v "^\s*$" | tail -4; done
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    if [ -f /root/heads/DONE ]; then
+      tar cf - -C /root heads | split -b 15M -d -a 2 - $OUT/heads.tar.; ls -la $OUT
+    fi ;;
   stop)
     stop_servers; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   profile)

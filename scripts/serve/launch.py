@@ -32,7 +32,8 @@ def check_model_present(variant: Variant) -> None:
 
 
 def check_head(variant: Variant) -> None:
-    """A draft head under weights/ exists and was built for this target's shapes and vocabulary."""
+    """A draft head under weights/ exists, was built for this target's shapes and vocabulary, and (when the variant
+    pins REDISTILL_PROMPT_SHA256) was trained on that prompt set."""
     head = head_dir(variant)
     if head is None:
         return
@@ -42,7 +43,12 @@ def check_head(variant: Variant) -> None:
     cfg = json.loads((head / "config.json").read_text())
     layer = cfg.get("transformer_layer_config", cfg)  # an EAGLE head's layer config, else a draft model's own
     target = json.loads((Path(variant.model) / "config.json").read_text())
-    built = json.loads((head / "PROVENANCE.json").read_text()).get("target", "?") if (head / "PROVENANCE.json").exists() else "?"
+    prov = json.loads((head / "PROVENANCE.json").read_text()) if (head / "PROVENANCE.json").exists() else {}
+    built = prov.get("target", "?")
+    pinned, trained = variant.resolved.get("REDISTILL_PROMPT_SHA256"), prov.get("prompts", {}).get("prompt_set_sha256")
+    if pinned and pinned != trained:
+        raise CheckpointError(f"{paths.shown(head)} was trained on prompt set {str(trained)[:16]}; {variant.name}'s "
+                              f"REDISTILL_PROMPT_SHA256 says {pinned[:16]}: redistill it or change the pin")
     for what, mine, theirs in (("hidden size", layer.get("hidden_size"), target.get("hidden_size")),
                                ("vocabulary", layer.get("vocab_size"), target.get("vocab_size"))):
         if mine != theirs:

@@ -5,15 +5,22 @@
     python -m scripts.levers.speculate.redistill smollm2-int8sq-eagle4 --base-url http://127.0.0.1:8000   # target already served
 
 The target is the variant's PARENT, frozen and served as it is (a quantized target stays quantized): its server
-answers the training split of the speculation prompt set greedily (its own responses, not a dataset's), then
-transformers runs the target's checkpoint over prompt + response to take the hidden states EAGLE-3 reads (three
-auxiliary layers, vLLM's default ids, and the last layer before the final norm). The draft vocabulary is the
-REDISTILL_DRAFT_VOCAB most frequent tokens of those responses (the coverage of several sizes is measured and kept).
-The model, loss, vocabulary mapping and checkpoint format are speculators' (Eagle3DraftModel, the format vLLM loads
-with {"method": "eagle3"}); the loop is this script's, because speculators' Trainer moves everything to an
-accelerator device and fails on a CPU-only torch. Data is cached under .cache/redistill/<hash> (a rerun with the same
-target and prompts reuses it); the head is written to a temp folder and renamed, with PROVENANCE.json: target variant
-and model, data hash, steps, loss and accuracy curve, draft-vocabulary coverage, seconds.
+answers the prompt set (REDISTILL_PROMPTS, default spec-v1-train; spec-v2 is BIG-bench at scale, built by
+`python -m scripts.levers.speculate.prompts --scale` and pinned by REDISTILL_PROMPT_SHA256) greedily plus
+REDISTILL_SAMPLES sampled answers per prompt (its own responses, not a dataset's). Those answers (token ids) are
+cached in .cache/redistill/<hash>/responses.json, so a rerun with the same target and prompts reuses them and a
+failed training keeps them (`--generate-only` stops there). Training runs transformers on the target's checkpoint
+over each drawn batch to take the hidden states EAGLE-3 reads (three auxiliary layers, vLLM's default ids, and the
+last layer before the final norm): computed as batches are drawn, never written to disk, and no `datasets` object
+(its fingerprinting failed under the GPU machine's Python 3.12). The prompt set's split column keeps validation
+answers to source families never trained on (without one, one prompt in ten); REDISTILL_MAX_TRAIN_TOKENS keeps the
+first N training response tokens of a fixed order (nested subsets for a learning curve). The draft vocabulary is the
+REDISTILL_DRAFT_VOCAB most frequent tokens of the training answers (the coverage of several sizes is measured and
+kept). The model, loss, vocabulary mapping, collation and checkpoint format are speculators' (Eagle3DraftModel, the
+format vLLM loads with {"method": "eagle3"}); the loop is this script's, because speculators' Trainer moves
+everything to an accelerator device and fails on a CPU-only torch. The head is written to a temp folder and renamed,
+with PROVENANCE.json: target variant and model, prompt set and its hash, answers' hash, token counts per split,
+steps, passes, loss and accuracy curve, validation accuracy, draft-vocabulary coverage, seconds.
 """
 
 from __future__ import annotations
@@ -42,12 +49,12 @@ TRAIN_PROMPTS = paths.EVAL / "prompts" / "spec-v1-train.jsonl"
 # (tiny also takes no sampled responses: REDISTILL_SAMPLES is for `full`)
 BUDGETS = {"tiny": (24, 48, 60), "full": (None, 128, None)}
 DEFAULTS = {"REDISTILL_DRAFT_VOCAB": "auto", "REDISTILL_STEPS": "400", "REDISTILL_TTT_STEPS": "3",
-            "REDISTILL_LR": "1e-3", "REDISTILL_SEED": "0", "REDISTILL_SAMPLES": "0", "REDISTILL_TEMPERATURE": "0.8"}
+            "REDISTILL_LR": "1e-3", "REDISTILL_SEED": "0", "REDISTILL_SAMPLES": "0", "REDISTILL_TEMPERATURE": "0.8",
+            "REDISTILL_PACK_TOKENS": "512", "REDISTILL_LAYERS": "1", "REDISTILL_MAX_TRAIN_TOKENS": ""}
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 # REDISTILL_DRAFT_VOCAB=auto: the smallest COVERAGE_SIZES entry covering this share of the target's response tokens
 # (a token outside the draft vocabulary can never be proposed, so this caps acceptance per position)
 AUTO_COVERAGE = 0.98
-PACK_TOKENS = 512  # tokens per optimizer step (sequences packed up to this length)
 VAL_FRACTION = 0.1
 
 
@@ -60,53 +67,86 @@ def aux_layer_ids(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def target_responses(target, rows: list[dict], max_tokens: int, cfg: dict, base_url: str | None, port: int) -> list[dict]:
+def target_responses(target, rows: list[dict], max_tokens: int, cfg: dict, base_url: str | None, port: int,
+                     concurrency: int) -> list[dict]:
     """The target's own answers: the greedy one and cfg["samples"] sampled at cfg["temperature"] per prompt (more
-    of the target's distribution for the same prompts); prompt ids (chat template applied by the server) and
-    response ids."""
+    of the target's distribution for the same prompts); prompt ids (chat template applied by the server), response
+    ids, and the prompt's split (train | val) and group."""
+    split = splits_of(rows)
     with variant_server(target, base_url=base_url, port=port, purpose="redistill") as (url, _):
-        return greedy_ids(url, target.served_name, rows, max_tokens,
-                          concurrency=target.max_num_seqs,
+        seqs = greedy_ids(url, target.served_name, rows, max_tokens, concurrency=concurrency,
                           samples=cfg["samples"], temperature=cfg["temperature"], seed=cfg["seed"])
+    return [{"id": s["id"], "sample": s["sample"], "split": split[s["id"]][0], "group": split[s["id"]][1],
+             "prompt_ids": s["prompt_ids"], "ids": s["ids"]} for s in seqs]
 
 
-def write_hidden_states(model_dir: str, seqs: list[dict], out: Path) -> Counter:
-    """speculators' offline layout: a datasets folder (input_ids, loss_mask, seq_len) and hidden_states/hs_<i>
-    .safetensors holding [seq, 4, hidden] (three auxiliary layers, then the last layer before the final norm)."""
-    import torch
-    from datasets import Dataset
-    from safetensors.torch import save_file
-    from tqdm import tqdm
-    from transformers import AutoModelForCausalLM
+def splits_of(rows: list[dict]) -> dict[str, tuple[str, str]]:
+    """prompt id -> (split, group): the set's own split column where it names a `val` split (spec-v2), else by id."""
+    own = any(r.get("split") == "val" for r in rows)
+    return {r["id"]: (r["split"] if own else split_of(r["id"]), r.get("group", "")) for r in rows}
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
-    layers = aux_layer_ids(model.config.num_hidden_layers)
-    captured = {}
-    hook = model.model.layers[-1].register_forward_hook(
-        lambda _m, _i, o: captured.__setitem__("last", o[0] if isinstance(o, tuple) else o))
-    (out / "hidden_states").mkdir(parents=True)
-    rows, freq = {"input_ids": [], "loss_mask": [], "seq_len": []}, Counter()
-    try:
-        for i, s in enumerate(tqdm(seqs, desc="hidden states", unit="seq")):
-            ids = torch.tensor([s["prompt_ids"] + s["ids"]])
-            with torch.no_grad():
-                hs = model(ids.to(device), output_hidden_states=True).hidden_states
-            stack = torch.stack([hs[layer][0] for layer in layers] + [captured["last"][0]], dim=1).cpu()
-            mask = torch.zeros(ids.shape[1], dtype=torch.long)
-            mask[len(s["prompt_ids"]):] = 1
-            save_file({"token_ids": ids[0], "hidden_states": stack.to(torch.bfloat16).contiguous()},
-                      str(out / "hidden_states" / f"hs_{i}.safetensors"))
-            rows["input_ids"].append(ids[0].tolist())
-            rows["loss_mask"].append(mask.tolist())
-            rows["seq_len"].append(ids.shape[1])
-            freq.update(s["ids"])
-    finally:
-        hook.remove()
-    ds = Dataset.from_dict(rows)
-    ds.set_format(type="torch")
-    ds.save_to_disk(str(out))
-    return freq
+
+def split_of(prompt_id: str) -> str:
+    """A prompt set without a validation split (spec-v1-train): one prompt in ten is validation, by its id's hash."""
+    return "val" if hashlib.sha256(prompt_id.encode()).digest()[0] < round(256 * VAL_FRACTION) else "train"
+
+
+def select(seqs: list[dict], split: str, max_tokens: int | None) -> list[dict]:
+    """The sequences of one split in a fixed pseudo-random order (sha256 of id and sample), cut once their response
+    tokens reach max_tokens: the nested subsets a learning curve trains on."""
+    out, total = [], 0
+    for s in sorted((s for s in seqs if s.get("split", "train") == split),
+                    key=lambda s: hashlib.sha256(f"{s['id']}/{s.get('sample', 0)}".encode()).digest()):
+        if max_tokens is not None and total >= max_tokens:
+            break
+        if s["ids"]:
+            out.append(s)
+            total += len(s["ids"])
+    return out
+
+
+class Features:
+    """The target's hidden states for EAGLE-3, computed as batches are drawn (nothing written to disk: 27k prompts
+    with three answers each would be ~80 GB of [seq, 4, hidden] states): three auxiliary layers and the last layer
+    before the final norm, in the sample layout of speculators' datasets ([seq, 3*hidden] and [seq, hidden])."""
+
+    def __init__(self, model_dir: str, device: str):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.device = device
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+        self.layers = aux_layer_ids(self.model.config.num_hidden_layers)
+        self.captured = {}
+        self.model.model.layers[-1].register_forward_hook(
+            lambda _m, _i, o: self.captured.__setitem__("last", o[0] if isinstance(o, tuple) else o))
+
+    def samples(self, seqs: list[dict], max_len: int) -> list[dict]:
+        """One sample per sequence (prompt + response, cut to max_len), the target run once over the padded batch."""
+        import torch
+
+        ids = [(s["prompt_ids"] + s["ids"])[:max_len] for s in seqs]
+        width = max(len(x) for x in ids)
+        batch = torch.zeros(len(ids), width, dtype=torch.long)
+        attn = torch.zeros(len(ids), width, dtype=torch.long)
+        for i, x in enumerate(ids):
+            batch[i, :len(x)] = torch.tensor(x)
+            attn[i, :len(x)] = 1
+        with torch.no_grad():
+            hs = self.model(batch.to(self.device), attention_mask=attn.to(self.device), output_hidden_states=True,
+                            logits_to_keep=1).hidden_states
+        out = []
+        for i, (s, x) in enumerate(zip(seqs, ids, strict=True)):
+            n = len(x)
+            mask = torch.zeros(n, dtype=torch.long)
+            mask[min(len(s["prompt_ids"]), n):] = 1
+            out.append({"hidden_states": torch.cat([hs[layer][i, :n] for layer in self.layers], dim=-1),
+                        "input_ids": torch.tensor(x, device=self.device),
+                        "verifier_last_hidden_states": self.captured["last"][i, :n],
+                        "loss_mask": mask.to(self.device),
+                        "lengths": torch.tensor([n], dtype=torch.long),
+                        "position_ids": torch.arange(n, dtype=torch.long, device=self.device)})
+        return out
 
 
 def coverage(freq: Counter, sizes=COVERAGE_SIZES) -> dict[str, float]:
@@ -128,13 +168,14 @@ def pack(lengths: list[int], order: list[int], budget: int) -> list[list[int]]:
     return groups + ([cur] if cur else [])
 
 
-def train(target_dir: str, hidden: int, data: Path, freq: Counter, cfg: dict, steps: int, seed: int):
-    """speculators' Eagle3DraftModel trained on the cached data; returns (model, curve, validation accuracy)."""
+def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Counter, cfg: dict, steps: int, seed: int):
+    """speculators' Eagle3DraftModel trained on the target's answers (sets: train, val); returns (model, curve,
+    validation accuracy per draft position)."""
     import torch
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.models.eagle3.data import shift_batch
-    from speculators.train.data import ArrowDataset, CollateFn
+    from speculators.train.data import CollateFn
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
     from tqdm import tqdm
     from transformers import AutoConfig, LlamaConfig
@@ -144,32 +185,28 @@ def train(target_dir: str, hidden: int, data: Path, freq: Counter, cfg: dict, st
     d2t, t2d = build_vocab_mappings_from_distribution(dict(freq), cfg["draft_vocab"], vcfg.vocab_size)
     layer_cfg = LlamaConfig(**{k: v for k, v in vcfg.to_dict().items()
                                if k not in ("architectures", "dtype", "_name_or_path", "quantization_config")})
-    layer_cfg.num_hidden_layers, layer_cfg.tie_word_embeddings = 1, False
-    ttt = cfg["ttt_steps"]
+    layer_cfg.num_hidden_layers, layer_cfg.tie_word_embeddings = cfg["layers"], False
+    ttt, max_len = cfg["ttt_steps"], cfg["pack_tokens"]
     model = Eagle3DraftModel.from_training_args(
         verifier_config=layer_cfg, t2d=t2d, d2t=d2t, verifier_name_or_path=target_dir,
         target_layer_ids=aux_layer_ids(vcfg.num_hidden_layers), draft_vocab_size=cfg["draft_vocab"],
         norm_before_residual=True, norm_before_fc=True, norm_output=True, ttt_steps=ttt, draft_attn_impl="sdpa")
-    sets = {split: ArrowDataset(max_len=PACK_TOKENS, datapath=data, on_missing="raise", split=split,
-                                train_ratio=1 - VAL_FRACTION, hidden_states_dtype=torch.float32)
-            for split in ("train", "val")}
-    collate = CollateFn(max_len=PACK_TOKENS, hidden_size=hidden, num_target_layers=3, dtype=torch.float32,
+    collate = CollateFn(max_len=max_len, hidden_size=hidden, num_target_layers=3, dtype=torch.float32,
                         preprocess=shift_batch)
     keys = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids", "verifier_last_hidden_states")
     loss_cfg = resolve_loss_config("kl_div", "eager")  # the fused loss needs Triton
-
-    def batches(split: str, rng: random.Random) -> list[list[int]]:
-        ds = sets[split]
-        lengths = [int(x) for x in ds.data["seq_len"]]
-        order = list(range(len(lengths)))
-        rng.shuffle(order)
-        return pack(lengths, order, PACK_TOKENS)
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    feats = Features(target_dir, device)
     model.to(device)
 
+    def batches(split: str, rng: random.Random) -> list[list[int]]:
+        lengths = [min(len(s["prompt_ids"]) + len(s["ids"]), max_len) for s in sets[split]]
+        order = list(range(len(lengths)))
+        rng.shuffle(order)
+        return pack(lengths, order, max_len)
+
     def run(split: str, group: list[int]):
-        b = collate([sets[split][i] for i in group])
+        b = collate(feats.samples([sets[split][i] for i in group], max_len))
         # BF16 autocast on either device (speculators' own trainer autocasts on CUDA only; on a CPU with AMX or
         # AVX512-BF16 it is several times faster than FP32)
         with torch.autocast(device_type=device, dtype=torch.bfloat16):
@@ -182,12 +219,12 @@ def train(target_dir: str, hidden: int, data: Path, freq: Counter, cfg: dict, st
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / steps)))
-    rng, queue, curve = random.Random(seed), [], []
+    rng, queue, curve, epochs = random.Random(seed), [], [], 0
     model.train()
-    bar = tqdm(range(steps), desc="train", unit="step")
+    bar = tqdm(range(steps), desc="train", unit="step", mininterval=10)
     for step in bar:
         if not queue:
-            queue = batches("train", rng)
+            queue, epochs = batches("train", rng), epochs + 1
         _, loss, metrics = run("train", queue.pop())
         if not torch.isfinite(loss):
             raise RedistillError(f"loss is {loss.item()} at step {step}: lower REDISTILL_LR")
@@ -209,13 +246,13 @@ def train(target_dir: str, hidden: int, data: Path, freq: Counter, cfg: dict, st
             for j in range(ttt):
                 sums[j] += float(metrics[f"cond_acc_{j}_sum"])
                 totals[j] += float(metrics[f"cond_acc_{j}_total"])
-    return model, curve, [s / max(t, 1.0) for s, t in zip(sums, totals, strict=True)]
+    return model, curve, [s / max(t, 1.0) for s, t in zip(sums, totals, strict=True)], epochs
 
 
 def cached_data(target, rows: list[dict], info: dict, max_tokens: int, cfg: dict, base_url: str | None,
-                port: int) -> Path:
-    """.cache/redistill/<hash of target, prompts, length, sampling>: responses + hidden states, built once (temp
-    dir, rename)."""
+                port: int, concurrency: int) -> Path:
+    """.cache/redistill/<hash of target, prompts, length, sampling>/responses.json: the target's answers (token
+    ids), generated once (temp file, rename); a rerun with the same target and prompts reuses them."""
     sampling = [cfg["samples"], cfg["temperature"], cfg["seed"]] if cfg["samples"] else []
     key = hashlib.sha256(json.dumps([target.name, target.resolved["MODEL"], info["prompt_set_sha256"], len(rows),
                                      max_tokens, *sampling]).encode()).hexdigest()[:16]
@@ -223,17 +260,17 @@ def cached_data(target, rows: list[dict], info: dict, max_tokens: int, cfg: dict
     if (data / "responses.json").exists():
         print(f"reusing {paths.shown(data)}")
         return data
-    seqs = target_responses(target, rows, max_tokens, cfg, base_url, port)
-    data.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=data.parent))
-    try:
-        freq = write_hidden_states(target.model, seqs, tmp / "data")
-        (tmp / "data" / "responses.json").write_text(json.dumps({"seqs": seqs, "freq": freq}))
-        shutil.rmtree(data, ignore_errors=True)
-        (tmp / "data").rename(data)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"cached {len(seqs)} responses and hidden states in {paths.shown(data)}")
+    t0 = time.monotonic()
+    seqs = target_responses(target, rows, max_tokens, cfg, base_url, port, concurrency)
+    freq = Counter(t for s in seqs if s["split"] == "train" for t in s["ids"])
+    data.mkdir(parents=True, exist_ok=True)
+    tmp = data / ".responses.json.tmp"
+    tmp.write_text(json.dumps({"prompts": info, "target": target.name, "max_tokens": max_tokens,
+                               "sampling": sampling, "seconds": round(time.monotonic() - t0, 1),
+                               "seqs": seqs, "freq": freq}))
+    tmp.rename(data / "responses.json")
+    print(f"cached {len(seqs):,} responses ({sum(len(s['ids']) for s in seqs):,} tokens) in {paths.shown(data)} "
+          f"after {time.monotonic() - t0:.0f} s")
     return data
 
 
@@ -255,30 +292,57 @@ def settings_of(variant) -> dict:
     r = {**DEFAULTS, **{k: v for k, v in variant.resolved.items() if k.startswith("REDISTILL_")}}
     try:
         vocab = r["REDISTILL_DRAFT_VOCAB"]
-        return {"draft_vocab": vocab if vocab == "auto" else int(vocab), "steps": int(r["REDISTILL_STEPS"]),
-                "ttt_steps": int(r["REDISTILL_TTT_STEPS"]), "lr": float(r["REDISTILL_LR"]),
-                "seed": int(r["REDISTILL_SEED"]), "samples": int(r["REDISTILL_SAMPLES"]),
-                "temperature": float(r["REDISTILL_TEMPERATURE"])}
+        cap = r["REDISTILL_MAX_TRAIN_TOKENS"]
+        cfg = {"draft_vocab": vocab if vocab == "auto" else int(vocab), "steps": int(r["REDISTILL_STEPS"]),
+               "ttt_steps": int(r["REDISTILL_TTT_STEPS"]), "lr": float(r["REDISTILL_LR"]),
+               "seed": int(r["REDISTILL_SEED"]), "samples": int(r["REDISTILL_SAMPLES"]),
+               "temperature": float(r["REDISTILL_TEMPERATURE"]), "pack_tokens": int(r["REDISTILL_PACK_TOKENS"]),
+               "layers": int(r["REDISTILL_LAYERS"]), "max_train_tokens": int(float(cap)) if cap else None}
     except ValueError as e:
         raise RedistillError(f"{variant.path / 'config.env'}: a REDISTILL_* value is not a number ({e})") from None
+    if cfg["layers"] < 1 or cfg["pack_tokens"] < 64:
+        raise RedistillError(f"{variant.name}: REDISTILL_LAYERS must be >= 1 and REDISTILL_PACK_TOKENS >= 64")
+    return cfg
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variant", help="a speculative variant whose SERVE_SPECULATIVE_CONFIG names the head to write")
     p.add_argument("--budget", choices=sorted(BUDGETS), default="full")
-    p.add_argument("--prompts", type=Path, default=TRAIN_PROMPTS)
+    p.add_argument("--prompts", type=Path, help="the prompt set (default: REDISTILL_PROMPTS, else spec-v1-train)")
     p.add_argument("--steps", type=int, help="optimizer steps (default: the budget's, else REDISTILL_STEPS)")
     p.add_argument("--base-url", help="the target's running server (default: start it)")
     p.add_argument("--port", type=int, default=8127)
+    p.add_argument("--concurrency", type=int, help="requests in flight while the target answers (default: its "
+                   "SERVE_MAX_NUM_SEQS; raise that too with --target-set for bulk generation)")
+    p.add_argument("--target-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config.env key of the target (PARENT) for the server it starts")
+    p.add_argument("--generate-only", action="store_true", help="stop once the target's answers are cached")
     p.add_argument("--out", type=Path, help="write the head here instead of the variant's head folder")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     return p
 
 
+def prompt_path(variant, given: Path | None) -> Path:
+    """--prompts, else the variant's REDISTILL_PROMPTS (relative to the repository), else spec-v1-train."""
+    if given:
+        return given
+    named = variant.resolved.get("REDISTILL_PROMPTS")
+    return paths.ROOT / named if named else TRAIN_PROMPTS
+
+
+def check_prompt_hash(variant, info: dict) -> None:
+    """REDISTILL_PROMPT_SHA256 pins the prompt set: a different file (another BIG-bench build) is refused."""
+    want = variant.resolved.get("REDISTILL_PROMPT_SHA256")
+    if want and want != info["prompt_set_sha256"]:
+        raise RedistillError(f"{info['prompt_set']} has sha256 {info['prompt_set_sha256'][:16]}, {variant.name}'s "
+                             f"REDISTILL_PROMPT_SHA256 is {want[:16]}: rebuild it (python -m "
+                             f"scripts.levers.speculate.prompts --scale) or change the pin")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    t0 = time.monotonic()
+    t0, data = time.monotonic(), None
     try:
         variant = load_variant(args.variant, overrides=parse_overrides(args.set))
         out = args.out or head_dir(variant)
@@ -286,18 +350,28 @@ def main(argv: list[str] | None = None) -> int:
             raise RedistillError(f"{variant.name}: SERVE_SPECULATIVE_CONFIG names no eagle3 head under weights/")
         if not variant.resolved.get("PARENT"):
             raise RedistillError(f"{variant.name} has no PARENT: the target to distill from")
-        target = load_variant(variant.resolved["PARENT"])
+        target = load_variant(variant.resolved["PARENT"], overrides=parse_overrides(args.target_set))
         if not Path(target.model).is_dir():
             raise RedistillError(f"{target.resolved['MODEL']} does not exist: build {target.name} first")
         cfg = settings_of(variant)
         n_prompts, max_tokens, steps = BUDGETS[args.budget]
         if args.budget == "tiny":
-            cfg["samples"] = 0
+            cfg["samples"], cfg["max_train_tokens"] = 0, None
         steps = args.steps or steps or cfg["steps"]
-        rows, info = load_prompts(args.prompts, n_prompts)
-        data = cached_data(target, rows, info, max_tokens, cfg, args.base_url, args.port)
+        rows, info = load_prompts(prompt_path(variant, args.prompts), n_prompts)
+        check_prompt_hash(variant, info)
+        data = cached_data(target, rows, info, max_tokens, cfg, args.base_url, args.port,
+                           args.concurrency or target.max_num_seqs)
+        if args.generate_only:
+            return 0
         cached = json.loads((data / "responses.json").read_text())
-        freq = Counter({int(k): v for k, v in cached["freq"].items()})
+        known = splits_of(rows)  # answers cached before the split column existed: the prompt set's split
+        seqs = [{**s, "split": s.get("split") or known[s["id"]][0]} for s in cached["seqs"]]
+        sets = {"train": select(seqs, "train", cfg["max_train_tokens"]), "val": select(seqs, "val", None)}
+        if not sets["val"] or not sets["train"]:
+            raise RedistillError(f"{info['prompt_set']}: {len(sets['train'])} training and {len(sets['val'])} "
+                                 "validation answers; both splits need some")
+        freq = Counter(t for s in sets["train"] for t in s["ids"])
         from transformers import AutoConfig
 
         tcfg = AutoConfig.from_pretrained(target.model)
@@ -307,10 +381,16 @@ def main(argv: list[str] | None = None) -> int:
             cfg["draft_vocab"] = min(auto, tcfg.vocab_size)
         if cfg["draft_vocab"] > tcfg.vocab_size or cfg["draft_vocab"] < 16:
             raise RedistillError(f"REDISTILL_DRAFT_VOCAB={cfg['draft_vocab']}: must lie in 16..{tcfg.vocab_size}")
-        model, curve, val_acc = train(target.model, tcfg.hidden_size, data, freq, cfg, steps, cfg["seed"])
+        model, curve, val_acc, epochs = train(target.model, tcfg.hidden_size, sets, freq, cfg, steps, cfg["seed"])
     except (RedistillError, VariantError, PromptSetError, ServerError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Exception as e:  # a failure while training: the cached answers stay for a retry
+        if data is None:
+            raise
+        print(f"error: training failed ({type(e).__name__}: {e}); the target's answers stay cached in "
+              f"{paths.shown(data)} for a retry", file=sys.stderr)
+        raise
     import torch
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -319,21 +399,28 @@ def main(argv: list[str] | None = None) -> int:
         model.to(torch.bfloat16).save_pretrained(tmp)
         drop_frozen_embedding(model, tmp)
         data_sha = hashlib.sha256((data / "responses.json").read_bytes()).hexdigest()
+        train_tokens = sum(freq.values())
         (tmp / "PROVENANCE.json").write_text(json.dumps({
             "lever": "redistill_mtp (EAGLE-3 via speculators)", "variant": variant.name, "target": target.name,
             "target_model": target.resolved["MODEL"], "target_hidden_size": tcfg.hidden_size,
             "target_vocab_size": tcfg.vocab_size, "aux_layer_ids": aux_layer_ids(tcfg.num_hidden_layers),
             "prompts": info, "budget": args.budget, "responses": len(cached["seqs"]), "max_tokens": max_tokens,
-            "response_tokens": sum(freq.values()), "data_sha256": data_sha, "settings": cfg, "steps": steps,
-            "pack_tokens": PACK_TOKENS, "curve": curve, "val_cond_acc": [round(a, 4) for a in val_acc],
-            "draft_vocab_coverage": cov, "seconds": round(time.monotonic() - t0, 1)}, indent=1))
+            "response_tokens": sum(len(s["ids"]) for s in seqs), "train_responses": len(sets["train"]),
+            "train_response_tokens": train_tokens, "val_responses": len(sets["val"]),
+            "val_response_tokens": sum(len(s["ids"]) for s in sets["val"]), "data_sha256": data_sha,
+            "settings": cfg, "steps": steps, "epochs": round(steps * cfg["pack_tokens"] / max(
+                sum(len(s["prompt_ids"]) + len(s["ids"]) for s in sets["train"]), 1), 2),
+            "passes_started": epochs, "curve": curve, "val_cond_acc": [round(a, 4) for a in val_acc],
+            "draft_vocab_coverage": cov, "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "seconds": round(time.monotonic() - t0, 1)}, indent=1))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     print(f"validation accuracy per draft position {[round(a, 3) for a in val_acc]}; "
-          f"draft vocab {cfg['draft_vocab']} covers {coverage(freq, (cfg['draft_vocab'],))[str(cfg['draft_vocab'])]:.1%}")
+          f"draft vocab {cfg['draft_vocab']} covers {coverage(freq, (cfg['draft_vocab'],))[str(cfg['draft_vocab'])]:.1%}; "
+          f"{train_tokens:,} training response tokens")
     print(f"wrote {paths.shown(out)}")
     return 0
 

@@ -75,6 +75,13 @@ def test_missing_or_mismatched_head_is_refused(tmp_path, monkeypatch):
         launch.check_head(v)
     (head / "config.json").write_text(json.dumps({"transformer_layer_config": {"hidden_size": 576, "vocab_size": 49152}}))
     launch.check_head(v)
+    # a variant that pins its prompt set refuses a head trained on another one
+    pinned = variants.Variant("x-eagle4", tmp_path, {}, {**v.resolved, "REDISTILL_PROMPT_SHA256": "a" * 64})
+    (head / "PROVENANCE.json").write_text(json.dumps({"target": "x", "prompts": {"prompt_set_sha256": "b" * 64}}))
+    with pytest.raises(CheckpointError, match="trained on prompt set bbbbbbbbbbbbbbbb; x-eagle4's REDISTILL_PROMPT_SHA256 says aaaa"):
+        launch.check_head(pinned)
+    (head / "PROVENANCE.json").write_text(json.dumps({"target": "x", "prompts": {"prompt_set_sha256": "a" * 64}}))
+    launch.check_head(pinned)
 
 
 def test_redistill_pure_parts():
@@ -84,6 +91,36 @@ def test_redistill_pure_parts():
     freq = Counter({1: 50, 2: 30, 3: 20})
     assert redistill_mtp.coverage(freq, (1, 2, 3)) == {"1": 0.5, "2": 0.8, "3": 1.0}
     assert redistill_mtp.pack([300, 300, 100, 600, 50], [0, 1, 2, 3, 4], 512) == [[0], [1, 2], [3], [4]]
+
+
+def test_redistill_splits_and_nested_subsets():
+    rows = [{"id": f"t{i}", "group": "g", "split": "train"} for i in range(5)] + [{"id": "v0", "group": "h", "split": "val"}]
+    assert redistill_mtp.splits_of(rows)["v0"] == ("val", "h")  # the set's own split column, when it names val
+    no_val = [{"id": f"p{i}", "split": "train"} for i in range(400)]
+    assert 20 < sum(s == "val" for s, _ in redistill_mtp.splits_of(no_val).values()) < 60  # else one in ten, by id
+    seqs = [{"id": f"t{i}", "sample": j, "split": "train", "ids": [1] * 10} for i in range(20) for j in range(2)]
+    seqs += [{"id": "v0", "sample": 0, "split": "val", "ids": [1] * 10}, {"id": "e", "sample": 0, "split": "train", "ids": []}]
+    small, big, every = (redistill_mtp.select(seqs, "train", n) for n in (35, 100, None))
+    assert (len(small), len(big), len(every)) == (4, 10, 40)  # stops once the token budget is reached; empty answers skipped
+    assert big[:4] == small and every[:10] == big  # nested: a larger budget keeps the smaller one's answers
+    assert [s["id"] for s in redistill_mtp.select(seqs, "val", None)] == ["v0"]
+
+
+def test_redistill_refusals(tmp_path):
+    v = variants.Variant("x", tmp_path, {}, {"REDISTILL_PROMPT_SHA256": "a" * 64, "REDISTILL_LAYERS": "0"})
+    with pytest.raises(redistill_mtp.RedistillError, match="has sha256 bbbbbbbbbbbbbbbb, x's REDISTILL_PROMPT_SHA256 is aaaa"):
+        redistill_mtp.check_prompt_hash(v, {"prompt_set": "p.jsonl", "prompt_set_sha256": "b" * 64})
+    with pytest.raises(redistill_mtp.RedistillError, match="REDISTILL_LAYERS must be >= 1"):
+        redistill_mtp.settings_of(v)
+
+
+def test_distillation_prompts_refuse_evaluation_items():
+    from scripts.levers.speculate import prompts
+
+    rows = [{"id": "bb/1", "group": "some_task", "messages": [{"role": "user", "content": "What is  2+2?"}]}]
+    with pytest.raises(prompts.PromptLeak, match=r"bb/1 \(some_task\) is an evaluation prompt of spec-v1-eval \(x\)"):
+        prompts.refuse_evaluation_rows(rows, {"What is 2+2?": "spec-v1-eval (x)"})
+    prompts.refuse_evaluation_rows(rows, {"What is 3+3?": "BIG-bench Lite"})
 
 
 def test_identity_compare_by_hand():
