@@ -21,8 +21,9 @@
 #   [HEADS="tag:tokens ..."] [STEPS=N] bash scripts/gpu/device.sh redistill V   # in the background (setsid; it
 #                                               # outlives the call, `poll` follows it): V's PARENT answers V's prompt
 #                                               # set on vLLM (GEN_CONCURRENCY in flight, redistill --generate-only),
-#                                               # then one head per HEADS entry (REDISTILL_MAX_TRAIN_TOKENS=tokens,
-#                                               # empty: all) trained side by side on the GPU, into /root/heads/<tag>
+#                                               # then one head per HEADS entry "tag:tokens[:K=V,K=V]"
+#                                               # (REDISTILL_MAX_TRAIN_TOKENS=tokens, empty: all; K=V: more settings)
+#                                               # trained side by side on the GPU, into /root/heads/<tag>
 #   bash scripts/gpu/device.sh poll             # the redistill log so far; when done, heads + logs as $OUT/heads.tar.NN
 #   [BAKE_ARGS="--device-name 'NVIDIA H200'"] bash scripts/gpu/device.sh bake V [V ...]   # build weights, then
 #                                               # scripts.levers.cache.bake V --measure-warm for each (cold start with empty
@@ -221,9 +222,10 @@ PY
         || { echo "generation failed"; touch /root/heads/DONE; exit 1; }
       cp .cache/redistill-*.log /root/heads/ 2>/dev/null
       echo "== train $(date +%T): ${HEADS:-full:}"
-      for h in ${HEADS:-full:}; do tag=${h%%:*}; n=${h#*:}
+      for h in ${HEADS:-full:}; do tag=${h%%:*}; rest=${h#*:}; n=${rest%%:*}; xs=()
+        [ "$rest" != "$n" ] && { e=${rest#*:}; for kv in ${e//,/ }; do xs+=(--set "$kv"); done; }
         python3 -m scripts.levers.speculate.redistill "$v" ${STEPS:+--steps $STEPS} --out /root/heads/$tag \
-          --set REDISTILL_MAX_TRAIN_TOKENS=$n > /root/heads/train-$tag.log 2>&1 &
+          --set REDISTILL_MAX_TRAIN_TOKENS=$n "${xs[@]}" > /root/heads/train-$tag.log 2>&1 &
       done; wait
       echo "== done $(date +%T) after $(( $(date +%s) - t0 )) s"; touch /root/heads/DONE
     ' "$v" > $RUN/redistill.out 2>&1 < /dev/null &)
