@@ -24,6 +24,7 @@
 #                                               # then one head per HEADS entry "tag:tokens[:K=V,K=V]"
 #                                               # (REDISTILL_MAX_TRAIN_TOKENS=tokens, empty: all; K=V: more settings)
 #                                               # trained side by side on the GPU, into /root/heads/<tag>
+#                                               # (HEADS=-: answers only; a later call reuses them)
 #   bash scripts/gpu/device.sh poll             # the redistill log so far; when done, heads + logs as $OUT/heads.tar.NN
 #   [BAKE_ARGS="--device-name 'NVIDIA H200'"] bash scripts/gpu/device.sh bake V [V ...]   # build weights, then
 #                                               # scripts.levers.cache.bake V --measure-warm for each (cold start with empty
@@ -221,6 +222,7 @@ PY
         --target-set SERVE_MAX_NUM_SEQS=${GEN_CONCURRENCY:-256} --target-set SERVE_GPU_MEMORY_UTILIZATION=0.6 \
         || { echo "generation failed"; touch /root/heads/DONE; exit 1; }
       cp .cache/redistill-*.log /root/heads/ 2>/dev/null
+      [ "${HEADS:-}" = "-" ] && { echo "== generated only"; touch /root/heads/DONE; exit 0; }
       echo "== train $(date +%T): ${HEADS:-full:}"
       for h in ${HEADS:-full:}; do tag=${h%%:*}; rest=${h#*:}; n=${rest%%:*}; xs=()
         [ "$rest" != "$n" ] && { e=${rest#*:}; for kv in ${e//,/ }; do xs+=(--set "$kv"); done; }
