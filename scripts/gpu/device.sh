@@ -25,7 +25,8 @@
 #                                               # (REDISTILL_MAX_TRAIN_TOKENS=tokens, empty: all; K=V: more settings)
 #                                               # trained side by side on the GPU, into /root/heads/<tag>
 #                                               # (HEADS=-: answers only; a later call reuses them)
-#   bash scripts/gpu/device.sh poll             # the redistill log so far; when done, heads + logs as $OUT/heads.tar.NN
+#   [PIECES="00 01 02 03"] bash scripts/gpu/device.sh poll   # the redistill log so far; when done, heads + logs
+#                                               # as 15 MiB pieces $OUT/heads.tar.NN (at most four a call)
 #   [BAKE_ARGS="--device-name 'NVIDIA H200'"] bash scripts/gpu/device.sh bake V [V ...]   # build weights, then
 #                                               # scripts.levers.cache.bake V --measure-warm for each (cold start with empty
 #                                               # caches, warm-up, pack, warm start from the tarball); tarballs in
@@ -236,8 +237,9 @@ PY
     for _ in $(seq ${WAIT:-500}); do [ -f /root/heads/DONE ] && break; sleep 1; done
     tail -${LOG_TAIL:-30} $RUN/redistill.out; for f in /root/heads/train-*.log; do echo "--- $f"; tr '\r' '\n' < $f | grep -v "^\s*$" | tail -4; done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
-    if [ -f /root/heads/DONE ]; then
-      tar cf - -C /root heads | split -b 15M -d -a 2 - $OUT/heads.tar.; ls -la $OUT
+    if [ -f /root/heads/DONE ]; then  # a call returns at most 64 MiB: PIECES="04 05 …" fetches the rest
+      ls /root/hp.* >/dev/null 2>&1 || tar cf - -C /root heads | split -b 15M -d -a 2 - /root/hp.
+      ls -la /root/hp.*; for p in ${PIECES:-00 01 02 03}; do [ -f /root/hp.$p ] && cp /root/hp.$p $OUT/heads.tar.$p; done
     fi ;;
   stop)
     stop_servers; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;

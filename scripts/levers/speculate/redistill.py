@@ -50,7 +50,8 @@ TRAIN_PROMPTS = paths.EVAL / "prompts" / "spec-v1-train.jsonl"
 BUDGETS = {"tiny": (24, 48, 60), "full": (None, 128, None)}
 DEFAULTS = {"REDISTILL_DRAFT_VOCAB": "auto", "REDISTILL_STEPS": "400", "REDISTILL_TTT_STEPS": "3",
             "REDISTILL_LR": "1e-3", "REDISTILL_SEED": "0", "REDISTILL_SAMPLES": "0", "REDISTILL_TEMPERATURE": "0.8",
-            "REDISTILL_PACK_TOKENS": "512", "REDISTILL_LAYERS": "1", "REDISTILL_MAX_TRAIN_TOKENS": ""}
+            "REDISTILL_PACK_TOKENS": "512", "REDISTILL_LAYERS": "1", "REDISTILL_MAX_TRAIN_TOKENS": "",
+            "REDISTILL_MAX_SECONDS": ""}
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 # REDISTILL_DRAFT_VOCAB=auto: the smallest COVERAGE_SIZES entry covering this share of the target's response tokens
 # (a token outside the draft vocabulary can never be proposed, so this caps acceptance per position)
@@ -169,8 +170,9 @@ def pack(lengths: list[int], order: list[int], budget: int) -> list[list[int]]:
 
 
 def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Counter, cfg: dict, steps: int, seed: int):
-    """speculators' Eagle3DraftModel trained on the target's answers (sets: train, val); returns (model, curve,
-    validation accuracy per draft position)."""
+    """speculators' Eagle3DraftModel trained on the target's answers (sets: train, val) for `steps` optimizer steps or
+    cfg["max_seconds"], whichever ends first (the cosine schedule follows whichever is further along); returns (model,
+    curve, validation accuracy per draft position, passes over the training set started, steps taken)."""
     import torch
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3 import Eagle3DraftModel
@@ -218,11 +220,19 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / steps)))
-    rng, queue, curve, epochs = random.Random(seed), [], [], 0
+    t0, limit = time.monotonic(), cfg.get("max_seconds") or math.inf
+
+    def progress(s: int) -> float:  # of the step budget or of the time budget, whichever is further along
+        return min(1.0, max(s / steps, (time.monotonic() - t0) / limit))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * progress(s))))
+    rng, queue, curve, epochs, done = random.Random(seed), [], [], 0, 0
     model.train()
     bar = tqdm(range(steps), desc="train", unit="step", mininterval=10)
     for step in bar:
+        if time.monotonic() - t0 > limit:
+            curve.append({"step": step, "stopped": f"time budget of {limit:.0f} s spent"})
+            break
         if not queue:
             queue, epochs = batches("train", rng), epochs + 1
         _, loss, metrics = run("train", queue.pop())
@@ -233,6 +243,7 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
+        done += 1
         if step % 20 == 0 or step == steps - 1:
             acc = accuracies(metrics)
             curve.append({"step": step, "loss": round(loss.item(), 4), "acc": [round(a, 4) for a in acc]})
@@ -246,7 +257,7 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
             for j in range(ttt):
                 sums[j] += float(metrics[f"cond_acc_{j}_sum"])
                 totals[j] += float(metrics[f"cond_acc_{j}_total"])
-    return model, curve, [s / max(t, 1.0) for s, t in zip(sums, totals, strict=True)], epochs
+    return model, curve, [s / max(t, 1.0) for s, t in zip(sums, totals, strict=True)], epochs, done
 
 
 def cached_data(target, rows: list[dict], info: dict, max_tokens: int, cfg: dict, base_url: str | None,
@@ -297,7 +308,8 @@ def settings_of(variant) -> dict:
                "ttt_steps": int(r["REDISTILL_TTT_STEPS"]), "lr": float(r["REDISTILL_LR"]),
                "seed": int(r["REDISTILL_SEED"]), "samples": int(r["REDISTILL_SAMPLES"]),
                "temperature": float(r["REDISTILL_TEMPERATURE"]), "pack_tokens": int(r["REDISTILL_PACK_TOKENS"]),
-               "layers": int(r["REDISTILL_LAYERS"]), "max_train_tokens": int(float(cap)) if cap else None}
+               "layers": int(r["REDISTILL_LAYERS"]), "max_train_tokens": int(float(cap)) if cap else None,
+               "max_seconds": float(r["REDISTILL_MAX_SECONDS"]) if r["REDISTILL_MAX_SECONDS"] else None}
     except ValueError as e:
         raise RedistillError(f"{variant.path / 'config.env'}: a REDISTILL_* value is not a number ({e})") from None
     if cfg["layers"] < 1 or cfg["pack_tokens"] < 64:
@@ -381,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg["draft_vocab"] = min(auto, tcfg.vocab_size)
         if cfg["draft_vocab"] > tcfg.vocab_size or cfg["draft_vocab"] < 16:
             raise RedistillError(f"REDISTILL_DRAFT_VOCAB={cfg['draft_vocab']}: must lie in 16..{tcfg.vocab_size}")
-        model, curve, val_acc, epochs = train(target.model, tcfg.hidden_size, sets, freq, cfg, steps, cfg["seed"])
+        model, curve, val_acc, epochs, steps = train(target.model, tcfg.hidden_size, sets, freq, cfg, steps, cfg["seed"])
     except (RedistillError, VariantError, PromptSetError, ServerError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
