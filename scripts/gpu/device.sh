@@ -221,6 +221,7 @@ PY
       echo "== generate $(date +%T)"
       python3 -m scripts.levers.speculate.redistill "$v" --generate-only --concurrency ${GEN_CONCURRENCY:-256} \
         --target-set SERVE_MAX_NUM_SEQS=${GEN_CONCURRENCY:-256} --target-set SERVE_GPU_MEMORY_UTILIZATION=0.6 \
+        --target-set SERVE_ENFORCE_EAGER=${GEN_EAGER:-1} \
         || { echo "generation failed"; touch /root/heads/DONE; exit 1; }
       cp .cache/redistill-*.log /root/heads/ 2>/dev/null
       [ "${HEADS:-}" = "-" ] && { echo "== generated only"; touch /root/heads/DONE; exit 0; }
