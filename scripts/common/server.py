@@ -66,6 +66,17 @@ def is_healthy(base_url: str, timeout: float = 2.0, path: str = "/health", api_k
         return False
 
 
+def stays_healthy(base_url: str, path: str = "/health", checks: int = 3, gap_s: float = 1.0) -> bool:
+    """Healthy at each of `checks` looks `gap_s` apart: a server going down after failed requests can still answer
+    one health check while it shuts down (llama.cpp's did, 2026-11-24)."""
+    for i in range(checks):
+        if i:
+            time.sleep(gap_s)
+        if not is_healthy(base_url, path=path):
+            return False
+    return True
+
+
 def group_pids(pgid: int) -> list[int]:
     """PIDs still alive in a process group (Linux /proc)."""
     pids = []

@@ -26,7 +26,7 @@ from scripts.common.engines import engine_of, fixed_body_for
 from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, openai_client, run_level, stream_one
 from scripts.common.metrics import summarize
 from scripts.common.records import envelope, now_utc, read_counters, reset_counters, write_record
-from scripts.common.server import Server, ServerError, group_rss_mib, is_healthy
+from scripts.common.server import Server, ServerError, group_rss_mib, is_healthy, stays_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
 from scripts.measure.prom import scrape, server_counters
 from scripts.serve.launch import variant_server
@@ -149,7 +149,7 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
             if summary["failed"]:
                 first = next(s.error for s in samples if not s.ok)
                 failure = f"{summary['failed']} of {len(samples)} requests failed ({mode}, c={c}); first: {first}"
-                if not is_healthy(base_url, path=health):
+                if not stays_healthy(base_url, path=health):
                     failure += "; server no longer healthy"
                     break
         if failure and not is_healthy(base_url, path=health):
