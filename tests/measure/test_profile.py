@@ -378,3 +378,21 @@ def test_annotated_steps_win_over_the_output_layer_signature():
     assert category_table(events, fams)["steps"] == 3  # no annotations: the head's signature counts the steps
     table = category_table(events, fams, annotated_steps=6)  # e.g. a pruned head made another signature look like it
     assert table["steps"] == 6 and table["steps_by_signature"] == 3
+
+
+def test_stepsplit_reduces_runner_scopes_per_step():
+    from scripts.measure.stepsplit import scope_split
+
+    def ev(name, dur, cat="user_annotation"):
+        return {"ph": "X", "name": name, "dur": dur, "cat": cat}
+
+    events = [ev("execute_context_0(0)_generation_1(1)", 10_000), ev("execute_context_0(0)_generation_1(1)", 14_000),
+              ev("gpu_model_runner: forward", 6_000), ev("gpu_model_runner: forward", 8_000),
+              ev("gpu_model_runner: draft", 3_000), ev("gpu_model_runner: draft", 3_000),
+              ev("gpu_model_runner: sample", 1_000), ev("gpu_model_runner: sample", 1_000), ev("aten::mm", 500, "cpu_op")]
+    s = scope_split(events)
+    assert s["steps"]["steps"] == 2 and s["step_ms"] == 12.0
+    assert s["scopes_ms_per_step"] == {"forward": 7.0, "draft": 3.0, "sample": 1.0}
+    assert s["unscoped_ms_per_step"] == 1.0
+    with pytest.raises(Exception, match="no engine step annotation"):
+        scope_split([ev("gpu_model_runner: forward", 1.0)])

@@ -1,0 +1,149 @@
+"""Where a decode step's time goes in vLLM's model runner, on any device: target forward, sampling, drafting, the rest.
+
+    python -m scripts.measure.stepsplit smollm2-bf16-bbeagle4          # starts the server with the profiler on
+    python -m scripts.measure.stepsplit smollm2-bf16 --concurrency 1,8 --output-tokens 96
+
+vLLM wraps each part of a step in a profiler scope (gpu_model_runner: preprocess, forward, postprocess, sample,
+draft, bookkeep, ...; the CPU runner inherits them). The variant's server is started with vLLM's torch profiler
+(SERVE_PROFILER_CONFIG: PROFILER below, writing under .cache/stepsplit/<variant>), warmed up, then for each
+concurrency c: POST /start_profile, c concurrent greedy requests of exactly --output-tokens tokens, POST
+/stop_profile; the worker's trace is reduced to milliseconds per engine step per scope (the profiler's window skips
+the first `delay_iterations` steps: steady decode). For a speculative variant, `forward` is the verification of K+1
+tokens per request, `sample` includes rejection sampling and `draft` the proposer (K drafter passes for EAGLE, the
+lookup for n-gram); with the tokens per step (output tokens / steps) that says whether the drafting or the
+verification eats the gain. CPU times are wall time of the scopes (the CPU runner executes inside them); on a GPU
+they include only launches unless the scope synchronizes. Writes experiments/<variant>/stepsplit_<stamp>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.loadgen import PromptSetError, load_prompts
+from scripts.common.records import envelope, write_record
+from scripts.common.server import ServerError, http_post
+from scripts.common.variants import VariantError, load_variant, parse_overrides
+from scripts.measure.profile import (
+    ProfileError,
+    load_trace,
+    newest_trace,
+    run_requests,
+    short_prompts,
+    step_annotations,
+)
+from scripts.measure.prom import scrape, server_counters
+from scripts.serve.launch import variant_server
+
+KIND = "stepsplit"
+SCOPE_PREFIX = "gpu_model_runner: "
+DELAY_STEPS = 8  # profiler window: skip the first steps of each window (prefill, ramp-up)
+WARMUP_TOKENS = 16
+
+
+def profiler_config(folder: Path, window_steps: int) -> dict:
+    return {"profiler": "torch", "torch_profiler_dir": str(folder), "ignore_frontend": True,
+            "torch_profiler_with_stack": False, "torch_profiler_dump_cuda_time_total": False,
+            "delay_iterations": DELAY_STEPS, "max_iterations": window_steps}
+
+
+def scope_split(events: list[dict]) -> dict:
+    """ms per step per runner scope (nested scopes are reported, not subtracted: vLLM's are siblings), the steps
+    (execute_* annotations) and the step time (mean duration of those annotations)."""
+    steps = step_annotations(events)
+    step_us = [e["dur"] for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+               and e.get("name", "").startswith("execute_")]
+    scopes: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.get("ph") == "X" and e.get("name", "").startswith(SCOPE_PREFIX):
+            scopes[e["name"][len(SCOPE_PREFIX):]] += e.get("dur", 0.0)
+    n = steps["steps"]
+    if not n:
+        raise ProfileError("the trace holds no engine step annotation (execute_*): was the window empty?")
+    per = {k: round(v / n / 1000, 3) for k, v in sorted(scopes.items(), key=lambda kv: -kv[1])}
+    step_ms = sum(step_us) / len(step_us) / 1000
+    return {"steps": steps, "step_ms": round(step_ms, 3), "scopes_ms_per_step": per,
+            "unscoped_ms_per_step": round(step_ms - sum(per.values()), 3)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variant")
+    p.add_argument("--concurrency", default="1", help="comma-separated levels (default %(default)s)")
+    p.add_argument("--output-tokens", type=int, default=96, help="tokens per request (default %(default)s)")
+    p.add_argument("--window-steps", type=int, default=48, help="engine steps the profiler records per level")
+    p.add_argument("--prompts", type=Path, default=paths.EVAL / "prompts" / "latency-v1.jsonl")
+    p.add_argument("--port", type=int, default=8131)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
+    p.add_argument("--out-dir", type=Path)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    folder = paths.CACHE / "stepsplit" / f"{args.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+        if not levels or min(levels) < 1:
+            raise ProfileError(f"--concurrency {args.concurrency!r}: positive integers")
+        if DELAY_STEPS + args.window_steps >= args.output_tokens:
+            raise ProfileError(f"{DELAY_STEPS} + --window-steps {args.window_steps} must stay below --output-tokens "
+                               f"{args.output_tokens}: the window would reach past the requests' last step")
+        prof = profiler_config(folder, args.window_steps)
+        variant = load_variant(args.variant, overrides={**parse_overrides(args.set),
+                                                        "SERVE_PROFILER_CONFIG": json.dumps(prof)})
+        rows, _ = load_prompts(args.prompts)
+    except (ProfileError, VariantError, PromptSetError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    record = envelope(KIND, variant, command=[sys.executable, "-m", "scripts.measure.stepsplit", *argv],
+                      server_command=None)
+    record["inputs"] = {"concurrency": levels, "output_tokens": args.output_tokens, "prompts": args.prompts.name,
+                        "profiler_config": prof, "warmup": f"1 request, then {max(levels)} at once, {WARMUP_TOKENS} "
+                        "tokens each", "rule": "ms per engine step = summed scope durations / execute_* annotations"}
+    results = {}
+    try:
+        with variant_server(variant, base_url=None, port=args.port, purpose="stepsplit") as (base, _):
+            model = variant.served_name
+            run_requests(base, model, short_prompts(rows, 1, WARMUP_TOKENS))
+            run_requests(base, model, short_prompts(rows, max(levels), WARMUP_TOKENS))
+            for c in levels:
+                since, before = time.time() - 1, scrape(base)
+                if (code := http_post(f"{base}/start_profile")) != 200:
+                    raise ServerError(f"POST /start_profile answered {code}")
+                samples = run_requests(base, model, short_prompts(rows, c, args.output_tokens))
+                if (code := http_post(f"{base}/stop_profile")) != 200:
+                    raise ServerError(f"POST /stop_profile answered {code}")
+                if bad := [s for s in samples if not s.ok]:
+                    raise ServerError(f"{len(bad)} of {c} requests failed; first: {bad[0].error}")
+                trace = newest_trace(folder, since)
+                res = scope_split(load_trace(trace))
+                counters = server_counters(before, scrape(base))
+                # tokens a request gains per step: the mean acceptance length of the level's requests (1: plain)
+                per_step = counters.get("spec_decode_mean_acceptance_length") or 1.0
+                res.update(trace_file=str(trace), output_tokens=sum(s.output_tokens for s in samples),
+                           tokens_per_request_step=round(per_step, 3),
+                           ms_per_token=round(res["step_ms"] / per_step, 3),
+                           acceptance_per_position=counters.get("spec_decode_acceptance_per_position"))
+                results[str(c)] = res
+                per = ", ".join(f"{k} {v:.2f}" for k, v in list(res["scopes_ms_per_step"].items())[:6])
+                print(f"c={c}: {res['steps']['steps']} steps in the window, {res['step_ms']:.2f} ms/step ({per}; "
+                      f"unscoped {res['unscoped_ms_per_step']:.2f}); {per_step:.2f} tokens per request per step: "
+                      f"{res['ms_per_token']:.2f} ms per token", flush=True)
+    except (ProfileError, ServerError, OSError, json.JSONDecodeError) as e:
+        record["status"], record["failure"] = "failed", str(e)
+        print(f"error: {e}", file=sys.stderr)
+    record["summary"] = results
+    out = write_record(record, args.out_dir or variant.path, KIND)
+    print(f"wrote {paths.shown(out)} (status {record['status']})")
+    return 0 if record["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
