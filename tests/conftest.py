@@ -111,6 +111,47 @@ def hf_reference(embedded_weights):
     return model, tok
 
 
+def assert_every_route_guarded(base_url: str, key: str) -> list[str]:
+    """Every route a keyed vLLM server lists in its OpenAPI schema (path parameters filled with "x"): 401 without the
+    key and with a wrong one, except /health; GET routes answer with the key (not 401; POST routes are not called
+    with it: /sleep, /reset_prefix_cache and the like act). Returns the paths checked."""
+    import json
+    import urllib.request
+
+    from scripts.common.server import http_get
+
+    def post(path: str, auth: str | None) -> int:
+        req = urllib.request.Request(f"{base_url}{path}", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {auth}"} if auth else {})})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert http_get(f"{base_url}/openapi.json")[0] == 401, "the schema itself is behind the key"
+    status, body = http_get(f"{base_url}/openapi.json", api_key=key)
+    assert status == 200
+    checked = []
+    for template, methods in json.loads(body)["paths"].items():
+        path = re.sub(r"\{[^}]+\}", "x", template)
+        if "get" in methods:
+            got = (http_get(f"{base_url}{path}")[0], http_get(f"{base_url}{path}", api_key="wrong")[0])
+            if path == "/health":
+                assert got == (200, 200)
+            else:
+                assert got == (401, 401), f"GET {path} without the right key answered {got}"
+                assert http_get(f"{base_url}{path}", api_key=key)[0] != 401, f"GET {path} refused the key"
+        if {"post", "put", "delete"} & set(methods):
+            got = (post(path, None), post(path, "wrong"))
+            assert got == (401, 401), f"POST {path} without the right key answered {got}"
+        checked.append(path)
+    # mounted apps are not in the schema: Prometheus' /metrics
+    assert (http_get(f"{base_url}/metrics")[0], http_get(f"{base_url}/metrics", api_key=key)[0]) == (401, 200)
+    return checked + ["/metrics"]
+
+
 def assert_key_guarded(base_url: str, key: str) -> None:
     """A server started with KEY: no process's /proc/<pid>/cmdline holds it, and /v1/models answers 401 without it
     or with a wrong one, 200 with it."""

@@ -14,6 +14,7 @@ from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import engine_of
 from scripts.common.server import Server, ServerError, is_healthy
 from scripts.common.variants import Variant, build_target, cpu_preload, head_dir
+from scripts.serve import guard
 from scripts.serve.command import serve_argv, serve_env
 
 
@@ -57,10 +58,13 @@ def check_head(variant: Variant) -> None:
 
 
 def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, log_path: Path | None = None) -> Server:
-    """The variant's server, not started: its engine and flags checked first (vLLM's against vLLM), then the weights."""
+    """The variant's server, not started: its engine and flags checked first (vLLM's against vLLM), then the weights.
+    With a key, vLLM also gets scripts.serve.guard's middleware (every route but /health behind the key)."""
     engine = engine_of(variant)
     check_model_present(variant)
     argv = serve_argv(variant, host=host, port=port)
+    if api_key and engine.name == "vllm":  # vLLM guards /v1 only: every other route behind the key too
+        argv += ["--middleware", guard.MIDDLEWARE]
     if engine.name == "vllm" and variant.settings.get("ENV_LD_PRELOAD", "auto") == "auto" and variant.target == "cpu":
         for hint in cpu_preload()[1]:
             print(f"warning: not preloaded, {hint}: vLLM on CPU runs slower without it", file=sys.stderr)

@@ -61,3 +61,30 @@ def test_real_vllm_flag_table_knows_every_committed_variant():
     for name in list_variants():
         for target in PLATFORM_DEFAULTS:
             serve_flags(load_variant(name, target=target), table)
+
+
+def test_key_guard_closes_every_route_but_health():
+    import asyncio
+
+    from scripts.serve.guard import KeyGuard
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    def status(guard, path, auth=None, method="GET"):
+        sent = []
+
+        async def send(msg):
+            sent.append(msg)
+
+        headers = [(b"authorization", auth.encode())] if auth else []
+        asyncio.run(guard({"type": "http", "path": path, "method": method, "headers": headers}, None, send))
+        return sent[0]["status"]
+
+    g = KeyGuard(app, key="k3y", public_metrics=False)
+    for path in ("/tokenize", "/detokenize", "/metrics", "/version", "/openapi.json", "/v1/models", "/", "/health/x"):
+        assert status(g, path) == 401 and status(g, path, "Bearer wrong") == 401 and status(g, path, "k3y") == 401
+        assert status(g, path, "Bearer k3y") == 200 and status(g, path, "bearer k3y") == 200
+    assert status(g, "/health") == 200 and status(g, "/tokenize", method="OPTIONS") == 200
+    assert status(KeyGuard(app, key="k3y", public_metrics=True), "/metrics") == 200
+    assert status(KeyGuard(app, key=""), "/tokenize") == 200  # no key: nothing to guard

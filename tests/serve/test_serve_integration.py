@@ -127,13 +127,14 @@ def test_metrics_exposed(embedded_server):
     assert status == 200 and b"vllm:" in body
 
 
-def test_vllm_started_with_a_key_keeps_it_out_of_argv_and_guards_v1(embedded_weights):
-    """The key reaches vLLM as VLLM_API_KEY: no process's /proc/<pid>/cmdline holds it, /v1 answers 401 without it."""
+def test_vllm_started_with_a_key_keeps_it_out_of_argv_and_guards_every_route(embedded_weights):
+    """The key reaches vLLM as VLLM_API_KEY: no process's /proc/<pid>/cmdline holds it; every route the server lists
+    but /health answers 401 without it or with a wrong one (scripts.serve.guard), /tokenize and /metrics included."""
     import os
 
     from scripts.common.variants import load_variant
     from scripts.serve.launch import make_server
-    from tests.conftest import assert_key_guarded, free_port
+    from tests.conftest import assert_every_route_guarded, assert_key_guarded, free_port
 
     key = "k3y-" + os.urandom(8).hex()
     server = make_server(load_variant("smollm2-bf16"), host="127.0.0.1", port=free_port(), api_key=key)
@@ -141,5 +142,7 @@ def test_vllm_started_with_a_key_keeps_it_out_of_argv_and_guards_v1(embedded_wei
     try:
         server.wait_healthy(600)
         assert_key_guarded(server.base_url, key)
+        checked = assert_every_route_guarded(server.base_url, key)
+        assert {"/tokenize", "/detokenize", "/metrics", "/v1/chat/completions"} <= set(checked), checked
     finally:
         server.stop()
