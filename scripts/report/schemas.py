@@ -17,7 +17,7 @@ from pathlib import Path
 
 from scripts.common import paths
 
-KINDS = ("latency", "quality", "profile")
+KINDS = ("latency", "quality", "profile", "stepsplit")
 
 
 @cache
