@@ -224,6 +224,9 @@ PY
         --target-set SERVE_ENFORCE_EAGER=${GEN_EAGER:-1} \
         || { echo "generation failed"; touch /root/heads/DONE; exit 1; }
       cp .cache/redistill-*.log /root/heads/ 2>/dev/null
+      # the answers come back with the heads (~40 MB gzipped): a later lease or the CPU here trains from them
+      # (unpack into .cache/redistill/<key>/responses.json) instead of generating again
+      for f in .cache/redistill/*/responses.json; do gzip -1 -c "$f" > /root/heads/answers-$(basename $(dirname "$f")).json.gz; done
       [ "${HEADS:-}" = "-" ] && { echo "== generated only"; touch /root/heads/DONE; exit 0; }
       echo "== train $(date +%T): ${HEADS:-full:}"
       for h in ${HEADS:-full:}; do tag=${h%%:*}; rest=${h#*:}; n=${rest%%:*}; xs=()
