@@ -4,7 +4,7 @@
     python -m scripts.measure.stepsplit smollm2-bf16 --concurrency 1,8 --output-tokens 96
 
 vLLM wraps each part of a step in a profiler scope (gpu_model_runner: preprocess, forward, postprocess, sample,
-draft, bookkeep, ...; the CPU runner inherits them). The variant's server is started with vLLM's torch profiler
+draft, bookkeep, ...; the CPU runner inherits them) when VLLM_CUSTOM_SCOPES_FOR_PROFILING=1, which this sets. The variant's server is started with vLLM's torch profiler
 (SERVE_PROFILER_CONFIG: PROFILER below, writing under .cache/stepsplit/<variant>), warmed up, then for each
 concurrency c: POST /start_profile, c concurrent greedy requests of exactly --output-tokens tokens, POST
 /stop_profile; the worker's trace is reduced to milliseconds per engine step per scope (the profiler's window skips
@@ -96,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ProfileError(f"{DELAY_STEPS} + --window-steps {args.window_steps} must stay below --output-tokens "
                                f"{args.output_tokens}: the window would reach past the requests' last step")
         prof = profiler_config(folder, args.window_steps)
+        # vLLM opens its runner scopes only under VLLM_CUSTOM_SCOPES_FOR_PROFILING (vllm/v1/utils.py)
         variant = load_variant(args.variant, overrides={**parse_overrides(args.set),
-                                                        "SERVE_PROFILER_CONFIG": json.dumps(prof)})
+                                                        "SERVE_PROFILER_CONFIG": json.dumps(prof),
+                                                        "ENV_VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"})
         rows, _ = load_prompts(args.prompts)
     except (ProfileError, VariantError, PromptSetError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
