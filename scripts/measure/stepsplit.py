@@ -53,22 +53,24 @@ def profiler_config(folder: Path, window_steps: int) -> dict:
 
 
 def scope_split(events: list[dict]) -> dict:
-    """ms per step per runner scope (nested scopes are reported, not subtracted: vLLM's are siblings), the steps
-    (execute_* annotations) and the step time (mean duration of those annotations)."""
+    """ms per engine step per runner scope. A step's time is the period between consecutive steps (the starts of
+    vLLM's execute_* annotations): the annotation covers execute_model only (preprocess, forward, postprocess, where
+    the logits are computed), while sampling, drafting and bookkeeping run in sample_tokens after it; `other` is the
+    period minus every scope (scheduling, output processing, the gaps)."""
     steps = step_annotations(events)
-    step_us = [e["dur"] for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
-               and e.get("name", "").startswith("execute_")]
+    starts = sorted(e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                    and e.get("name", "").startswith("execute_"))
+    if len(starts) < 2:
+        raise ProfileError("the trace holds fewer than two engine step annotations (execute_*): was the window empty?")
     scopes: dict[str, float] = defaultdict(float)
-    for e in events:
-        if e.get("ph") == "X" and e.get("name", "").startswith(SCOPE_PREFIX):
+    for e in events:  # scopes of the steps whose period is known: from the first step start to the last
+        if e.get("ph") == "X" and e.get("name", "").startswith(SCOPE_PREFIX) and starts[0] <= e["ts"] < starts[-1]:
             scopes[e["name"][len(SCOPE_PREFIX):]] += e.get("dur", 0.0)
-    n = steps["steps"]
-    if not n:
-        raise ProfileError("the trace holds no engine step annotation (execute_*): was the window empty?")
+    n = len(starts) - 1
+    period_ms = (starts[-1] - starts[0]) / n / 1000
     per = {k: round(v / n / 1000, 3) for k, v in sorted(scopes.items(), key=lambda kv: -kv[1])}
-    step_ms = sum(step_us) / len(step_us) / 1000
-    return {"steps": steps, "step_ms": round(step_ms, 3), "scopes_ms_per_step": per,
-            "unscoped_ms_per_step": round(step_ms - sum(per.values()), 3)}
+    return {"steps": steps, "periods": n, "step_ms": round(period_ms, 3), "scopes_ms_per_step": per,
+            "other_ms_per_step": round(period_ms - sum(per.values()), 3)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                       server_command=None)
     record["inputs"] = {"concurrency": levels, "output_tokens": args.output_tokens, "prompts": args.prompts.name,
                         "profiler_config": prof, "warmup": f"1 request, then {max(levels)} at once, {WARMUP_TOKENS} "
-                        "tokens each", "rule": "ms per engine step = summed scope durations / execute_* annotations"}
+                        "tokens each", "rule": "ms per engine step = period between consecutive execute_* annotations; a "
+                        "scope's = its summed durations within those periods / periods"}
     results = {}
     try:
         with variant_server(variant, base_url=None, port=args.port, purpose="stepsplit") as (base, _):
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[str(c)] = res
                 per = ", ".join(f"{k} {v:.2f}" for k, v in list(res["scopes_ms_per_step"].items())[:6])
                 print(f"c={c}: {res['steps']['steps']} steps in the window, {res['step_ms']:.2f} ms/step ({per}; "
-                      f"unscoped {res['unscoped_ms_per_step']:.2f}); {per_step:.2f} tokens per request per step: "
+                      f"other {res['other_ms_per_step']:.2f}); {per_step:.2f} tokens per request per step: "
                       f"{res['ms_per_token']:.2f} ms per token", flush=True)
     except (ProfileError, ServerError, OSError, json.JSONDecodeError) as e:
         record["status"], record["failure"] = "failed", str(e)

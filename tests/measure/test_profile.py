@@ -383,16 +383,17 @@ def test_annotated_steps_win_over_the_output_layer_signature():
 def test_stepsplit_reduces_runner_scopes_per_step():
     from scripts.measure.stepsplit import scope_split
 
-    def ev(name, dur, cat="user_annotation"):
-        return {"ph": "X", "name": name, "dur": dur, "cat": cat}
+    def ev(name, ts, dur, cat="user_annotation"):
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat}
 
-    events = [ev("execute_context_0(0)_generation_1(1)", 10_000), ev("execute_context_0(0)_generation_1(1)", 14_000),
-              ev("gpu_model_runner: forward", 6_000), ev("gpu_model_runner: forward", 8_000),
-              ev("gpu_model_runner: draft", 3_000), ev("gpu_model_runner: draft", 3_000),
-              ev("gpu_model_runner: sample", 1_000), ev("gpu_model_runner: sample", 1_000), ev("aten::mm", 500, "cpu_op")]
+    step = "execute_context_0(0)_generation_1(1)"
+    events = [ev(step, 0, 9_000), ev(step, 12_000, 9_000), ev(step, 24_000, 9_000),  # a step every 12 ms
+              ev("gpu_model_runner: forward", 1_000, 7_000), ev("gpu_model_runner: forward", 13_000, 7_000),
+              ev("gpu_model_runner: draft", 9_500, 2_000), ev("gpu_model_runner: draft", 21_500, 2_000),
+              ev("gpu_model_runner: forward", 25_000, 7_000),  # the last step's: its period is unknown, left out
+              ev("aten::mm", 2_000, 500, "cpu_op")]
     s = scope_split(events)
-    assert s["steps"]["steps"] == 2 and s["step_ms"] == 12.0
-    assert s["scopes_ms_per_step"] == {"forward": 7.0, "draft": 3.0, "sample": 1.0}
-    assert s["unscoped_ms_per_step"] == 1.0
-    with pytest.raises(Exception, match="no engine step annotation"):
-        scope_split([ev("gpu_model_runner: forward", 1.0)])
+    assert s["periods"] == 2 and s["step_ms"] == 12.0
+    assert s["scopes_ms_per_step"] == {"forward": 7.0, "draft": 2.0} and s["other_ms_per_step"] == 3.0
+    with pytest.raises(Exception, match="fewer than two engine step annotations"):
+        scope_split([ev(step, 0, 1.0)])
