@@ -608,6 +608,19 @@ def run_requests(base_url: str, model: str, rows: list[dict]) -> list:
         return list(ex.map(lambda r: stream_one(client, model, r, "fixed", t0, None), rows))
 
 
+def profiled_requests(base: str, model: str, rows: list[dict], concurrency: int, output_tokens: int) -> list:
+    """POST /start_profile, `concurrency` requests of exactly output_tokens tokens at once, POST /stop_profile; their
+    samples (a failed request or profiler call raises ServerError)."""
+    if (code := http_post(f"{base}/start_profile")) != 200:
+        raise ServerError(f"POST /start_profile answered {code}: is the profiler on (SERVE_PROFILER_CONFIG)?")
+    samples = run_requests(base, model, short_prompts(rows, concurrency, output_tokens))
+    if (code := http_post(f"{base}/stop_profile")) != 200:
+        raise ServerError(f"POST /stop_profile answered {code}")
+    if bad := [s for s in samples if not s.ok]:
+        raise ServerError(f"{len(bad)} of {concurrency} requests failed; first: {bad[0].error}")
+    return samples
+
+
 def analyze(events: list[dict], *, families: list[Family], bytes_per_step: dict, config: dict | None,
             concurrency: int, context_tokens: float, kv_cache_dtype: str | None, bandwidth_gbs: float,
             states: dict | None = None) -> dict:
@@ -789,13 +802,7 @@ def main(argv: list[str] | None = None) -> int:
             sources = []
             for c in levels:
                 since = time.time() - 1
-                if (code := http_post(f"{base}/start_profile")) != 200:
-                    raise ServerError(f"POST /start_profile answered {code}: is the profiler on (SERVE_PROFILER_CONFIG)?")
-                samples = run_requests(base, model, short_prompts(rows, c, args.output_tokens))
-                if (code := http_post(f"{base}/stop_profile")) != 200:
-                    raise ServerError(f"POST /stop_profile answered {code}")
-                if bad := [s for s in samples if not s.ok]:
-                    raise ServerError(f"{len(bad)} of {c} requests failed; first: {bad[0].error}")
+                samples = profiled_requests(base, model, rows, c, args.output_tokens)
                 sources.append((c, newest_trace(folder, since, args.trace_wait), samples))
         for c, trace, samples in sources:
             prompt = sum(s.prompt_tokens for s in samples) / len(samples) if samples else 0

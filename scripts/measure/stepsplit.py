@@ -27,12 +27,13 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.loadgen import PromptSetError, load_prompts
 from scripts.common.records import envelope, write_record
-from scripts.common.server import ServerError, http_post
+from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, load_variant, parse_overrides
 from scripts.measure.profile import (
     ProfileError,
     load_trace,
     newest_trace,
+    profiled_requests,
     run_requests,
     short_prompts,
     step_annotations,
@@ -120,13 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             run_requests(base, model, short_prompts(rows, max(levels), WARMUP_TOKENS))
             for c in levels:
                 since, before = time.time() - 1, scrape(base)
-                if (code := http_post(f"{base}/start_profile")) != 200:
-                    raise ServerError(f"POST /start_profile answered {code}")
-                samples = run_requests(base, model, short_prompts(rows, c, args.output_tokens))
-                if (code := http_post(f"{base}/stop_profile")) != 200:
-                    raise ServerError(f"POST /stop_profile answered {code}")
-                if bad := [s for s in samples if not s.ok]:
-                    raise ServerError(f"{len(bad)} of {c} requests failed; first: {bad[0].error}")
+                samples = profiled_requests(base, model, rows, c, args.output_tokens)
                 trace = newest_trace(folder, since)
                 res = scope_split(load_trace(trace))
                 counters = server_counters(before, scrape(base))
