@@ -41,7 +41,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-llamacpp export-gguf lock lock-quant calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-suffix install-llamacpp export-gguf lock lock-quant calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -68,6 +68,13 @@ $(QSTAMP): requirements/quant.txt
 	$(QPY) -m pip install -q --upgrade pip
 	$(QPY) -m pip install -q --no-deps -r requirements/quant.txt
 	touch $@
+
+install-suffix: $(STAMP) ## build arctic-inference 0.3.0 (suffix decoding, vLLM's "suffix" method) from its sdist into .cache/arctic-site, never into .venv (its vLLM plugin would load into every server); ~1 min
+	rm -rf .cache/arctic-build .cache/arctic-site && mkdir -p .cache/arctic-build
+	$(PY) -m pip install -q --target .cache/arctic-build/deps nanobind==2.9.2 ninja cmake grpcio-tools setuptools wheel
+	PATH=$(CURDIR)/.cache/arctic-build/deps/bin:$$PATH PYTHONPATH=$(CURDIR)/.cache/arctic-build/deps $(PY) -m pip download -q --no-deps --no-build-isolation --no-binary=:all: arctic-inference==0.3.0 -d .cache/arctic-build
+	PATH=$(CURDIR)/.cache/arctic-build/deps/bin:$$PATH PYTHONPATH=$(CURDIR)/.cache/arctic-build/deps $(PY) -m pip wheel -q --no-deps --no-build-isolation -w .cache/arctic-build/wheel .cache/arctic-build/arctic_inference-0.3.0.tar.gz
+	$(PY) -m pip install -q --no-deps --target .cache/arctic-site .cache/arctic-build/wheel/arctic_inference-*.whl
 
 install-llamacpp: $(LSTAMP) ## create .venv-llamacpp with llama-cpp-python's server (ENGINE=llamacpp; compiles llama.cpp, ~10 min on 2 cores)
 
