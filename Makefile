@@ -8,6 +8,7 @@ CORPUS ?= auto
 BACKEND ?= auto
 BASE_URL ?= http://127.0.0.1:8000
 PROFILE_ARGS ?=
+SOAK_ARGS ?=
 # the Python that runs scripts.measure.profile: .venv's, or the GPU machine's (vLLM bundle on PYTHONPATH)
 PROFILE_PY ?= $(PY)
 SWEEP ?= eval/sweeps/smollm2-w4.yaml
@@ -41,7 +42,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-suffix install-llamacpp export-gguf lock lock-quant calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-suffix install-llamacpp export-gguf lock lock-quant calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -156,6 +157,9 @@ eval-latency: weights ## measure VARIANT's latency/throughput (c=1,4,8; fixed+na
 
 eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2) back to back, one ladder id
 	$(PY) -m scripts.measure.latency --ladder $(BASE) $(BENCH_ARGS)
+
+soak: weights ## bounded soak of VARIANT's server: 120 streamed requests at c=1, 8, 32 with disconnects and refusals, then idle and RSS checks (SOAK_ARGS) -> experiments/VARIANT/soak_*.json
+	$(PY) -m scripts.measure.soak $(VARIANT) $(ENGINE_SET) $(SOAK_ARGS)
 
 profile: $(if $(filter $(PY),$(PROFILE_PY)),$(STAMP)) ## GPU: per-category decode-step table of VARIANT's running server (started with SERVE_PROFILER_CONFIG; BASE_URL, PROFILE_ARGS; PROFILE_PY=python3 where vLLM lives outside .venv, e.g. the GPU bundle)
 	$(PROFILE_PY) -m scripts.measure.profile $(VARIANT) --base-url $(BASE_URL) $(PROFILE_ARGS)

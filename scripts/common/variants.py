@@ -111,6 +111,7 @@ def cpu_dtype_note(dtype: str, cpu_flags: list[str]) -> str | None:
 CPU_PRELOAD = (("libiomp5.so", "PyPI intel-openmp 2024.2.1, in requirements/cpu.txt (2026.x ships no libiomp5)"),)
 
 _KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # C0 controls but tab (and \n, which ends a line)
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 
 
@@ -138,35 +139,53 @@ def _valid_key(key: str) -> bool:
 def parse_config_env(path: Path) -> dict[str, str]:
     """Parse one config.env strictly. Raises VariantError naming the file and line."""
     settings: dict[str, str] = {}
-    for lineno, raw in enumerate(path.read_text().splitlines(), start=1):
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        lineno = data[:e.start].count(b"\n") + 1
+        raise VariantError(f"{path}:{lineno}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    # lines end at \n (with an optional \r) only, as editors and make count them
+    for lineno, raw in enumerate(text.split("\n"), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         where = f"{path}:{lineno}"
         if "=" not in line:
-            raise VariantError(f"{where}: malformed line {raw!r}: expected KEY=VALUE")
+            raise VariantError(f"{where}: malformed line {shorten(raw)}: expected KEY=VALUE")
         key, value = line.split("=", 1)
         key, value = key.strip(), value.strip()
         if not _KEY_RE.match(key):
-            raise VariantError(f"{where}: malformed key {key!r}: expected UPPER_SNAKE_CASE")
+            raise VariantError(f"{where}: malformed key {shorten(key)}: expected UPPER_SNAKE_CASE")
         if not _valid_key(key):
             valid = ", ".join(list(KEYS) + [p + "*" for p in PREFIXES])
-            raise VariantError(f"{where}: unknown key {key!r}; valid keys: {valid}")
+            raise VariantError(f"{where}: unknown key {shorten(key)}; valid keys: {valid}")
         if key in settings:
             raise VariantError(f"{where}: {key} is set twice")
         if value == "":
             raise VariantError(f"{where}: {key} has an empty value")
+        if bad := _CONTROL_RE.search(value):  # a server's argv or environment cannot carry them (NUL) or shows them
+            raise VariantError(f"{where}: {key} holds the control character {bad.group()!r} at column "
+                               f"{raw.index(bad.group()) + 1}")
         if value[0] in "{[":
             try:
                 json.loads(value)
             except json.JSONDecodeError as e:
                 raise VariantError(f"{where}: {key} is not valid JSON: {e.msg} at column {e.colno}") from None
+            except RecursionError:
+                raise VariantError(f"{where}: {key} is JSON nested too deeply") from None
         if key == "SHAPE_PROXY" and value not in ("0", "1"):
-            raise VariantError(f"{where}: SHAPE_PROXY must be 0 or 1, got {value!r}")
+            raise VariantError(f"{where}: SHAPE_PROXY must be 0 or 1, got {shorten(value)}")
         if key == "SERVE_SPECULATIVE_CONFIG":
             check_speculative_config(value, where)
         settings[key] = value
     return settings
+
+
+def shorten(text: str, limit: int = 80) -> str:
+    """repr() of a piece of a config line, cut to `limit` characters: an error stays one short line."""
+    r = repr(text)
+    return r if len(r) <= limit else r[:limit] + f"… ({len(text)} characters)"
 
 
 def check_speculative_config(value: str, where: str) -> None:
@@ -175,8 +194,8 @@ def check_speculative_config(value: str, where: str) -> None:
     if not isinstance(spec, dict) or not isinstance(spec.get("method"), str):
         raise VariantError(f"{where}: SERVE_SPECULATIVE_CONFIG must be a JSON object with a \"method\"")
     k = spec.get("num_speculative_tokens")
-    if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-        raise VariantError(f"{where}: num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise VariantError(f"{where}: num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {json.dumps(k)[:40]}")
 
 
 @dataclass
@@ -216,7 +235,7 @@ class Variant:
         """ENGINE names a known engine, and config.env holds no flags of another engine (written for vLLM, they
         would silently do nothing under llama.cpp)."""
         if self.engine not in ENGINE_KEYS:
-            raise VariantError(f"{self.path}/config.env: ENGINE={self.engine!r}; valid engines: {', '.join(ENGINE_KEYS)}")
+            raise VariantError(f"{self.path}/config.env: ENGINE={shorten(self.engine)}; valid engines: {', '.join(ENGINE_KEYS)}")
         prefix = ENGINE_KEYS[self.engine]
         foreign = sorted(k for k in self.settings if k.startswith(tuple(ENGINE_KEYS.values())) and not k.startswith(prefix))
         if foreign:
@@ -280,7 +299,7 @@ def load_variant(
     root = root or paths.EXPERIMENTS
     known = list_variants(root)
     if not _NAME_RE.match(name or "") or name not in known:
-        raise VariantError(f"unknown variant {name!r}; valid variants: {', '.join(known) or '(none)'}")
+        raise VariantError(f"unknown variant {shorten(name or '')}; valid variants: {', '.join(known) or '(none)'}")
     path = root / name / "config.env"
     settings = parse_config_env(path)
     missing = [k for k in REQUIRED if k not in settings]
@@ -288,7 +307,7 @@ def load_variant(
         raise VariantError(f"{path}: missing required key(s) {', '.join(missing)}")
     parent = settings.get("PARENT")
     if parent and parent not in known:
-        raise VariantError(f"{path}: PARENT={parent!r} is not a variant; valid variants: {', '.join(known)}")
+        raise VariantError(f"{path}: PARENT={shorten(parent)} is not a variant; valid variants: {', '.join(known)}")
     target = target or serving_target()
     resolved = {**PLATFORM_DEFAULTS[target], **settings}
     for key, value in (overrides or {}).items():
@@ -308,7 +327,7 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
         if "=" not in item:
-            raise VariantError(f"--set {item!r}: expected KEY=VALUE")
+            raise VariantError(f"--set {shorten(item)}: expected KEY=VALUE")
         key, value = item.split("=", 1)
         out[key.strip()] = value.strip()
     return out

@@ -10,6 +10,7 @@
 #                                               # shape proxy, calibrate (CALIBRATE_RECIPE), prune (PRUNE_KEEP);
 #                                               # prune records come back as $OUT/build.tar
 #   bash scripts/gpu/device.sh bench V [V ...]  # build weights if needed, serve and measure each variant (c=1,8)
+#                                               # (MEASURE=soak: the bounded soak instead, SOAK_ARGS passed on)
 #   SET="K=V ..." bash scripts/gpu/device.sh start V[+K=V...] ...   # build weights, start every server AT ONCE (each in
 #                                               # its own session: they outlive the call), wait until all are healthy
 #   SET="K=V ..." [BENCH_ARGS="--prompts …"] bash scripts/gpu/device.sh measure   # bench those servers one after another (c=1,8, --base-url),
@@ -139,13 +140,18 @@ PY
       mkdir -p "$OUT/$v"
       # A start that hangs (seen once with a tiny Llama) gets its Python stacks dumped (faulthandler, SIGABRT) into the
       # server log before the bench is stopped; BENCH_LIMIT seconds per variant.
-      python3 -m scripts.measure.latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v" & pid=$!
+      # MEASURE=soak: the bounded soak (scripts.measure.soak, SOAK_ARGS) instead of the latency bench
+      if [ "${MEASURE:-latency}" = soak ]; then log=.cache/soak-"$v".log
+        python3 -m scripts.measure.soak "$v" ${SOAK_ARGS:-} --out-dir "$OUT/$v" & pid=$!
+      else log=.cache/bench-"$v".log
+        python3 -m scripts.measure.latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v" & pid=$!
+      fi
       ( sleep "${BENCH_LIMIT:-420}"; kill -0 $pid 2>/dev/null || exit 0; echo "bench $v hung: dumping stacks"
         pkill -ABRT -f "vllm[.]entrypoints|VLLM::|vllm serve"; sleep 5; kill $pid ) & dog=$!
       wait $pid; rc=$?; pkill -P $dog 2>/dev/null; kill $dog 2>/dev/null
       [ $rc != 0 ] && echo "bench $v failed ($rc)"
-      { grep -hiE "marlin|machete|cutlass|kernel|backend|quantiz|took|compil" .cache/bench-"$v".log | grep -v Route | tail -40
-        echo "--- tail"; tail -${LOG_TAIL:-40} .cache/bench-"$v".log; } > "$OUT/$v/server.log"
+      { grep -hiE "marlin|machete|cutlass|kernel|backend|quantiz|took|compil" $log | grep -v Route | tail -40
+        echo "--- tail"; tail -${LOG_TAIL:-40} $log; } > "$OUT/$v/server.log"
     done ;;
   start)
     export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1

@@ -28,7 +28,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts, openai_client
 from scripts.common.metrics import TIE_NATS
-from scripts.common.records import envelope, read_counters, reset_counters, write_record
+from scripts.common.records import envelope, read_counters, reset_counters, save_record
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, load_variant, reference_name
 from scripts.serve.launch import variant_server
@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     record["summary"] = {"identity": summarize_identity(samples),
                          "per_concurrency": {str(c): summarize_identity([s for s in samples if s["concurrency"] == c])
                                              for c in levels}}
-    path = write_record(record, args.out_dir or var.path, "quality")
+    if (path := save_record(record, args.out_dir or var.path, "quality")) is None:
+        return 1
     s = record["summary"]["identity"]
     print(f"{var.name} vs {ref.name}: {s['identical']}/{s['sequences']} identical, {s['near_tie_divergences']} "
           f"near-tie divergences, {s['divergences_beyond_tie']} beyond a tie (max gap {s['max_gap_nats']:.3f} nats); "

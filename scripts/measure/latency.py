@@ -25,7 +25,7 @@ from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import engine_of, fixed_body_for
 from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, openai_client, run_level, stream_one
 from scripts.common.metrics import summarize
-from scripts.common.records import envelope, now_utc, read_counters, reset_counters, write_record
+from scripts.common.records import envelope, now_utc, read_counters, reset_counters, save_record
 from scripts.common.server import Server, ServerError, group_rss_mib, is_healthy, stays_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
 from scripts.measure.prom import scrape, server_counters
@@ -176,7 +176,8 @@ def run_variant(name: str, args, ladder_id: str | None = None) -> int:
     except (BenchError, PromptSetError, VariantError, ServerError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    path = write_record(record, args.out_dir or variant.path, "latency")
+    if (path := save_record(record, args.out_dir or variant.path, "latency")) is None:
+        return 1
     print(f"wrote {paths.shown(path)} (status {record['status']})")
     if record["status"] != "ok":
         print(f"error: {record['failure']}", file=sys.stderr)

@@ -34,7 +34,7 @@ from scripts.common.checkpoint import tokenizer_fingerprint as vocab_fingerprint
 from scripts.common.engines import EngineError, engine_of
 from scripts.common.loadgen import openai_client
 from scripts.common.metrics import parity_stats
-from scripts.common.records import envelope, write_record
+from scripts.common.records import envelope, save_record
 from scripts.common.server import ServerError
 from scripts.common.variants import Variant, VariantError, load_variant, reference_name
 from scripts.data.corpus import EVAL_FRACTION, CorpusError, load_corpus
@@ -341,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         record["inputs"]["model_provenance"] = json.loads(prov.read_text())
     record["summary"] = {"parity": stats}
     record["samples"] = samples
-    path = write_record(record, args.out_dir or var.path, "quality")
+    if (path := save_record(record, args.out_dir or var.path, "quality")) is None:
+        return 1
     print(f"{var.name} vs {ref.name} ({args.backend}, {stats['tokens']} tokens of {corpus.name}):")
     print(f"  mean KLD {stats['mean_kld']:.4f} ± {stats['mean_kld_se']:.4f}  median {stats['median_kld']:.4f}  "
           f"p99 {stats['p99_kld']:.4f}")

@@ -49,7 +49,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import QUANT_SUFFIXES, CheckpointError, read_checkpoint
 from scripts.common.loadgen import PromptSetError, load_prompts, openai_client, stream_one
-from scripts.common.records import envelope, write_record
+from scripts.common.records import envelope, save_record
 from scripts.common.server import ServerError, http_get, http_post
 from scripts.common.variants import VariantError, load_variant, parse_overrides
 
@@ -732,7 +732,8 @@ def reanalyze(variant_name: str, path: Path, args: argparse.Namespace, argv: lis
     record["steps_rule"], record["mapping_rule"] = STEPS_RULE, MAPPING_RULE
     record["reanalysis"] = {"of": path.name, "command": [sys.executable, "-m", "scripts.measure.profile", *argv],
                             "git": git_state(), "at": now_utc().isoformat(timespec="seconds")}
-    out = write_record(record, out_dir or path.parent, KIND)
+    if (out := save_record(record, out_dir or path.parent, KIND)) is None:
+        return 1
     gpu = (record["hardware"].get("gpu") or {}).get("name", "no GPU")
     out.with_suffix(".md").write_text(markdown(variant_name, gpu, results))
     for c, r in results.items():
@@ -824,7 +825,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
     record["summary"] = results
     record["duration_s"] = round(time.monotonic() - t_run, 2)
-    out = write_record(record, args.out_dir or variant.path, KIND)
+    if (out := save_record(record, args.out_dir or variant.path, KIND)) is None:
+        return 1
     gpu = (record["hardware"].get("gpu") or {}).get("name", "no GPU")
     if results:
         out.with_suffix(".md").write_text(markdown(variant.name, gpu, results))

@@ -33,7 +33,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import EngineError
 from scripts.common.gate import main_metric
-from scripts.common.records import envelope, write_record
+from scripts.common.records import envelope, save_record
 from scripts.common.server import ServerError, http_post_json, is_healthy
 from scripts.common.variants import VariantError, load_variant
 from scripts.data.bigbench import BigBenchError
@@ -253,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", help="evaluate a running server instead of starting one")
     p.add_argument("--port", type=int, default=8124)
     p.add_argument("--download-datasets", action="store_true", help="cache every task dataset, then exit")
+    p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
     return p
 
 
@@ -280,12 +281,13 @@ def main(argv: list[str] | None = None) -> int:
             llamacpp = variant.engine == "llamacpp"  # checked by variant_server
             # a GGUF's log-likelihoods come from llama.cpp in-process, not from its server
             tasks, skipped = (tasks, None) if llamacpp else split_loglikelihood(tasks, base_url, variant.served_name)
+            summary, meta, samples, failure = {}, {}, [], None
             try:
                 summary, meta, samples = evaluate(variant, base_url, tasks, limit)
             except Exception as e:  # noqa: BLE001 - lm-eval raises many types; the run failed as a whole
                 healthy = is_healthy(base_url)
-                raise EvalError(f"lm-eval failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
-                                + ("" if healthy else "; the server is no longer healthy")) from None
+                failure = (f"lm-eval failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+                           + ("" if healthy else "; the server is no longer healthy"))
     except (EvalError, VariantError, ServerError, CheckpointError, BigBenchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -299,12 +301,19 @@ def main(argv: list[str] | None = None) -> int:
                         "loglikelihoods": "llama.cpp in-process (scripts.levers.gguf.logits score)" if llamacpp
                         else "the server's /v1/completions (echo + logprobs)",
                         **({"skipped": skipped} if skipped else {})}
+    if failure:  # recorded as failed (no scores), so a killed server leaves a record that says so
+        record["status"], record["failure"] = "failed", failure
+        if (path := save_record(record, args.out_dir or variant.path, "quality")) is not None:
+            print(f"wrote {paths.shown(path)} (status failed)")
+        print(f"error: {failure}", file=sys.stderr)
+        return 1
     if suite:
         record["inputs"]["suite"] = {k: v for k, v in suite.items() if k != "tasks"}
         summary_suite = suite_summary(samples)
     record["summary"] = {"tasks": summary, **({"suite": summary_suite} if suite else {})}
     record["samples"] = samples
-    path = write_record(record, variant.path, "quality")
+    if (path := save_record(record, args.out_dir or variant.path, "quality")) is None:
+        return 1
     for task, m in summary.items():
         shown = ", ".join(f"{k} {v:.3f}" for k, v in m.items() if isinstance(v, float) and not k.endswith("_stderr"))
         print(f"{task}: {shown} (n={m.get('n')})")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.loadgen import PromptSetError, load_prompts
-from scripts.common.records import envelope, write_record
+from scripts.common.records import envelope, save_record
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, load_variant, parse_overrides
 from scripts.measure.profile import (
@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         record["status"], record["failure"] = "failed", str(e)
         print(f"error: {e}", file=sys.stderr)
     record["summary"] = results
-    out = write_record(record, args.out_dir or variant.path, KIND)
+    if (out := save_record(record, args.out_dir or variant.path, KIND)) is None:
+        return 1
     print(f"wrote {paths.shown(out)} (status {record['status']})")
     return 0 if record["status"] == "ok" else 1
 

@@ -130,11 +130,8 @@ def materialize(source: str, name: str, *, force: bool = False) -> Path:
     if dest.exists() and not force:
         print(f"{dest} exists; nothing to do (use --force to rebuild)")
         return dest
-    paths.WEIGHTS.mkdir(exist_ok=True)
-    tmp = paths.WEIGHTS / f".tmp-{name}"
-    shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.monotonic()
-    try:
+    with paths.staged(dest) as tmp:
         if source == EMBEDDED:
             provenance = convert_gguf(embedded_gguf(), tmp)
         elif source == EMBEDDED_GEMMA3:
@@ -157,11 +154,6 @@ def materialize(source: str, name: str, *, force: bool = False) -> Path:
         provenance["seconds"] = round(time.monotonic() - t0, 1)
         (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
         verify(tmp, tokenizer=not source.startswith("shape-proxy:"))
-        if dest.exists():
-            shutil.rmtree(dest)
-        tmp.rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(paths.WEIGHTS / f".partial-{name}", ignore_errors=True)
     print(f"wrote {dest} in {provenance['seconds']} s")
     return dest

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
+from scripts.common import paths
 from scripts.common.checkpoint import write_qwen_tokenizer
 
 # Qwen3.5-4B's text model: 32 layers, every 4th full attention (GQA 16/4, head_dim 256, gated output), the others
@@ -110,7 +110,7 @@ def write_proxy(name: str, out: Path, seed: int = 0) -> dict:
 
     cfg = build_config(name)
     shapes = parameter_shapes(cfg)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
     shards: list[dict] = [{}]
     size = 0
@@ -158,13 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists():
         print(f"error: {args.out} exists; refusing to overwrite", file=sys.stderr)
         return 1
-    tmp = args.out.with_name(f".tmp-{args.out.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with paths.staged(args.out) as tmp:
         print(json.dumps(write_proxy(args.config, tmp, args.seed), indent=2))
-        tmp.rename(args.out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -193,3 +193,32 @@ def test_compare_names_one_winner_across_engines(tmp_path):
     across = text.split("### Across engines")[1]
     assert "Fastest at certified parity, c=1: smollm2-gguf** — 2.00× smollm2-bf16" in across
     assert "Fastest at certified parity, c=1: smollm2-a** — 1.50×" in text.split("### Across engines")[0]
+
+
+FULL_DISK = """
+import json, resource, sys
+from pathlib import Path
+from scripts.common import records
+out = Path(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # every file this process writes stops at 4 KiB
+sys.exit(0 if records.save_record({"samples": ["x" * 100] * 100}, out, "latency") else 1)
+"""
+
+
+def test_a_full_disk_during_a_record_write_keeps_earlier_records_and_says_so(tmp_path):
+    """A real write failure (the file size limit makes write() fail with EFBIG, as a full disk fails with ENOSPC): the
+    earlier record is byte-identical, no temp file is left, and the error is one line."""
+    import subprocess
+    import sys
+
+    from scripts.common import paths
+
+    earlier = records.write_record({"samples": [1]}, tmp_path, "latency")
+    before = earlier.read_bytes()
+    r = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path)], cwd=paths.ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    err = r.stderr.strip()
+    assert "\n" not in err and err.startswith("error: could not write a latency record in ") and "File too large" in err
+    assert "earlier records are untouched" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [earlier.name] and earlier.read_bytes() == before

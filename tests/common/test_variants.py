@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scripts.common import paths
 from scripts.common.variants import PLATFORM_DEFAULTS, VariantError, list_variants, load_variant, parse_config_env
@@ -111,3 +116,56 @@ def test_cpu_dtype_note_only_where_bf16_has_no_native_kernels():
     assert cpu_dtype_note("bfloat16", ["avx2", "avx512f", "avx512_bf16"]) is None
     assert cpu_dtype_note("bfloat16", ["amx_bf16", "amx_tile"]) is None
     assert cpu_dtype_note("float32", ["avx2"]) is None
+
+
+# Fuzzing the parser (hypothesis): any bytes, keys and values give a valid variant or a one-line VariantError that
+# names the file (and the line, where one line is at fault); never another exception.
+_KEYS = st.sampled_from(["MODEL", "BASE", "PARENT", "SHAPE_PROXY", "SERVE_MAX_NUM_SEQS", "SERVE_SPECULATIVE_CONFIG",
+                         "ENV_X", "GATE_Y", "ENGINE", "SERVE_", "model", "1X", "X-Y", "UNKNOWN_KEY", ""])
+_VALUES = st.one_of(st.text(max_size=60), st.sampled_from(["weights/x", "x", "{", "[1, 2", '{"method": "ngram"}',
+                                                            '{"method": "ngram", "num_speculative_tokens": true}',
+                                                            "[" * 5000 + "]" * 5000, "2", "\x00", "a\rb"]),
+                    st.integers(0, 300_000).map(lambda n: "v" * n))
+_LINES = st.one_of(st.text(max_size=80), st.builds("{}={}".format, _KEYS, _VALUES),
+                   st.builds("{}={}".format, st.text(max_size=20), st.text(max_size=20)), st.just("# comment"))
+
+
+def _check_parse(data: bytes) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        path = write_variant(Path(d), "fz", "")
+        path.write_bytes(data)
+        try:
+            v = load_variant("fz", root=Path(d), target="cpu")
+        except VariantError as e:
+            msg = str(e)
+            assert "\n" not in msg and "\r" not in msg and len(msg) < 2000, msg[:300]
+            assert msg.startswith(str(path)), msg[:300]
+            return
+        assert v.settings["MODEL"] and v.settings["BASE"]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(lines=st.lists(_LINES, max_size=12), encoding=st.sampled_from(["utf-8", "utf-16", "latin-1", "cp1252"]),
+       required=st.booleans())
+def test_fuzzed_config_env_is_a_variant_or_one_line_error(lines, encoding, required):
+    text = "\n".join((["MODEL=weights/x", "BASE=x"] if required else []) + lines)
+    _check_parse(text.encode(encoding, errors="replace"))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(data=st.binary(max_size=400))
+def test_fuzzed_config_env_bytes_are_a_variant_or_one_line_error(data):
+    _check_parse(b"MODEL=weights/x\nBASE=x\n" + data)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"MODEL=weights/x\nBASE=x\nENV_A=\xff\xfe\n", r"config.env:3: not UTF-8 text \(byte 0xff"),
+    (b"MODEL=weights/x\nBASE=x\nENV_A=a\x00b\n", r"config.env:3: ENV_A holds the control character '\\x00' at column 8"),
+    (b"MODEL=weights/x\nBASE=x\nSERVE_X=" + b"[" * 100_000 + b"\n", r"config.env:3: SERVE_X is JSON nested too deeply"),
+    (b"MODEL=weights/x\nBASE=x\n" + b"y" * 100_000 + b"\n", r"config.env:3: malformed line 'yyy.*\(100000 characters\)"),
+])
+def test_fuzz_findings_are_one_line_errors(tmp_path, data, message):
+    path = write_variant(tmp_path, "fz", "")
+    path.write_bytes(data)
+    with pytest.raises(VariantError, match=message):
+        load_variant("fz", root=tmp_path, target="cpu")

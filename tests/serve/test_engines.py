@@ -209,6 +209,30 @@ def test_llamacpp_bench_names_engine_and_a_killed_server_fails_the_record(q8_exp
 
 
 @pytest.mark.slow
+def test_a_server_killed_during_a_quality_run_leaves_a_failed_record(q8_export, tmp_path):
+    """lm-eval against a llama.cpp server stopped mid-run: exit 1, one complete record with status failed that says
+    why and passes its schema, no temp file."""
+    from scripts.measure import quality as eval_quality
+    from scripts.report import schemas as check_schemas
+    from scripts.serve.launch import variant_server
+    from tests.conftest import free_port
+
+    v = load_variant(GGUF_VARIANT)
+    with variant_server(v, base_url=None, port=free_port(), purpose="test") as (url, server):
+        killer = threading.Timer(12.0, server.stop)  # lm-eval loads in ~5 s; 1,200 items take minutes
+        killer.start()
+        rc = eval_quality.main([GGUF_VARIANT, "--tasks", "lab_arith_gen", "--limit", "1200", "--base-url", url,
+                                "--out-dir", str(tmp_path)])
+        killer.join()
+    assert rc == 1
+    (path,) = tmp_path.iterdir()
+    rec = json.loads(path.read_text())
+    assert path.name.startswith("quality_") and rec["status"] == "failed" and rec["samples"] == []
+    assert "lm-eval failed" in rec["failure"] and "no longer healthy" in rec["failure"]
+    assert check_schemas.check_file(path) == []
+
+
+@pytest.mark.slow
 def test_a_served_key_is_in_no_process_cmdline_and_guards_v1(q8_export):
     """The real llama.cpp server started with a key (seconds to start): no process's /proc/<pid>/cmdline holds the
     key, and /v1 refuses a request without it."""

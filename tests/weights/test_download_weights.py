@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -13,6 +16,7 @@ from scripts.common.checkpoint import CheckpointError
 from scripts.weights import download as download_weights
 from scripts.weights import shape_proxy as make_shape_proxy
 from scripts.weights import verify as verify_checkpoint
+from tests.conftest import assert_killed_cleanly, kill_midway
 
 
 def test_unreachable_hub_is_one_clear_error(tmp_path, monkeypatch, capsys):
@@ -120,3 +124,18 @@ def test_serve_bad_input_one_line_nonzero(args, message):
     assert r.returncode == 2
     lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL])  # SIGTERM: tests/common/test_paths.py, and pruning below
+def test_conversion_killed_midway_leaves_no_half_written_directory(sig):
+    """The GGUF -> safetensors conversion stopped while it writes: nothing under weights/ but, after SIGKILL, a
+    staging directory that the next run removes."""
+    dest = paths.WEIGHTS / f"fault-conversion-{os.getpid()}"
+    try:
+        rc, out = kill_midway([sys.executable, "-m", "scripts.weights.download", "embedded", "--name", dest.name], dest,
+                              sig)
+        assert_killed_cleanly(rc, sig, dest, None, out)
+    finally:
+        for d in [dest, *paths.staging_dirs(dest)]:
+            shutil.rmtree(d, ignore_errors=True)

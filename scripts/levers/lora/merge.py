@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from scripts.common import paths
@@ -58,8 +56,6 @@ def merge(name: str, overrides: dict[str, str] | None = None, record_dir: Path |
     if diff > 1e-2:
         raise lora.LoraError(f"merged logits differ from base + adapter by {diff:.3g} (FP32): the merge is wrong")
     merged = merged.to(torch.bfloat16)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     provenance = {"kind": "lora-merge", "variant": name, "parent": parent.name, "parent_model": paths.shown(base_dir),
                   "adapter": paths.shown(s.adapter), "adapter_card": {k: card[k] for k in (
                       "rank", "alpha", "targets", "data", "steps_run", "kept_step", "heldout_ppl", "general_ppl")},
@@ -67,15 +63,11 @@ def merge(name: str, overrides: dict[str, str] | None = None, record_dir: Path |
                   "probe_tokens": probe.shape[1], "command": ["python", "-m", "scripts.levers.lora.merge", name],
                   "git": git_state(), "versions": versions(), "hardware": hardware(),
                   "finished_at": now_utc().isoformat(timespec="seconds")}
-    try:
+    with paths.staged(dest) as tmp:
         merged.save_pretrained(tmp)
         copy_side_files(base_dir, tmp)
         (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
         verify(tmp, source=base_dir)
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     record = write_record(provenance, record_dir or variant.path, "merge_lora")
     print(f"wrote {paths.shown(dest)} ({paths.shown(s.adapter)} merged into {paths.shown(base_dir)}; largest logit "
           f"difference to base + adapter {diff:.2e}); record {paths.shown(record)}")

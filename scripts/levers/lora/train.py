@@ -26,9 +26,7 @@ import hashlib
 import json
 import math
 import random
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -185,15 +183,9 @@ def train(name: str, overrides: dict[str, str] | None = None, record_dir: Path |
             "answers": said, "train_s": round(train_s, 1), "command": ["python", "-m", "scripts.levers.lora.train", name],
             "git": git_state(), "versions": versions() | {"peft": _version("peft")}, "hardware": hardware(),
             "finished_at": now_utc().isoformat(timespec="seconds")}
-    s.adapter.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{s.adapter.name}-", dir=s.adapter.parent)
-    try:
+    with paths.staged(s.adapter) as tmp:
         model.save_pretrained(tmp)
-        (Path(tmp) / lora.CARD).write_text(json.dumps(card, indent=1) + "\n")
-        shutil.rmtree(s.adapter, ignore_errors=True)
-        Path(tmp).rename(s.adapter)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / lora.CARD).write_text(json.dumps(card, indent=1) + "\n")
     record = write_record(card, record_dir or variant.path, "train_lora")
     print(f"wrote {paths.shown(s.adapter)}: held-out ppl {card['heldout_ppl']['base']} -> {best[0]} "
           f"(general {card['general_ppl']['base']} -> {card['general_ppl']['adapted']}) in {train_s:.0f} s; "

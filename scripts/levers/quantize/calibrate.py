@@ -281,15 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         from scripts.common.checkpoint import verify
 
         verify(args.model)  # a source that fails verification is refused before any work
-        tmp = args.out.with_name(f".tmp-{args.out.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
+        with paths.staged(args.out) as tmp:
             prov = calibrate(args.recipe, recipe, recipe_sha, args.model, tmp, samples=args.samples,
                              seq_len=args.seq_len, sets=args.sets)
             verify(tmp)
-            tmp.rename(args.out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     except (CalibrateError, CheckpointError, VariantError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from scripts.common import paths
@@ -72,18 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         parent = load_variant(variant.resolved["PARENT"])
         if not Path(parent.model).is_dir():
             raise DraftError(f"{parent.resolved['MODEL']} does not exist: run `make weights VARIANT={parent.name}`")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-        try:
+        with paths.staged(out) as tmp:
             info = truncate(Path(parent.model), tmp, int(variant.resolved["DRAFT_LAYERS"]))
             (tmp / "PROVENANCE.json").write_text(json.dumps({
                 "lever": "make_draft_model (layer truncation)", "variant": variant.name, "target": parent.name,
                 "target_model": parent.resolved["MODEL"], **info}, indent=1))
             verify(tmp)
-            shutil.rmtree(out, ignore_errors=True)
-            tmp.rename(out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     except (DraftError, VariantError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

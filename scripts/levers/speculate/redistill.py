@@ -30,9 +30,7 @@ import hashlib
 import json
 import math
 import random
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -405,9 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     import torch
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with paths.staged(out) as tmp:
         model.to(torch.bfloat16).save_pretrained(tmp)
         drop_frozen_embedding(model, tmp)
         data_sha = hashlib.sha256((data / "responses.json").read_bytes()).hexdigest()
@@ -425,11 +421,6 @@ def main(argv: list[str] | None = None) -> int:
             "passes_started": epochs, "curve": curve, "val_cond_acc": [round(a, 4) for a in val_acc],
             "draft_vocab_coverage": cov, "device": "cuda" if torch.cuda.is_available() else "cpu",
             "seconds": round(time.monotonic() - t0, 1)}, indent=1))
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     print(f"validation accuracy per draft position {[round(a, 3) for a in val_acc]}; "
           f"draft vocab {cfg['draft_vocab']} covers {coverage(freq, (cfg['draft_vocab'],))[str(cfg['draft_vocab'])]:.1%}; "
           f"{train_tokens:,} training response tokens")

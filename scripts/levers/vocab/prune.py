@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -145,10 +144,7 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
                                                 refit=refit_tail)
     tensors["lm_head.weight"] = rows[kept].contiguous()
 
-    tmp = dest.parent / f".tmp-{dest.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with paths.staged(dest) as tmp:
         copy_side_files(src, tmp)
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         cfg["architectures"] = [PLUGIN_PREFIX + arch]
@@ -173,10 +169,6 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
                       "seconds": round(time.monotonic() - t0, 1)}
         (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
         verify(tmp, shapes=False)
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     record = {"variant": variant_name, "kind": "vocab-prune", "started_at": now_utc().isoformat(timespec="seconds"),
               "command": ["python", "-m", "scripts.levers.vocab.prune", variant_name], "git": git_state(),
               "versions": versions(), "hardware": hardware(), **provenance}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import sys
 from collections import Counter
 
 import pytest
@@ -138,6 +140,19 @@ def pruned_server(embedded_weights, tmp_path_factory):
     prune(PRUNED, record_dir=tmp_path_factory.mktemp("prune-record"))
     with serve(PRUNED, tmp_path_factory.mktemp("serve-pruned"), []) as s:
         yield s
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM])  # SIGKILL: the conversion's test (tests/weights)
+def test_pruning_killed_midway_leaves_the_old_checkpoint_or_none(embedded_weights, sig):
+    """prune-vocab stopped while it writes: weights/<variant> is untouched (or still absent)."""
+    from scripts.common import paths
+    from tests.conftest import assert_killed_cleanly, kill_midway
+
+    dest = paths.WEIGHTS / PRUNED
+    before = dest.stat().st_mtime if dest.exists() else None
+    rc, out = kill_midway([sys.executable, "-m", "scripts.levers.vocab.prune", PRUNED, "--force"], dest, sig)
+    assert_killed_cleanly(rc, sig, dest, before, out)
 
 
 def kept_ids() -> list[int]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
+import sys
 
 import pytest
 
@@ -11,6 +13,7 @@ pytest.importorskip("llmcompressor")
 
 from scripts.levers.quantize import calibrate as cal  # noqa: E402
 from scripts.weights import verify as verify_checkpoint  # noqa: E402
+from tests.conftest import assert_killed_cleanly, kill_midway  # noqa: E402
 
 
 def tree_hash(path) -> str:
@@ -56,7 +59,17 @@ def test_int8_rtn_keeps_every_tensor_and_never_touches_the_source(tiny, tmp_path
     assert "mtp.fc.weight" in report.tensors  # carried over unquantized
     prov = json.loads((out / "PROVENANCE.json").read_text())
     assert prov["recipe"] == "int8-w8a8" and prov["carried_over_unquantized"] == 1
-    assert not list(tmp_path.glob(".tmp-*")), "temp output left behind"
+    assert not list(tmp_path.glob(".*")), "temp output left behind"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_calibration_killed_midway_leaves_no_half_written_directory(tiny, tmp_path, sig):
+    """llm-compressor stopped while it writes the checkpoint: no output directory, and a SIGKILL's staging
+    directory is removed by the next run."""
+    out = tmp_path / "int8"
+    rc, log = kill_midway([sys.executable, "-m", "scripts.levers.quantize.calibrate", "int8-w8a8", "--model", str(tiny),
+                           "--out", str(out)], out, sig)
+    assert_killed_cleanly(rc, sig, out, None, log)
 
 
 def test_awq_with_calibration_corpus_records_its_hash(tiny, tmp_path):

@@ -1,0 +1,98 @@
+"""The soak (scripts/measure/soak.py): outcome rules on hand-made streams, and a short real soak of the session's vLLM
+server whose record passes its schema."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts.measure import soak
+
+
+def out(kind="chat"):
+    return soak.Outcome(kind, "/v1/chat/completions", 1, 0)
+
+
+def sse(*chunks) -> list[str]:
+    return [f"data: {c if isinstance(c, str) else json.dumps(c)}" for c in chunks]
+
+
+def test_a_stream_is_complete_only_with_done_after_every_choices_finish_reason():
+    o = out()
+    soak.read_stream(sse({"choices": [{"index": 0, "delta": {"content": "hi"}}]},
+                         {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}, "[DONE]"), o, 0.0, False, 1)
+    assert o.outcome == "complete" and o.chunks == 2 and o.ttft_ms is not None and o.passed
+    o = out("n_choices")
+    soak.read_stream(sse({"choices": [{"index": 1, "text": "a", "finish_reason": "stop"}]}, "[DONE]"), o, 0.0, False, 3)
+    assert o.outcome == "truncated" and "1 of 3 choices" in o.message and not o.passed
+    o = out()
+    soak.read_stream(sse({"choices": [{"index": 0, "delta": {"content": "x"}}]}), o, 0.0, False, 1)
+    assert o.outcome == "truncated" and "without [DONE]" in o.message
+
+
+def test_an_error_event_in_a_stream_and_a_dropped_client():
+    o = out()
+    soak.read_stream(sse({"error": {"message": "boom", "code": 500}}), o, 0.0, False, 1)
+    assert (o.outcome, o.status, o.message) == ("stream_error", 500, "boom") and not o.passed
+    o = out("disconnect")
+    soak.read_stream(sse(*[{"choices": [{"index": 0, "delta": {"content": "x"}}]}] * 5), o, 0.0, True, 1)
+    assert o.outcome == "cancelled" and o.chunks == soak.DISCONNECT_AFTER_CHUNKS and o.passed
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    (b'{"error": {"message": "too long", "code": 400}}', "too long"),
+    (b'{"message": "bad"}', "bad"),
+    (b'{"detail": [{"loc": ["body"], "msg": "field required"}]}', '[{"loc": ["body"], "msg": "field required"}]'),
+    (b"not json", None),
+    (b"{}", None),
+])
+def test_error_messages_of_4xx_bodies(raw, message):
+    assert soak.error_message(raw) == message
+
+
+def test_the_request_mix_is_seeded_and_every_kind_builds_a_streamed_body():
+    assert soak.plan(50, 7) == soak.plan(50, 7) != soak.plan(50, 8)
+    rows = [{"messages": [{"role": "user", "content": "q"}], "max_tokens": 64}]
+    for kind in soak.BY_NAME:
+        path, body = soak.request_for(kind, 3, rows, "m", 100, 20)
+        assert path.startswith("/v1/") and body["stream"] is True and body["model"] == "m"
+    assert soak.request_for("prompt_over_context", 0, rows, "m", 100, 20)[1]["prompt"].count("hello") == 200
+    assert soak.request_for("logprobs_over_max", 0, rows, "m", 100, 20)[1]["top_logprobs"] == 21
+
+
+def test_rss_growth_is_judged_from_the_second_hundred_to_the_end():
+    assert soak.rss_growth({"200": 1000.0, "end": 1049.0}, 300) == pytest.approx(0.049)
+    assert soak.rss_growth({"200": 1000.0, "end": 1049.0}, 299) is None  # too few requests to judge
+    assert soak.rss_growth({"end": 1.0}, 400) is None
+
+
+def test_criteria_fail_on_a_5xx_a_hang_or_a_server_left_busy():
+    ok = [out() for _ in range(3)]
+    for o in ok:
+        o.outcome = "complete"
+    idle = {"method": "metrics", "idle": True, "seconds": 0.1}
+    assert soak.summarize(ok, {}, idle, True, [1])["pass"]
+    bad = out()
+    bad.outcome, bad.status = "server_error", 500
+    s = soak.summarize([*ok, bad], {}, idle, True, [1])
+    assert not s["pass"] and s["criteria"]["server_errors"]["value"] == 1 and "HTTP 500" in s["first_outside_kind"]["chat"]
+    hang = out()
+    hang.outcome = "hang"
+    assert not soak.summarize([*ok, hang], {}, idle, True, [1])["criteria"]["hangs"]["pass"]
+    assert not soak.summarize(ok, {}, {**idle, "idle": False}, True, [1])["pass"]
+
+
+@pytest.mark.slow
+def test_a_short_soak_of_the_real_server_passes_and_its_record_validates(embedded_server, tmp_path):
+    from scripts.report import schemas as check_schemas
+
+    rc = soak.main(["smollm2-bf16", "--base-url", embedded_server.base_url, "--server-pid", str(embedded_server.engine_pid),
+                    "--requests", "16", "--concurrency", "1,8", "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("soak_*.json")
+    rec = json.loads(path.read_text())
+    assert rc == 0, rec["failure"]
+    s = rec["summary"]
+    assert s["requests"] == 32 and s["idle"]["method"] == "metrics" and s["idle"]["idle"]
+    assert s["by_outcome"].get("rejected", 0) >= 1 and s["rss_mib"]["start"] and not s["rss_judged"]
+    assert check_schemas.check_file(path) == []
