@@ -6,6 +6,11 @@ vLLM server with `--middleware scripts.serve.guard.KeyGuard`, vLLM's own hook fo
 reads the same key vLLM reads (VLLM_API_KEY, in the server's environment, never its argv) and answers 401 to any other
 path without `Authorization: Bearer <key>`; the key is compared as vLLM compares it (SHA-256 digests,
 secrets.compare_digest). Without a key it passes everything through. OPTIONS (CORS preflight) stays open, as in vLLM.
+
+RequestGuard (every vLLM server the project starts, `--middleware scripts.serve.guard.RequestGuard`): request bodies
+that vLLM answers with HTTP 500 although the client is at fault, found by fuzzing the endpoints with hypothesis
+(tests/serve/test_serve_integration.py), answered 400 with a message before they reach vLLM. Each rule names the vLLM
+code that fails (OBJECT_FIELDS); everything else passes through untouched.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import secrets
 
 MIDDLEWARE = "scripts.serve.guard.KeyGuard"  # the value of vLLM's --middleware
+REQUEST_MIDDLEWARE = "scripts.serve.guard.RequestGuard"
 KEY_ENV = "VLLM_API_KEY"
 PUBLIC_METRICS_ENV = "LAB_METRICS_PUBLIC"  # "1": /metrics answers without the key (the variant's METRICS_PUBLIC=1)
 OPEN = ("/health",)
@@ -48,8 +54,111 @@ class KeyGuard:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = json.dumps({"error": "Unauthorized"}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": body})
+        await answer(send, 401, {"error": "Unauthorized"}, [(b"www-authenticate", b"Bearer")])
+
+
+# Fields whose value must be a JSON object where vLLM reads it before validating its type: vLLM 0.32's
+# ChatCompletionRequest.check_structured_outputs_count and CompletionRequest's structural-tag check (model validators,
+# mode="before", in vllm/entrypoints/openai/{chat_completion,completion}/protocol.py) call .get on it, so
+# "structured_outputs": 1 raised AttributeError -> HTTP 500.
+OBJECT_FIELDS = {"structured_outputs": ("/v1/chat/completions", "/v1/completions")}
+# A body nested deeper than Python's recursion limit ({"prompt": [[[…]]]}) makes vLLM's JSON parse raise
+# RecursionError -> HTTP 500: refused on the same paths.
+# JSON may spell a lone UTF-16 surrogate ("\ud800"), which is no character: in a stop string vLLM 0.32 fails to
+# encode it for the engine core (UnicodeEncodeError -> EngineGenerateError -> HTTP 500, or an error event with code
+# 500 inside a stream). Refused in any string of a body to these paths.
+TEXT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize")
+
+
+def lone_surrogate(value) -> str | None:
+    """Where the first string or key holding a lone surrogate sits in a parsed JSON value (e.g. "stop[1]"); None if
+    none does. Iterative: a body nested as deep as json.loads allows is walked without recursion."""
+    stack = [(value, "")]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, str):
+            if not _encodable(v):
+                return where or "body"
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                if not _encodable(k):
+                    return f"{where or 'body'} (a key)"
+                stack.append((x, f"{where}.{k}" if where else k))
+        elif isinstance(v, list):
+            stack.extend((x, f"{where}[{n}]") for n, x in enumerate(v))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def bad_request(body: bytes, path: str) -> str | None:
+    """Why a JSON body to `path` must be refused here (a field of OBJECT_FIELDS that is not an object, a lone
+    surrogate in a string); None to pass it to vLLM."""
+    fields = [f for f, paths in OBJECT_FIELDS.items() if path in paths]
+    if not fields and path not in TEXT_PATHS:
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:  # vLLM answers malformed JSON with 400 itself
+        return None
+    except RecursionError:  # vLLM's own parse fails the same way, answered with HTTP 500
+        return "the JSON body is nested too deeply"
+    if not isinstance(data, dict):
+        return None
+    for field in fields:
+        if data.get(field) is not None and not isinstance(data[field], dict):
+            return f"{field} must be a JSON object, got {type(data[field]).__name__}"
+    if path in TEXT_PATHS and (where := lone_surrogate(data)):
+        return f"{where} holds a lone UTF-16 surrogate, which is not a character"
+    return None
+
+
+async def answer(send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    raw = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": raw})
+
+
+class RequestGuard:
+    """Pure ASGI middleware: POST bodies to the guarded paths are read whole, checked by bad_request, and
+    replayed to vLLM unchanged when they pass."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.paths = {p for paths in OBJECT_FIELDS.values() for p in paths} | set(TEXT_PATHS)
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope.get("path", "").removeprefix(scope.get("root_path", "")).rstrip("/")
+        if scope["type"] != "http" or scope.get("method") != "POST" or path not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away while sending
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if why := bad_request(body, path):
+            await answer(send, 400, {"error": {"message": why, "type": "BadRequestError",
+                                               "param": why.split()[0], "code": 400}})
+            return
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: disconnect notices, as vLLM expects them
+
+        await self.app(scope, replay, send)

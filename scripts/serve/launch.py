@@ -59,10 +59,13 @@ def check_head(variant: Variant) -> None:
 
 def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, log_path: Path | None = None) -> Server:
     """The variant's server, not started: its engine and flags checked first (vLLM's against vLLM), then the weights.
-    With a key, vLLM also gets scripts.serve.guard's middleware (every route but /health behind the key)."""
+    vLLM gets scripts.serve.guard's RequestGuard (400, not 500, for bodies fuzzing found vLLM crash on) and, with a key,
+    its KeyGuard (every route but /health behind the key)."""
     engine = engine_of(variant)
     check_model_present(variant)
     argv = serve_argv(variant, host=host, port=port)
+    if engine.name == "vllm":  # bodies vLLM would answer with a 500 get a 400 (scripts/serve/guard.py)
+        argv += ["--middleware", guard.REQUEST_MIDDLEWARE]
     if api_key and engine.name == "vllm":  # vLLM guards /v1 only: every other route behind the key too
         argv += ["--middleware", guard.MIDDLEWARE]
     if engine.name == "vllm" and variant.settings.get("ENV_LD_PRELOAD", "auto") == "auto" and variant.target == "cpu":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from scripts.common.variants import Variant, VariantError
@@ -88,3 +90,59 @@ def test_key_guard_closes_every_route_but_health():
     assert status(g, "/health") == 200 and status(g, "/tokenize", method="OPTIONS") == 200
     assert status(KeyGuard(app, key="k3y", public_metrics=True), "/metrics") == 200
     assert status(KeyGuard(app, key=""), "/tokenize") == 200  # no key: nothing to guard
+
+
+@pytest.mark.parametrize(("body", "path", "why"), [
+    (b'{"structured_outputs": 1}', "/v1/chat/completions", "structured_outputs must be a JSON object, got int"),
+    (b'{"structured_outputs": "x"}', "/v1/completions", "structured_outputs must be a JSON object, got str"),
+    (b'{"structured_outputs": [1]}', "/v1/completions", "structured_outputs must be a JSON object, got list"),
+    (b'{"structured_outputs": {"json": {}}}', "/v1/completions", None),
+    (b'{"structured_outputs": null}', "/v1/completions", None),
+    (b'{"structured_outputs": 1}', "/tokenize", None),
+    (b'{"structured_outputs": ', "/v1/completions", None),  # malformed JSON: vLLM's own 400
+    (b"[1]", "/v1/completions", None),
+    (b'{"prompt": "x", "stop": ["a", "\\ud800"]}', "/v1/completions", "stop[1] holds a lone UTF-16 surrogate, which is not a character"),
+    (b'{"messages": [{"content": "\\udfff"}]}', "/v1/chat/completions", "messages[0].content holds a lone UTF-16 surrogate, which is not a character"),
+    (b'{"a\\ud800": 1}', "/tokenize", "body (a key) holds a lone UTF-16 surrogate, which is not a character"),
+    (b'{"prompt": "\\ud83d\\ude00"}', "/tokenize", None),  # a surrogate pair is a character (an emoji)
+    (b'{"prompt": "\\ud800"}', "/v1/models", None),
+    (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "/tokenize", "the JSON body is nested too deeply"),
+])
+def test_request_guard_refuses_bodies_vllm_would_answer_with_500(body, path, why):
+    from scripts.serve.guard import bad_request
+
+    assert bad_request(body, path) == why
+
+
+def test_request_guard_replays_a_passing_body_whole_and_answers_400_itself():
+    import asyncio
+
+    from scripts.serve.guard import RequestGuard
+
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append((await receive())["body"])
+        seen.append((await receive())["type"])  # after the body: the client's own messages
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    def run(chunks: list[bytes], path="/v1/completions"):
+        queue = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+        queue.append({"type": "http.disconnect"})
+        sent = []
+
+        async def receive():
+            return queue.pop(0)
+
+        async def send(msg):
+            sent.append(msg)
+
+        asyncio.run(RequestGuard(app)({"type": "http", "path": path, "method": "POST"}, receive, send))
+        return sent
+
+    sent = run([b'{"prompt": "hi", ', b'"max_tokens": 2}'])
+    assert sent[0]["status"] == 200 and seen == [b'{"prompt": "hi", "max_tokens": 2}', "http.disconnect"]
+    seen.clear()
+    sent = run([b'{"structured_outputs": 7}'])
+    assert sent[0]["status"] == 400 and seen == []
+    assert json.loads(sent[1]["body"])["error"]["param"] == "structured_outputs"

@@ -200,8 +200,9 @@ def _clamped(body: dict) -> dict:
 @st.composite
 def _fuzz_case(draw) -> tuple[str, bytes]:
     path = draw(st.sampled_from(sorted(_BASE)))
-    if draw(st.integers(0, 19)) == 0:  # 1 in 20: raw bytes, mostly not JSON
-        return path, draw(st.binary(max_size=200))
+    if draw(st.integers(0, 19)) == 0:  # 1 in 20: raw bytes (mostly not JSON) or JSON nested deeper than parsers recurse
+        return path, draw(st.binary(max_size=200) | st.integers(100, 60_000).map(
+            lambda n: b'{"model": "smollm2-bf16", "prompt": ' + b"[" * n + b"]" * n + b"}"))
     body = {"model": "smollm2-bf16", **_BASE[path]}
     for key in draw(st.lists(st.sampled_from(_FIELDS[path]), max_size=4, unique=True)):
         body[key] = draw(st.one_of(_EDGE, _JSON, _MESSAGES if key == "messages" else _EDGE,
