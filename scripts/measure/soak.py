@@ -12,7 +12,9 @@ two chunks, a prompt twice the model's context, max_tokens ten times the context
 maximum and one above it, stop strings, and unicode edge cases (emoji sequences, right-to-left and combining marks,
 NUL, a lone surrogate). A request passes when it ends as its kind allows: a complete answer (a stream that ends with
 [DONE] and a finish reason for every choice) or a 4xx with a message; never a 5xx, an error inside a stream, a
-connection the server broke, a truncated stream or no answer within --timeout.
+connection the server broke, a truncated stream or no answer within --timeout. An error event with a 4xx code inside
+a 200 stream (vLLM checks some limits, e.g. top_logprobs, after the stream starts) counts as refused with a message,
+and the record keeps it apart (rejected_in_stream).
 
 After the last request the server must be idle again within --idle-timeout seconds: vLLM's /metrics shows no running
 or waiting request and 0 KV-cache usage; an engine without /metrics (llama.cpp) must answer a one-token probe. The
@@ -99,7 +101,8 @@ class Outcome:
     endpoint: str
     level: int
     index: int
-    outcome: str = "unknown"  # complete | cancelled | rejected | server_error | stream_error | broken | truncated | hang
+    # complete | cancelled | rejected | rejected_in_stream | server_error | stream_error | broken | truncated | hang
+    outcome: str = "unknown"
     status: int | None = None
     ttft_ms: float | None = None
     e2e_ms: float | None = None
@@ -109,7 +112,9 @@ class Outcome:
 
     @property
     def passed(self) -> bool:
-        return self.outcome in BY_NAME[self.kind].allowed
+        """A 4xx error event inside a 200 stream (vLLM checks some limits after the stream starts) counts as refused."""
+        allowed = BY_NAME[self.kind].allowed
+        return self.outcome in allowed or (self.outcome == "rejected_in_stream" and "rejected" in allowed)
 
 
 def plan(requests: int, seed: int) -> list[str]:
@@ -180,10 +185,11 @@ def read_stream(lines, out: Outcome, t0: float, disconnect: bool, n_expected: in
                 out.message = f"[DONE] after finish reasons for {len(finished)} of {n_expected} choices"
             return
         chunk = json.loads(data)
-        if "error" in chunk:  # an error after the 200 header: vLLM sends it as an event
+        if "error" in chunk:  # an error after the 200 header: vLLM sends it as an event, with the HTTP code it means
             err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-            out.outcome, out.message = "stream_error", str(err.get("message"))[:300]
-            out.status = err.get("code") if isinstance(err.get("code"), int) else out.status
+            code = err.get("code") if isinstance(err.get("code"), int) else None
+            out.status, out.message = code or out.status, str(err.get("message"))[:300]
+            out.outcome = "rejected_in_stream" if code and 400 <= code < 500 and err.get("message") else "stream_error"
             return
         out.chunks += 1
         for choice in chunk.get("choices") or []:

@@ -35,6 +35,9 @@ def test_an_error_event_in_a_stream_and_a_dropped_client():
     o = out()
     soak.read_stream(sse({"error": {"message": "boom", "code": 500}}), o, 0.0, False, 1)
     assert (o.outcome, o.status, o.message) == ("stream_error", 500, "boom") and not o.passed
+    o = out("logprobs_over_max")
+    soak.read_stream(sse({"error": {"message": "logprobs of 21 > 20", "code": 400}}), o, 0.0, False, 1)
+    assert (o.outcome, o.status) == ("rejected_in_stream", 400) and o.passed and not out().passed
     o = out("disconnect")
     soak.read_stream(sse(*[{"choices": [{"index": 0, "delta": {"content": "x"}}]}] * 5), o, 0.0, True, 1)
     assert o.outcome == "cancelled" and o.chunks == soak.DISCONNECT_AFTER_CHUNKS and o.passed
