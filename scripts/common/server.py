@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +79,14 @@ def stays_healthy(base_url: str, path: str = "/health", checks: int = 3, gap_s: 
     return True
 
 
+def port_in_use(base_url: str) -> bool:
+    """Whether something accepts TCP connections at base_url's host and port."""
+    u = urllib.parse.urlsplit(base_url)
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((u.hostname or "127.0.0.1", u.port or 80)) == 0
+
+
 def group_pids(pgid: int) -> list[int]:
     """PIDs still alive in a process group (Linux /proc)."""
     pids = []
@@ -120,6 +130,12 @@ class Server:
     startup_s: float | None = None
 
     def start(self) -> Server:
+        """Start the process in its own session. Refused while something listens on its port: health checks would be
+        answered by that other server (a server orphaned by a killed run once stood in for a new one that could not
+        bind)."""
+        if port_in_use(self.base_url):
+            raise ServerError(f"{self.base_url} is already in use (another server still running?); stop it or pick "
+                              f"another port")
         full_env = {**os.environ, **self.env}
         out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - lives as long as the server
         self.started_at = time.monotonic()

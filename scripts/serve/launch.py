@@ -92,10 +92,12 @@ def variant_server(variant: Variant, *, base_url: str | None, port: int, purpose
     log.parent.mkdir(exist_ok=True)
     server = make_server(variant, host="127.0.0.1", port=port, api_key=None, log_path=log)
     print(f"starting {variant.name}; server log {log}", flush=True)
-    server.start()
-    try:
-        server.wait_healthy()
-        print(f"healthy after {server.startup_s:.1f} s", flush=True)
-        yield server.base_url, server
-    finally:
-        server.stop()
+    # SIGTERM of the measuring script stops the server too (by default it would die alone, leaving the server running)
+    with paths.terminate_raises():
+        server.start()
+        try:
+            server.wait_healthy()
+            print(f"healthy after {server.startup_s:.1f} s", flush=True)
+            yield server.base_url, server
+        finally:
+            server.stop()

@@ -233,6 +233,48 @@ def test_a_server_killed_during_a_quality_run_leaves_a_failed_record(q8_export, 
 
 
 @pytest.mark.slow
+def test_a_measuring_script_terminated_midway_stops_its_server_and_writes_nothing(q8_export, tmp_path):
+    """SIGTERM to a latency run that started its own server: the server's port is free again afterwards (no orphan
+    left to answer the next run's health checks) and no record, partial or not, is written."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from scripts.common.server import port_in_use
+    from tests.conftest import free_port
+
+    port = free_port()
+    log = tmp_path / "bench.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "scripts.measure.latency", GGUF_VARIANT, "--port", str(port),
+                                 "--concurrency", "1", "--limit", "16", "--out-dir", str(tmp_path / "rec")],
+                                cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while "healthy after" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(2)  # into the measurement
+        assert proc.poll() is None and port_in_use(f"http://127.0.0.1:{port}"), log.read_text()[-1500:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    assert not port_in_use(f"http://127.0.0.1:{port}"), "the server outlived its measuring script"
+    assert not (tmp_path / "rec").exists() or not any((tmp_path / "rec").iterdir())
+
+
+def test_a_server_is_not_started_on_a_port_in_use():
+    import socket
+
+    from scripts.common.server import Server, ServerError
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        url = f"http://127.0.0.1:{busy.getsockname()[1]}"
+        with pytest.raises(ServerError, match="already in use"):
+            Server(argv=["true"], base_url=url).start()
+
+
+@pytest.mark.slow
 def test_a_served_key_is_in_no_process_cmdline_and_guards_v1(q8_export):
     """The real llama.cpp server started with a key (seconds to start): no process's /proc/<pid>/cmdline holds the
     key, and /v1 refuses a request without it."""
