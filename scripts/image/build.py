@@ -16,11 +16,12 @@ manifest does not match the variant, target or the lock's versions is refused be
 factors (CPU flags / GPU architecture) are checked by scripts.serve when the image starts. No GPU is needed to build.
 Timings and sizes -> <archive>.build.json.
 
-verify: skopeo inspect of the archive (labels against the variant, the lock and the cache; the archive's config digest
-must be the local image's ID, else the archive itself is run), the contents seen from inside the image (installed
-versions against the lock, the project's vLLM plugin entry point, config.env, embedded weights, cache manifest), then
-the image's own CMD under `buildah run --isolation chroot` on a free port until /health answers and a chat request
-gets an answer; stopped by SIGTERM. -> <archive>.verify.json.
+verify: skopeo inspect of the archive (labels against the variant, the lock and the cache; the config's User must not
+be root; the archive's config digest must be the local image's ID, else the archive itself is run), the contents seen
+from inside the image as its user (installed versions against the lock, the project's vLLM plugin entry point,
+config.env, embedded weights, cache manifest; its uid is not 0 and nothing under /app/weights can be written or
+created), then the image's own CMD under `buildah run --isolation chroot` on a free port until /health answers and a
+chat request gets an answer, the server's processes not root; stopped by SIGTERM. -> <archive>.verify.json.
 
 bake: make bake-cache inside the built image (no cache in it), so the cache is baked at the image's paths — vLLM's
 cache key holds the absolute paths of the model and of its traced source files, so a cache baked in a checkout
@@ -100,13 +101,18 @@ def dockerfile_label_keys(text: str) -> list[str]:
     return keys
 
 
+# A pinned requirement: name, [extras], version (scripts.image.locks reads and writes the locks with it too).
+PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
+
+
 def lock_pins(text: str) -> dict[str, str]:
-    """`name==version` lines of a requirements file -> {normalized name: version}."""
+    """`name==version` requirements of a requirements file, hashed (`name==version \\` + `--hash=…` lines) or not
+    -> {normalized name: version}."""
     pins = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if m := re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+)$", line):
-            pins[normalize(m.group(1))] = m.group(2)
+    for line in re.sub(r"\\\n", " ", text).splitlines():
+        line = re.sub(r"\s--hash=\S+", "", " " + line.split("#", 1)[0]).strip()
+        if m := PIN.fullmatch(line):
+            pins[normalize(m.group(1))] = m.group(3)
     return pins
 
 
@@ -158,6 +164,24 @@ def label_problems(labels: dict[str, str], expected: dict[str, str]) -> list[str
                 out.append(f"label {key} missing")
         elif have != want:
             out.append(f"label {key}: image {have!r}, expected {want!r}")
+    return out
+
+
+def user_problems(user: str | None) -> list[str]:
+    """The image config's User (OCI: "name", "uid", "uid:gid", …): a problem when the image would run as root."""
+    name = (user or "").split(":", 1)[0].strip()
+    if name in ("", "root", "0"):
+        return [f"the image runs as root (config User {user or ''!r}): the Dockerfile needs a USER that is not root"]
+    return []
+
+
+def process_uids(pids: list[int], proc: Path = Path("/proc")) -> dict[int, int]:
+    """pid -> real uid of each process still alive (Linux /proc/<pid>/status)."""
+    out = {}
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, StopIteration):
+            status = (proc / str(pid) / "status").read_text()
+            out[pid] = int(next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1])
     return out
 
 
@@ -394,7 +418,7 @@ def build(tools: Tools, name: str, *, target: str, cache: Path | None, archive: 
         make_debian_base(tools, base.image, log)
     base_s = time.monotonic() - t0
 
-    pip_lines = _pip_config_lines()
+    pip_lines = pip_config_lines()
     pip_args, volumes = pip_build_args(pip_sources(pip_lines, dict(os.environ)))
     staging = paths.CACHE / f"image-build-{os.getpid()}"
     partial_tag = f"{tag}-partial-{os.getpid()}"
@@ -456,7 +480,7 @@ def build(tools: Tools, name: str, *, target: str, cache: Path | None, archive: 
     return record
 
 
-def _pip_config_lines() -> list[str]:
+def pip_config_lines() -> list[str]:
     r = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False)
     return r.stdout.splitlines() if r.returncode == 0 else []
 
@@ -521,7 +545,32 @@ def contents(name: str) -> dict:
             "plugins": sorted(ep.name for ep in entry_points(group="vllm.general_plugins")),
             "config_env": (variant.path / "config.env").exists(), "source": variant.settings.get("SOURCE"),
             "weights": (Path(variant.model) / "config.json").exists(), "ld_preload": variant.env().get("LD_PRELOAD"),
-            "cache": cache, "cache_manifest": cache_manifest}
+            "cache": cache, "cache_manifest": cache_manifest, "uid": os.getuid(),
+            "weights_writable": writable_under(paths.WEIGHTS)}
+
+
+def writable_under(root: Path) -> list[str]:
+    """What this process can write under `root`, found by trying: a new file in `root` and in each folder below it
+    (created and removed at once), and each file opened for writing (nothing written). [] where all of it is
+    read-only to this user."""
+    out = []
+    if not root.is_dir():
+        return out
+    for where in [root, *sorted(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())]:
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=where)
+        except OSError:
+            continue
+        os.close(fd)
+        os.unlink(probe)
+        out.append(f"{where}/ (new file)")
+    for f in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        try:
+            with f.open("r+b"):
+                out.append(str(f))
+        except OSError:
+            pass
+    return out
 
 
 def contents_problems(facts: dict, labels: dict[str, str], manifest: dict | None) -> list[str]:
@@ -536,6 +585,10 @@ def contents_problems(facts: dict, labels: dict[str, str], manifest: dict | None
         out.append("the embedded weights are missing")
     if facts["target"] == "cpu" and not facts["ld_preload"]:
         out.append("ENV_LD_PRELOAD=auto found no libiomp5.so in the image's .venv")
+    if facts.get("uid", 0) == 0:
+        out.append("a command in the image runs as root (uid 0): the Dockerfile's USER is missing or root")
+    if facts.get("weights_writable"):
+        out.append(f"the weights are writable from inside the image: {', '.join(facts['weights_writable'][:3])}")
     if (facts["cache_manifest"] or None) != (manifest or None):
         out.append(f"cache in the image {facts['cache']!r} has manifest {facts['cache_manifest']}, expected {manifest}")
     return out
@@ -576,7 +629,9 @@ def verify(tools: Tools, name: str, *, target: str, cache: Path | None, archive:
     config = json.loads(raw_config)
     digest = hashlib.sha256(raw_config.encode()).hexdigest()
     labels = config.get("config", {}).get("Labels") or {}
+    user = config.get("config", {}).get("User")
     problems = label_problems(labels, image_labels(name, target, locked["vllm"], git_state(), manifest))
+    problems += user_problems(user)
     if problems:
         raise ImageError(f"{paths.shown(archive)}: " + "; ".join(problems))
     ref = tag if image_id(tools, tag) == digest else f"oci-archive:{archive}"
@@ -595,7 +650,8 @@ def verify(tools: Tools, name: str, *, target: str, cache: Path | None, archive:
         if problems:
             raise ImageError(f"{paths.shown(archive)}: " + "; ".join(problems))
         print(f"contents ok: python {facts['python']}, {facts['lock_pins']} pins of {LOCKS[target].name} installed, "
-              f"plugins {facts['plugins']}, weights {'baked' if facts['weights'] else 'not baked'}", flush=True)
+              f"plugins {facts['plugins']}, weights {'baked' if facts['weights'] else 'not baked'}; user {user}, "
+              f"uid {facts['uid']} inside, weights not writable", flush=True)
         cmd = (config.get("config", {}).get("Entrypoint") or []) + (config.get("config", {}).get("Cmd") or [])
         port = free_port()
         t0 = time.monotonic()
@@ -617,11 +673,20 @@ def verify(tools: Tools, name: str, *, target: str, cache: Path | None, archive:
         text = log.read_text(errors="replace")
         ready = re.search(r"startup ([\d.]+) s", text)
         imported = re.search(r"compile cache \S+ (imported|not used[^\n]*)", text)
+        # the serving processes themselves (the engine's process group; chroot isolation shares the host's pids)
+        from scripts.common.server import group_pids
+
+        engine = re.search(r"\(pid (\d+), startup", text)
+        server_uids = process_uids(group_pids(int(engine.group(1)))) if engine else {}
+        if any(uid == 0 for uid in server_uids.values()):
+            raise ImageError(f"the image's server runs as root: uids {server_uids} (log {paths.shown(log)})")
+        print(f"server processes' uids: {sorted(set(server_uids.values())) or 'not found'}", flush=True)
     finally:
         stop_s = stop(proc, log) if proc else None
         _quietly(lambda: tools.buildah("rm", ctr))
     record = {"kind": "image-verify", "variant": name, "target": target, "archive": paths.shown(archive), "ref": ref,
-              "config_digest": f"sha256:{digest}", "labels": labels, "contents": facts, "command": cmd,
+              "config_digest": f"sha256:{digest}", "labels": labels, "user": user, "server_uids": server_uids,
+              "contents": facts, "command": cmd,
               "timings_s": {"container_from": round(from_s, 1), "to_health": round(health_s, 1),
                             "serve_reported_startup": float(ready.group(1)) if ready else None,
                             "chat": round(chat_s, 2), "stop": stop_s},

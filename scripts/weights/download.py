@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import importlib.metadata
 import json
+import os
 import shutil
 import sys
 import time
@@ -130,6 +131,9 @@ def materialize(source: str, name: str, *, force: bool = False) -> Path:
     if dest.exists() and not force:
         print(f"{dest} exists; nothing to do (use --force to rebuild)")
         return dest
+    if not os.access(dest.parent if dest.parent.exists() else paths.ROOT, os.W_OK):
+        raise DownloadError(f"{paths.shown(dest.parent)} is read-only here (the serving image runs as a user that cannot "
+                            f"write it): build {name} elsewhere and mount it")
     t0 = time.monotonic()
     with paths.staged(dest) as tmp:
         if source == EMBEDDED:

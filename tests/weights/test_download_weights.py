@@ -139,3 +139,15 @@ def test_conversion_killed_midway_leaves_no_half_written_directory(sig):
     finally:
         for d in [dest, *paths.staging_dirs(dest)]:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_read_only_weights_folder_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    """The serving image's /app/weights is read-only to its user: converting there says so in one line."""
+    if os.geteuid() == 0:  # root writes through any mode bits: test as the image's user would see it
+        monkeypatch.setattr(os, "access", lambda path, mode: False)
+    ro = tmp_path / "weights"
+    ro.mkdir(mode=0o555)
+    monkeypatch.setattr(paths, "WEIGHTS", ro)
+    assert download_weights.main(["embedded", "--name", "x"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "is read-only here" in err and not (ro / "x").exists()
