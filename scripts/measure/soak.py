@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
+import math
 import random
 import sys
 import threading
@@ -172,10 +173,14 @@ def error_message(raw: bytes) -> str | None:
     return None
 
 
-def read_stream(lines, out: Outcome, t0: float, disconnect: bool, n_expected: int) -> None:
-    """Consume an SSE stream into `out`: complete when [DONE] arrives after a finish reason for every choice."""
+def read_stream(lines, out: Outcome, t0: float, disconnect: bool, n_expected: int, timeout_s: float = math.inf) -> None:
+    """Consume an SSE stream into `out`: complete when [DONE] arrives after a finish reason for every choice; a hang
+    when that takes longer than timeout_s, keep-alive comments or not (an SSE server may ping a queued request)."""
     finished: dict[int, str] = {}
     for line in lines:
+        if time.perf_counter() - t0 > timeout_s:
+            out.outcome, out.message = "hang", f"no complete answer within {timeout_s:.0f} s (the stream stayed open)"
+            return
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()
@@ -206,7 +211,7 @@ def read_stream(lines, out: Outcome, t0: float, disconnect: bool, n_expected: in
 
 
 def send(client, base_url: str, endpoint: str, body: dict, out: Outcome, timeout_s: float) -> Outcome:
-    """One request; the client's own read timeout (timeout_s) is what a hang means."""
+    """One request; no complete answer within timeout_s is a hang (the read timeout, and the stream's own deadline)."""
     import httpx
 
     t0 = time.perf_counter()
@@ -221,7 +226,7 @@ def send(client, base_url: str, endpoint: str, body: dict, out: Outcome, timeout
                 out.outcome = ("server_error" if resp.status_code >= 500 else
                                "rejected" if out.message else "rejected_without_message")
             else:
-                read_stream(resp.iter_lines(), out, t0, out.kind == "disconnect", body.get("n", 1))
+                read_stream(resp.iter_lines(), out, t0, out.kind == "disconnect", body.get("n", 1), timeout_s)
     except httpx.TimeoutException:
         out.outcome, out.message = "hang", f"no answer within {timeout_s:.0f} s"
     except (httpx.TransportError, ValueError) as e:

@@ -4,6 +4,7 @@ server whose record passes its schema."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -29,6 +30,12 @@ def test_a_stream_is_complete_only_with_done_after_every_choices_finish_reason()
     o = out()
     soak.read_stream(sse({"choices": [{"index": 0, "delta": {"content": "x"}}]}), o, 0.0, False, 1)
     assert o.outcome == "truncated" and "without [DONE]" in o.message
+
+
+def test_a_stream_kept_open_past_the_timeout_is_a_hang():
+    o = out()
+    soak.read_stream([": ping"] * 3 + sse("[DONE]"), o, time.perf_counter() - 10, False, 1, timeout_s=5)
+    assert o.outcome == "hang" and "stayed open" in o.message and not o.passed
 
 
 def test_an_error_event_in_a_stream_and_a_dropped_client():
