@@ -26,6 +26,17 @@ def openai_client(base_url: str, timeout: float = 600):
     return OpenAI(base_url=f"{base_url.rstrip('/')}/v1", api_key="unused", max_retries=0, timeout=timeout)
 
 
+def parse_levels(text: str) -> list[int]:
+    """--concurrency "1,8,32" -> [1, 8, 32]; a one-line ValueError otherwise."""
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--concurrency {text!r}: expected comma-separated integers") from None
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--concurrency {text!r}: levels must be >= 1")
+    return levels
+
+
 def load_prompts(path: Path, limit: int | None = None) -> tuple[list[dict], dict]:
     if not path.exists():
         raise PromptSetError(f"prompt set {path} does not exist")

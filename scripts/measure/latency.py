@@ -23,7 +23,15 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import engine_of, fixed_body_for
-from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, openai_client, run_level, stream_one
+from scripts.common.loadgen import (
+    DEFAULT_PROMPTS,
+    PromptSetError,
+    load_prompts,
+    openai_client,
+    parse_levels,
+    run_level,
+    stream_one,
+)
 from scripts.common.metrics import summarize
 from scripts.common.records import envelope, now_utc, read_counters, reset_counters, save_record
 from scripts.common.server import Server, ServerError, group_rss_mib, is_healthy, stays_healthy
@@ -99,16 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
     return p
-
-
-def parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise BenchError(f"--concurrency {text!r}: expected comma-separated integers") from None
-    if not levels or min(levels) < 1:
-        raise BenchError(f"--concurrency {text!r}: levels must be >= 1")
-    return levels
 
 
 def measure(args, variant, base_url: str, server: Server | None) -> dict:

@@ -39,7 +39,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of
-from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts
+from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, parse_levels
 from scripts.common.metrics import percentile
 from scripts.common.records import envelope, save_record
 from scripts.common.server import ServerError, group_rss_mib, http_get, is_healthy
@@ -351,16 +351,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SoakError(f"--concurrency {text!r}: expected comma-separated integers") from None
-    if not levels or min(levels) < 1:
-        raise SoakError(f"--concurrency {text!r}: levels must be >= 1")
-    return levels
-
-
 def soak(args, variant, base_url: str, server) -> dict:
     import httpx
 
@@ -423,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         variant = load_variant(args.variant, overrides=parse_overrides(args.set))
         with variant_server(variant, base_url=args.base_url, port=args.port, purpose="soak") as (base_url, server):
             record = soak(args, variant, base_url, server)
-    except (SoakError, PromptSetError, VariantError, ServerError, CheckpointError) as e:
+    except (SoakError, PromptSetError, VariantError, ServerError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if (path := save_record(record, args.out_dir or variant.path, "soak")) is None:

@@ -26,7 +26,7 @@ def test_empty_prompt_set(tmp_path):
 
 
 def test_bad_concurrency():
-    with pytest.raises(bench_latency.BenchError, match="levels must be >= 1"):
+    with pytest.raises(ValueError, match="levels must be >= 1"):
         bench_latency.parse_levels("1,0")
 
 
