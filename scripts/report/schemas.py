@@ -16,8 +16,9 @@ from functools import cache
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.records import SCHEMA_VERSIONS
 
-KINDS = ("latency", "quality", "profile", "stepsplit")
+KINDS = tuple(SCHEMA_VERSIONS)
 
 
 @cache
