@@ -170,8 +170,12 @@ eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2)
 soak: weights ## bounded soak of VARIANT's server: 120 streamed requests at c=1, 8, 32 with disconnects and refusals, then idle and RSS checks (SOAK_ARGS) -> experiments/VARIANT/soak_*.json
 	$(PY) -m scripts.measure.soak $(VARIANT) $(ENGINE_SET) $(SOAK_ARGS)
 
-profile: $(if $(filter $(PY),$(PROFILE_PY)),$(STAMP)) ## GPU: per-category decode-step table of VARIANT's running server (started with SERVE_PROFILER_CONFIG; BASE_URL, PROFILE_ARGS; PROFILE_PY=python3 where vLLM lives outside .venv, e.g. the GPU bundle)
+profile: $(if $(filter $(PY),$(PROFILE_PY)),$(STAMP)) ## where VARIANT's decode step goes. CPU: starts the server itself; op classes, py-spy over its processes, llama.cpp on PROFILE_PEER, the streaming floor. GPU: per-category table of the running server at BASE_URL (started with SERVE_PROFILER_CONFIG; PROFILE_PY=python3 for the GPU bundle). PROFILE_ARGS
+ifeq ($(VLLM_TARGET),cpu)
+	$(PY) -m scripts.measure.cpu_profile $(VARIANT) $(PROFILE_ARGS)
+else
 	$(PROFILE_PY) -m scripts.measure.profile $(VARIANT) --base-url $(BASE_URL) $(PROFILE_ARGS)
+endif
 
 eval-quality: weights ## lm-eval on VARIANT, ~10% sample (EVAL_TASKS of the variant or MMLU-Pro/IFEval/GPQA; TASKS=…)
 	$(PY) -m scripts.measure.quality $(VARIANT) --profile fast $(if $(TASKS),--tasks $(TASKS))

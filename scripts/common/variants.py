@@ -41,6 +41,7 @@ KEYS: dict[str, str] = {
     "GGUF_TYPE": "llama.cpp tensor type of a GGUF export: BF16 | F16 | Q8_0 | Q4_K_M | … (read by scripts.levers.gguf.export)",
     "METRICS_PUBLIC": "1: /metrics of a server started with a key answers without it (a scraper on localhost)",
     "DRAFT_LAYERS": "decoder layers of PARENT a layer-truncated draft model keeps (scripts.levers.speculate.draft)",
+    "PROFILE_PEER": "the GGUF variant of the same weights that the CPU step profile times with llama.cpp beside vLLM",
 }
 # Key families: a prefix and what the rest of the key means.
 PREFIXES: dict[str, str] = {

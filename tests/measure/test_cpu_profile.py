@@ -1,0 +1,99 @@
+"""The CPU step profile's pure parts: self times from nested trace events, categories, py-spy parts, weight bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scripts.common.checkpoint import TensorInfo
+from scripts.measure import cpu_profile as cp
+
+
+def op(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+
+def step(ts: float) -> dict:
+    return op("execute_context_0(0)_generation_1(1)", ts, 30.0, cat="user_annotation")
+
+
+def scope(name: str, ts: float, dur: float) -> dict:
+    return op(f"{cp.SCOPE_PREFIX}{name}", ts, dur, cat="user_annotation")
+
+
+def test_self_times_subtract_children_per_thread():
+    events = [op("outer", 0, 100), op("inner", 10, 30), op("inner2", 50, 20), op("other thread", 0, 100, tid=2)]
+    got = {e["name"]: (s, [a["name"] for a in anc]) for e, s, anc in cp.self_times(events)}
+    assert got["outer"] == (50.0, [])
+    assert got["inner"] == (30.0, ["outer"])
+    assert got["inner2"] == (20.0, ["outer"])
+    assert got["other thread"] == (100.0, [])
+
+
+def test_gemm_is_split_by_the_scope_it_runs_in():
+    fwd, post = scope("forward", 0, 50), scope("postprocess", 60, 20)
+    mm = op("_C::onednn_mm", 5, 10)
+    assert cp.category_of(mm, [fwd]) == "gemm:layers"
+    assert cp.category_of(op("_C::onednn_mm", 61, 5), [post]) == "gemm:lm_head"
+    # an unclassified op inside a classified one inherits its category; inside a scope only, the scope's
+    assert cp.category_of(op("aten::view", 6, 1), [fwd, op("_C::cpu_attention_with_kv_cache", 5, 3)]) == "attention"
+    assert cp.category_of(op("aten::slice", 6, 1), [fwd]) == "runner: forward"
+    assert cp.category_of(op("aten::slice", 6, 1), []) == "outside scopes"
+
+
+def test_step_table_accounts_for_the_whole_period():
+    events = [step(0), scope("forward", 1, 20), op("## Call CompiledFxGraph abc", 2, 18), op("_C::onednn_mm", 3, 10),
+              step(40), scope("forward", 41, 20), op("## Call CompiledFxGraph abc", 42, 18), op("_C::onednn_mm", 43, 10),
+              step(80)]
+    table = cp.step_table(events)
+    per = table["per_step_us"]
+    assert table["periods"] == 2 and table["step_us"] == 40.0
+    assert per["gemm:layers"] == 10.0
+    assert per["compiled graph (fused kernels)"] == 8.0
+    assert per["runner: forward"] == 2.0
+    assert sum(per.values()) == pytest.approx(40.0)
+    assert per["between steps"] == pytest.approx(10.0)
+
+
+def test_step_table_refuses_an_empty_window():
+    with pytest.raises(cp.ProfileError, match="fewer than two engine step"):
+        cp.step_table([step(0)])
+
+
+def test_host_parts_and_split():
+    spin = "run_busy_loop (vllm/v1/engine/core.py:1);MessageQueue.acquire_read (shm.py:1);SpinCondition.wait (shm.py:2)"
+    sched = "EngineCore.step (core.py:1);Scheduler.schedule (sched/scheduler.py:3);OpOverloadPacket.__call__ (torch/_ops.py:1)"
+    detok = "output_handler (async_llm.py:1);IncrementalDetokenizer.update (vllm/v1/engine/detokenizer.py:9)"
+    assert cp.host_part(spin) == "waiting for the worker (shared-memory spin)"
+    assert cp.host_part(sched) == "scheduler"
+    assert cp.host_part(detok) == "detokenization"
+    assert cp.host_part("main (x.py:1)") == "other"
+    split = cp.host_split(f"{spin} 50\n{sched} 25\nnot a line\n", rate_hz=100, tokens=10)
+    assert split["samples"] == 75
+    assert split["busy_ms_per_token"] == 75.0
+    assert split["parts_ms_per_token"]["scheduler"] == 25.0
+
+
+def test_weight_bytes_count_the_tied_embedding_once_as_the_lm_head():
+    tensors = {"model.embed_tokens.weight": TensorInfo("BF16", (100, 8), "a"),
+               "model.layers.0.mlp.up_proj.weight": TensorInfo("BF16", (16, 8), "a"),
+               "model.layers.0.input_layernorm.weight": TensorInfo("BF16", (8,), "a")}
+    assert cp.weight_bytes(tensors, {"tie_word_embeddings": True}) == {
+        "gemm:lm_head": 1600, "gemm:layers": 256, "other": 16}
+    assert "gemm:lm_head" not in cp.weight_bytes(tensors, {"tie_word_embeddings": False})
+
+
+def test_model_threads_from_the_binding_log(tmp_path: Path):
+    log = tmp_path / "server.log"
+    log.write_text("(EngineCore pid=1) INFO [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[0, 1]\n")
+    assert cp.engine_threads(log) == 2
+    log.write_text("no binding line\n")
+    assert cp.engine_threads(log) is None
+
+
+def test_floor_rows_and_projection_are_labelled():
+    rows = cp.floor_rows({"gemm:layers": 1000.0, "between steps": 500.0}, {"gemm:layers": 15_000_000}, read_gbs=30.0)
+    assert rows[0]["roofline_us"] == 500.0 and rows[1]["roofline_us"] is None
+    model = cp.step_model(1500.0, 1000.0, 15_000_000, {"engine": {"read_gbs": 30.0}, "all": {"read_gbs": 60.0}})
+    assert "projection" in model["projection"]["label"] and model["projection"]["step_us"] == 1000.0
