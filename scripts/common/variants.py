@@ -25,7 +25,8 @@ from scripts.common import paths
 
 # The engines a variant can name (ENGINE=) and the key family of each one's own flags; the first is the default.
 # scripts/common/engines.py says how to reach each one, scripts/serve/command.py how to start it.
-ENGINE_KEYS: dict[str, str] = {"vllm": "SERVE_", "llamacpp": "LLAMACPP_", "sglang": "SGLANG_"}
+ENGINE_KEYS: dict[str, str] = {"vllm": "SERVE_", "llamacpp": "LLAMACPP_", "llamaserver": "LLAMASERVER_",
+                               "sglang": "SGLANG_"}
 DEFAULT_ENGINE = next(iter(ENGINE_KEYS))
 
 # Plain keys every variant may set. Later levers add theirs here, and only here.
@@ -37,7 +38,7 @@ KEYS: dict[str, str] = {
     "SOURCE": "where MODEL's weights come from: embedded | embedded:gemma3-270m | <org>/<repo> (hub) | shape-proxy:<config> | lever",
     "TOKENIZER": "tokenizer directory or hub id when it differs from MODEL",
     "BENCH_MODELS": "model names the latency bench spreads its requests over, round-robin (LoRA adapters by name)",
-    "ENGINE": "the server that serves MODEL: vllm (default) | llamacpp | sglang (ENGINE_KEYS above)",
+    "ENGINE": "the server that serves MODEL: vllm (default) | llamacpp | llamaserver | sglang (ENGINE_KEYS above)",
     "GGUF_TYPE": "llama.cpp tensor type of a GGUF export: BF16 | F16 | Q8_0 | Q4_K_M | … (read by scripts.levers.gguf.export)",
     "METRICS_PUBLIC": "1: /metrics of a server started with a key answers without it (a scraper on localhost)",
     "DRAFT_LAYERS": "decoder layers of PARENT a layer-truncated draft model keeps (scripts.levers.speculate.draft)",
@@ -47,6 +48,8 @@ KEYS: dict[str, str] = {
 PREFIXES: dict[str, str] = {
     ENGINE_KEYS["vllm"]: "a `vllm serve` flag: SERVE_MAX_NUM_SEQS=8 -> --max-num-seqs 8; 1/0 for switches; JSON for structured",
     ENGINE_KEYS["llamacpp"]: "a llama-cpp-python server flag (ENGINE=llamacpp): LLAMACPP_N_CTX=4096 -> --n_ctx 4096",
+    ENGINE_KEYS["llamaserver"]: "a llama-server flag (ENGINE=llamaserver): LLAMASERVER_PARALLEL=8 -> --parallel 8; 1/0 "
+                                "for its switches (scripts/serve/command.py LLAMASERVER_SWITCHES)",
     ENGINE_KEYS["sglang"]: "an SGLang server flag (ENGINE=sglang): SGLANG_MEM_FRACTION_STATIC=0.2 -> --mem-fraction-static 0.2",
     "ENV_": "an environment variable of the server process: ENV_VLLM_CPU_KVCACHE_SPACE=4",
     "GATE_": "a parity tolerance against the reference variant (read by the quality gate)",

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -40,7 +39,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
-from scripts.common.engines import ENGINES, EngineError, python_of
+from scripts.common.engines import ENGINES, EngineError, python_of, vllm_cpu_cores
 from scripts.common.loadgen import PromptSetError, load_prompts
 from scripts.common.records import envelope, save_record
 from scripts.common.server import ServerError
@@ -276,11 +275,8 @@ def measure_bandwidth(threads: int) -> dict:
 
 
 def engine_threads(log: Path) -> int | None:
-    """OpenMP threads of the process that runs the model, from vLLM's binding log ("local_rank=0, core ids=[0]": the
-    multiproc worker's cores), else None (the uniprocess executor runs it in the engine core without that line)."""
-    text = log.read_text(errors="replace") if log.exists() else ""
-    found = re.findall(r"core ids=\[([0-9, ]*)\]", text)
-    return len([x for x in found[-1].split(",") if x.strip()]) if found else None
+    """OpenMP threads of the process that runs the model (engines.vllm_cpu_cores), else None."""
+    return vllm_cpu_cores(log.read_text(errors="replace") if log.exists() else "")["compute_threads"]
 
 
 def peer_timing(model: Path, threads: int, output_tokens: int, prompt: str) -> dict:

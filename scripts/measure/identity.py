@@ -26,7 +26,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
-from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts, openai_client
+from scripts.common.loadgen import PromptSetError, greedy_ids, llama_server_call, load_prompts, openai_client
 from scripts.common.metrics import TIE_NATS
 from scripts.common.records import envelope, read_counters, reset_counters, save_record
 from scripts.common.server import ServerError
@@ -50,6 +50,35 @@ def tie_gaps(base_url: str, model: str, prompt_ids: list[int], ids: list[int]) -
         entry = {int(k): v["logprob"] for k, v in (plp[pos] or {}).items()}
         gaps.append(max(entry.values()) - entry[tok])
     return gaps
+
+
+def tie_gaps_llamaserver(base_url: str, prompt_ids: list[int], ids: list[int], top: int = 20) -> list[float]:
+    """tie_gaps through llama-server, which scores no prompt: one single-token completion per generated position on
+    the variant's prefix, with the top `top` log-probabilities. A token outside them gets the gap to the last one
+    listed: a lower bound, already far beyond a tie."""
+    gaps = []
+    for k, tok in enumerate(ids):
+        r = llama_server_call(base_url, "/completion", {"prompt": prompt_ids + ids[:k], "n_predict": 1, "n_probs": top,
+                                                        "temperature": 0, "cache_prompt": True})
+        listed = {e["id"]: e["logprob"] for e in r["completion_probabilities"][0]["top_logprobs"]}
+        gaps.append(max(listed.values()) - listed.get(tok, min(listed.values())))
+    return gaps
+
+
+def draft_counters(outputs: list[dict]) -> dict | None:
+    """llama-server's speculative counts over the variant's answers (their `timings`): drafted and accepted tokens,
+    the acceptance rate and the mean tokens per verification step (every step yields one token of its own beside the
+    drafts it accepts: steps = generated - accepted). None where nothing was drafted."""
+    timings = [o.get("timings") or {} for o in outputs]
+    drafted = sum(t.get("draft_n", 0) for t in timings)
+    if not drafted:
+        return None
+    accepted = sum(t.get("draft_n_accepted", 0) for t in timings)
+    generated = sum(t.get("predicted_n", 0) for t in timings)
+    return {"source": "llama-server timings of the identity answers", "draft_tokens": drafted,
+            "accepted_tokens": accepted, "generated_tokens": generated,
+            "acceptance_rate": round(accepted / drafted, 4),
+            "mean_tokens_per_step": round(generated / max(generated - accepted, 1), 4)}
 
 
 def text_agreement(ref: dict, var: dict) -> dict:
@@ -124,18 +153,24 @@ def main(argv: list[str] | None = None) -> int:
         reset_counters(var)
         with variant_server(var, base_url=args.var_url, port=args.port, purpose="identity") as (url, server):
             var_server = server.argv if server else None
-            outputs = {c: greedy_ids(url, var.served_name, rows, args.max_tokens, c) for c in levels}
+            outputs = {c: greedy_ids(url, var.served_name, rows, args.max_tokens, c, engine=var.engine) for c in levels}
         counters = read_counters(var)
+        if var.engine == "llamaserver":
+            counters = {**(counters or {}), **({"speculative": d} if (d := draft_counters(
+                [o for outs in outputs.values() for o in outs])) else {})}
         with variant_server(ref, base_url=args.ref_url, port=args.port, purpose="identity") as (url, server):
             ref_server = server.argv if server else None
-            reference = {r["id"]: r for r in greedy_ids(url, ref.served_name, rows, args.max_tokens, 1)}
+            reference = {r["id"]: r for r in greedy_ids(url, ref.served_name, rows, args.max_tokens, 1,
+                                                        engine=ref.engine)}
             samples = []
             for c, outs in outputs.items():
                 for o in outs:
                     r = reference[o["id"]]
                     if o["prompt_ids"] != r["prompt_ids"]:
                         raise IdentityError(f"{o['id']}: the two servers tokenized the prompt differently")
-                    gaps = None if o["ids"] == r["ids"] else tie_gaps(url, ref.served_name, o["prompt_ids"], o["ids"])
+                    gaps = (None if o["ids"] == r["ids"] else
+                            tie_gaps_llamaserver(url, o["prompt_ids"], o["ids"]) if ref.engine == "llamaserver" else
+                            tie_gaps(url, ref.served_name, o["prompt_ids"], o["ids"]))
                     samples.append({"concurrency": c, **compare(r, o, gaps)})
     except (IdentityError, VariantError, PromptSetError, ServerError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,7 +14,6 @@ experiments/<variant>/latency_<YYYYMMDD-HHMMSS>.json atomically; a run with fail
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
-from scripts.common.engines import engine_of, fixed_body_for
+from scripts.common.engines import engine_of, fixed_body_for, vllm_cpu_cores
 from scripts.common.loadgen import (
     DEFAULT_PROMPTS,
     PromptSetError,
@@ -58,24 +57,19 @@ def kernels_from_log(log: Path | None) -> list[str]:
     return sorted({m.group(1) for m in KERNEL_LINE.finditer(log.read_text(errors="replace"))})
 
 
-THREADS_LINE = re.compile(r"Reducing Torch threads from (\d+) to (\d+)")
-RESERVED_LINE = re.compile(r"reserved_cpus=\[([\d, ]*)\]")
-
-
 def engine_cores(server: Server | None, gpu: bool) -> dict | None:
-    """The cores a CPU engine computes on: vLLM's reserved CPUs and torch threads as its start log states them (no
-    structured output says so), llama.cpp's --n_threads from its command; None for a GPU or a server not started here."""
+    """The cores a CPU engine computes on: vLLM's model threads and reserved CPUs as its start log states them (no
+    structured output says so), llama.cpp's thread flag from its command; None for a GPU or a server not started
+    here."""
     if server is None or gpu:
         return None
     argv = server.argv
-    if "--n_threads" in argv:
-        return {"compute_threads": int(argv[argv.index("--n_threads") + 1]), "reserved_cpus": [],
-                "source": "llama.cpp --n_threads"}
+    for flag in ("--n_threads", "--threads"):  # llama-cpp-python's server, llama-server
+        if flag in argv:
+            return {"compute_threads": int(argv[argv.index(flag) + 1]), "reserved_cpus": [],
+                    "source": f"llama.cpp {flag}"}
     text = server.log_path.read_text(errors="replace") if server.log_path and server.log_path.exists() else ""
-    threads, reserved = THREADS_LINE.search(text), RESERVED_LINE.search(text)
-    return {"compute_threads": int(threads.group(2)) if threads else os.cpu_count(),
-            "reserved_cpus": [int(x) for x in reserved.group(1).split(",") if x.strip()] if reserved else [],
-            "source": "vLLM start log"}
+    return {**vllm_cpu_cores(text), "source": "vLLM start log"}
 
 
 def model_facts(variant) -> dict:

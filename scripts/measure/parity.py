@@ -286,9 +286,10 @@ def main(argv: list[str] | None = None) -> int:
             if v.resolved["MODEL"].startswith("weights/") and not Path(v.model).exists():
                 raise ParityError(f"{v.resolved['MODEL']} does not exist: build {v.name} first")
         engine = engine_of(var).name
+        gguf = engine_of(var).gguf  # llama-cpp-python's server or llama-server: the GGUF file, scored by llama.cpp
         if args.backend == "auto":
-            args.backend = "llamacpp" if engine == "llamacpp" else "transformers"
-        if (args.backend == "llamacpp") != (engine == "llamacpp"):
+            args.backend = "llamacpp" if gguf else "transformers"
+        if (args.backend == "llamacpp") != gguf:
             raise ParityError(f"--backend {args.backend} does not run {var.name} (ENGINE={engine})")
         if args.backend != "llamacpp":
             check_same_tokenizer(var, ref)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
-from scripts.common.engines import EngineError
+from scripts.common.engines import ENGINES, EngineError
 from scripts.common.gate import main_metric
 from scripts.common.records import envelope, save_record
 from scripts.common.server import ServerError, http_post_json, is_healthy
@@ -198,6 +198,16 @@ def completion_task(task: str) -> bool:
     return task in LOGLIKELIHOOD_TASKS or task.startswith(TASK_PREFIX)
 
 
+def context_tokens(variant) -> int:
+    """The context one request may use: vLLM's max model length, llama-cpp-python's n_ctx, llama-server's ctx-size
+    per slot (the server shares it among its --parallel slots), else 2048."""
+    r = variant.resolved
+    if variant.engine == "llamaserver":
+        slots = int(r.get("LLAMASERVER_PARALLEL", 1))
+        return int(r.get("LLAMASERVER_CTX_SIZE", 8192 * slots)) // slots
+    return int(r.get("LLAMACPP_N_CTX" if variant.engine == "llamacpp" else "SERVE_MAX_MODEL_LEN", 2048))
+
+
 def evaluate(variant, base_url: str, tasks: list[str], limit) -> tuple[dict, dict, list]:
     served = variant.served_name
     tokenizer = paths.resolve_model(variant.resolved.get("TOKENIZER", variant.resolved["MODEL"]))
@@ -206,11 +216,11 @@ def evaluate(variant, base_url: str, tasks: list[str], limit) -> tuple[dict, dic
     max_gen = variant.resolved.get("EVAL_MAX_GEN_TOKS")
     if max_gen:
         common["max_gen_toks"] = int(max_gen)
-    llamacpp = variant.engine == "llamacpp"
-    context = variant.resolved.get("LLAMACPP_N_CTX" if llamacpp else "SERVE_MAX_MODEL_LEN", 2048)
+    llamacpp = ENGINES[variant.engine].gguf  # llama-cpp-python's server or llama-server
+    context = context_tokens(variant)
     completions = {**common, "base_url": f"{base_url}/v1/completions", "tokenizer_backend": "huggingface",
                    "tokenizer": tokenizer, "max_length": int(context),
-                   # llama-cpp-python's server takes text prompts only
+                   # llama.cpp's servers take text prompts only
                    **({"tokenized_requests": False} if llamacpp else {})}
     runs = [  # (lm-eval model type or instance, its tasks, its arguments, chat template)
         (llamacpp_model(completions, variant.model) if llamacpp else "local-completions",
@@ -278,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             record = envelope("quality", variant, command=[sys.executable, "-m", "scripts.measure.quality", *sys.argv[1:]],
                               server_command=server.argv if server else None)
             t0 = time.monotonic()
-            llamacpp = variant.engine == "llamacpp"  # checked by variant_server
+            llamacpp = ENGINES[variant.engine].gguf  # checked by variant_server
             # a GGUF's log-likelihoods come from llama.cpp in-process, not from its server
             tasks, skipped = (tasks, None) if llamacpp else split_loglikelihood(tasks, base_url, variant.served_name)
             summary, meta, samples, failure = {}, {}, [], None

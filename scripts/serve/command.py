@@ -126,29 +126,41 @@ def printable(argv: list[str], env: dict[str, str] | None = None) -> str:
 
 
 def check_weights(variant: Variant, engine: Engine) -> None:
-    """The engine can load MODEL's format (a GGUF file for llama.cpp, a checkpoint directory for the others)."""
+    """The engine can load MODEL's format (a GGUF file for llama.cpp's servers, a checkpoint directory for the
+    others)."""
     model = Path(variant.model)
     is_gguf = model.suffix == ".gguf"
-    if engine.name == "llamacpp" and not is_gguf:
-        raise EngineError(f"ENGINE=llamacpp serves a {engine.weights}; {variant.resolved['MODEL']} is a safetensors "
+    if engine.gguf and not is_gguf:
+        raise EngineError(f"ENGINE={engine.name} serves a {engine.weights}; {variant.resolved['MODEL']} is a safetensors "
                           f"checkpoint: serve a GGUF export of it (make export-gguf VARIANT=<a GGUF variant>)")
-    if engine.name != "llamacpp" and is_gguf:
+    if not engine.gguf and is_gguf:
         raise EngineError(f"ENGINE={engine.name} serves a {engine.weights} here; {variant.resolved['MODEL']} is a "
-                          f"GGUF file: serve it with ENGINE=llamacpp")
+                          f"GGUF file: serve it with ENGINE=llamacpp or ENGINE=llamaserver")
+
+
+# llama-server's switches (flags without a value): LLAMASERVER_<NAME>=1 adds --<name>, 0 leaves it out
+LLAMASERVER_SWITCHES = frozenset({"kv-unified", "no-kv-unified", "metrics", "no-webui", "cont-batching",
+                                  "no-cont-batching", "jinja", "no-jinja", "no-warmup", "slots", "no-slots",
+                                  "no-mmap", "mlock", "spec-draft-backend-sampling"})
 
 
 def flags(variant: Variant) -> list[str]:
     """llama.cpp's and SGLang's flags from the variant's own keys: LLAMACPP_N_CTX=4096 -> --n_ctx 4096
-    (llama-cpp-python's flags keep underscores); SGLANG_MEM_FRACTION_STATIC=0.2 -> --mem-fraction-static 0.2; 1/0 on
-    an SGLang switch adds or leaves it out."""
+    (llama-cpp-python's flags keep underscores); LLAMASERVER_PARALLEL=8 -> --parallel 8 and
+    SGLANG_MEM_FRACTION_STATIC=0.2 -> --mem-fraction-static 0.2; 1/0 on a switch adds or leaves it out (SGLang's
+    enable-/disable- flags, LLAMASERVER_SWITCHES). A llama-server value naming a file under the repository (a draft
+    GGUF) is made absolute."""
     argv: list[str] = []
     for key, value in variant.engine_settings().items():
         name = key.lower()
-        if variant.engine == "sglang":
+        if variant.engine in ("sglang", "llamaserver"):
             name = name.replace("_", "-")
-            if value in ("0", "1") and name.startswith(("enable-", "disable-")):
+            if value in ("0", "1") and (name.startswith(("enable-", "disable-")) if variant.engine == "sglang"
+                                        else name in LLAMASERVER_SWITCHES):
                 argv += [f"--{name}"] if value == "1" else []
                 continue
+            if variant.engine == "llamaserver" and value.endswith(".gguf") and not Path(value).is_absolute():
+                value = str(paths.ROOT / value)
         argv += [f"--{name}", value]
     return argv
 
@@ -162,6 +174,15 @@ def llamacpp_defaults() -> dict[str, str]:
     return {"n_threads": cores, "n_threads_batch": cores, "interrupt_requests": "False"}
 
 
+def llamaserver_defaults(settings: dict[str, str]) -> dict[str, str]:
+    """llama-server flags the lab sets unless a variant's LLAMASERVER_* key does: every core for decode and prefill
+    (as llamacpp_defaults), no web UI, Prometheus /metrics, and a context of 8192 tokens per slot (its --ctx-size is
+    shared by the --parallel slots; 8192 = SmolLM2's trained context, as the other engines' variants)."""
+    cores = str(os.cpu_count() or 1)
+    slots = int(settings.get("PARALLEL", "1"))
+    return {"threads": cores, "threads-batch": cores, "no-webui": "1", "metrics": "1", "ctx-size": str(8192 * slots)}
+
+
 def serve_argv(variant: Variant, *, host: str, port: int) -> list[str]:
     """The exact command that serves the variant with its engine (vLLM's flags checked against vLLM itself); the API
     key is not in it (serve_env)."""
@@ -170,6 +191,12 @@ def serve_argv(variant: Variant, *, host: str, port: int) -> list[str]:
     if engine.name == "vllm":
         return build_serve_argv(variant, vllm_flag_table(), host=host, port=port)
     engines.version(engine.name)  # installed, else the install target
+    if engine.name == "llamaserver":
+        own = variant.engine_settings()
+        defaults = [a for k, v in llamaserver_defaults(own).items() if k.upper().replace("-", "_") not in own
+                    for a in ((f"--{k}",) if k in LLAMASERVER_SWITCHES else (f"--{k}", v))]
+        return [str(engines.LLAMASERVER_BIN / "llama-server"), "--model", variant.model, "--alias",
+                variant.served_name, "--host", host, "--port", str(port), *defaults, *flags(variant)]
     py = python_of(engine)
     if engine.name == "llamacpp":
         defaults = [a for k, v in llamacpp_defaults().items() if k.upper() not in variant.engine_settings()

@@ -91,12 +91,19 @@ def test_engine_cores_from_the_vllm_log_and_the_llamacpp_command(tmp_path):
     from scripts.common.server import Server
 
     log = tmp_path / "engine.log"
-    log.write_text("INFO [ompmultiprocessing.py:185] \treserved_cpus=[1]\n"
+    # the worker's binding line counts, not the engine core's "Reducing Torch threads" (the scheduler process)
+    log.write_text("INFO [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[0, 1]\n"
+                   "INFO [ompmultiprocessing.py:185] \treserved_cpus=[]\n"
                    "INFO [torch_utils.py:295] Reducing Torch threads from 2 to 1 for serving.\n")
     vllm = Server(argv=["vllm", "serve"], base_url="http://x", log_path=log)
-    assert bench_latency.engine_cores(vllm, gpu=False) == {"compute_threads": 1, "reserved_cpus": [1],
-                                                           "source": "vLLM start log"}
+    assert bench_latency.engine_cores(vllm, gpu=False) == {"compute_threads": 2, "model_cpus": [0, 1],
+                                                           "reserved_cpus": [], "source": "vLLM start log"}
+    log.write_text("no binding: the uniprocess executor\n")
+    assert bench_latency.engine_cores(vllm, gpu=False)["compute_threads"] is None
     assert bench_latency.engine_cores(vllm, gpu=True) is None
     llama = Server(argv=["python", "-m", "llama_cpp.server", "--n_threads", "2"], base_url="http://x")
     assert bench_latency.engine_cores(llama, gpu=False)["compute_threads"] == 2
+    server = Server(argv=["llama-server", "--threads", "1"], base_url="http://x")
+    assert bench_latency.engine_cores(server, gpu=False) == {"compute_threads": 1, "reserved_cpus": [],
+                                                             "source": "llama.cpp --threads"}
     assert bench_latency.engine_cores(None, gpu=False) is None

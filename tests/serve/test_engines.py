@@ -15,12 +15,13 @@ from scripts.common.variants import VariantError, load_variant
 from scripts.serve import command
 
 GGUF_VARIANT = "smollm2-gguf-q8-0"
+SERVER_VARIANT = "smollm2-gguf-bf16-server"
 
 
 def test_engine_of_defaults_to_vllm_and_refuses_unknown_and_foreign_flags(tmp_path):
     assert engines.engine_of(load_variant("smollm2-bf16")).name == "vllm"
     assert engines.engine_of(load_variant(GGUF_VARIANT)).name == "llamacpp"
-    with pytest.raises(VariantError, match="valid engines: vllm, llamacpp, sglang"):
+    with pytest.raises(VariantError, match="valid engines: vllm, llamacpp, llamaserver, sglang"):
         engines.engine_of(load_variant("smollm2-bf16", overrides={"ENGINE": "tgi"}))
     d = tmp_path / "smollm2-mixed"
     d.mkdir()
@@ -35,6 +36,41 @@ def test_weights_format_is_checked_per_engine():
                               engines.ENGINES["llamacpp"])
     with pytest.raises(engines.EngineError, match="GGUF file: serve it with ENGINE=llamacpp"):
         command.check_weights(load_variant(GGUF_VARIANT, overrides={"ENGINE": "vllm"}), engines.ENGINES["vllm"])
+    with pytest.raises(engines.EngineError, match="ENGINE=llamaserver serves a GGUF file"):
+        command.check_weights(load_variant("smollm2-bf16", overrides={"ENGINE": "llamaserver"}),
+                              engines.ENGINES["llamaserver"])
+    assert engines.ENGINES["llamaserver"].gguf and engines.ENGINES["llamacpp"].gguf
+    assert not engines.ENGINES["vllm"].gguf
+
+
+def test_llama_server_flags_switches_paths_and_defaults(monkeypatch):
+    monkeypatch.setattr(engines, "version", lambda name: "0")
+    v = load_variant(SERVER_VARIANT, overrides={"LLAMASERVER_KV_UNIFIED": "1", "LLAMASERVER_NO_WARMUP": "0",
+                                                "LLAMASERVER_THREADS": "1",
+                                                "LLAMASERVER_SPEC_DRAFT_MODEL": "weights/d/model.gguf"})
+    argv = command.serve_argv(v, host="127.0.0.1", port=9)
+    assert argv[0].endswith("/.venv-llamaserver/bin/llama-server") and "--api-key" not in argv
+    assert argv[argv.index("--alias") + 1] == SERVER_VARIANT and argv[argv.index("--parallel") + 1] == "8"
+    assert "--kv-unified" in argv and "--no-warmup" not in argv  # 1 adds a switch, 0 leaves it out
+    assert argv.count("--threads") == 1 and argv[argv.index("--threads") + 1] == "1"  # the variant's, not the default
+    assert argv[argv.index("--ctx-size") + 1] == str(8192 * 8)  # 8192 per slot
+    assert argv[argv.index("--spec-draft-model") + 1] == str(paths.ROOT / "weights/d/model.gguf")
+    assert engines.fixed_length_body("llamaserver") == {"ignore_eos": True}
+
+
+def test_llama_server_version_is_its_build(monkeypatch, tmp_path):
+    engines.version.cache_clear()
+    monkeypatch.setattr(engines, "LLAMASERVER_BIN", tmp_path)
+    try:
+        with pytest.raises(engines.EngineError, match="run `make install-llama-server`"):
+            engines.version("llamaserver")
+        fake = tmp_path / "llama-server"
+        fake.write_text("#!/bin/sh\necho 'version: 0.6.0-dev (build 11434, commit 515e85511)' >&2\n")
+        fake.chmod(0o755)
+        engines.version.cache_clear()
+        assert engines.version("llamaserver") == "b11434 (515e85511)"
+    finally:
+        engines.version.cache_clear()
 
 
 def test_missing_engine_names_the_target_that_installs_it(monkeypatch, tmp_path):
@@ -98,7 +134,8 @@ def test_tensor_names_and_tied_output():
 
 
 def test_the_key_goes_to_each_engines_environment_never_its_argv(tmp_path):
-    for name, var in (("vllm", "VLLM_API_KEY"), ("llamacpp", "API_KEY"), ("sglang", "LAB_SGLANG_API_KEY")):
+    for name, var in (("vllm", "VLLM_API_KEY"), ("llamacpp", "API_KEY"), ("llamaserver", "LLAMA_API_KEY"),
+                      ("sglang", "LAB_SGLANG_API_KEY")):
         (tmp_path / f"v-{name}").mkdir()
         (tmp_path / f"v-{name}" / "config.env").write_text(f"MODEL=weights/x\nBASE=smollm2\nENGINE={name}\n")
         v = load_variant(f"v-{name}", root=tmp_path)
@@ -289,3 +326,36 @@ def test_a_served_key_is_in_no_process_cmdline_and_guards_v1(q8_export):
         assert_key_guarded(server.base_url, key)
     finally:
         server.stop()
+
+
+# --- llama-server for real ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bf16_export(embedded_weights, tmp_path_factory):
+    """smollm2-bf16 exported to BF16 GGUF (weights/smollm2-gguf-bf16; kept when present): llama-server's file."""
+    from scripts.levers.gguf.export import export
+
+    v = load_variant("smollm2-gguf-bf16")
+    if not (paths.ROOT / v.resolved["MODEL"]).exists():
+        export("smollm2-gguf-bf16", record_dir=tmp_path_factory.mktemp("export"))
+    return v
+
+
+@pytest.mark.slow
+def test_llama_server_ngram_speculation_drafts_and_keeps_greedy_output(bf16_export, tmp_path):
+    """llama-server with n-gram speculation against llama-server without it, both real: every answer at c=1 and c=4
+    (parallel slots batched) has the reference's greedy ids, or diverges only at a teacher-forced near-tie; the record
+    names the engine and counts the drafts."""
+    from scripts.measure import identity
+    from scripts.report import schemas as check_schemas
+
+    rc = identity.main(["smollm2-gguf-bf16-server-ngram4", "--limit", "4", "--max-tokens", "48", "--concurrency",
+                        "1,4", "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("quality_*.json")
+    rec = json.loads(path.read_text())
+    assert rc == 0 and check_schemas.check_file(path) == []
+    assert rec["engine"]["name"] == "llamaserver" and rec["inputs"]["reference"] == "smollm2-gguf-bf16-server"
+    assert rec["summary"]["identity"]["sequences"] == 8 and rec["summary"]["identity"]["divergences_beyond_tie"] == 0
+    spec = rec["engine_counters"]["speculative"]
+    assert spec["draft_tokens"] > 0 and 0 <= spec["acceptance_rate"] <= 1 and spec["mean_tokens_per_step"] >= 1
