@@ -19,12 +19,22 @@ for v in smollm2-gguf-q6-k smollm2-gguf-q5-k-m smollm2-gguf-iq4-nl; do
   $PY -m scripts.measure.parity $v
 done
 # 3. One ladder, both engines, latency-v1, fixed length, c=1 and c=8
-$PY -m scripts.measure.latency smollm2 --ladder --concurrency 1,8 --modes fixed --only \
+[ "$FROM" -le 3 ] && $PY -m scripts.measure.latency smollm2 --ladder --concurrency 1,8 --modes fixed --only \
   smollm2-int8sq,smollm2-int8,smollm2-gguf-bf16,smollm2-gguf-bf16-server,smollm2-gguf-bf16-server-ngram4,smollm2-gguf-q8-0,smollm2-gguf-q6-k,smollm2-gguf-q5-k-m,smollm2-gguf-q4-k-m,smollm2-gguf-iq4-nl
 # 4. llama.cpp's n-gram speculation: greedy identity against the same server without it, and speed on the
 #    speculation prompts (spec-v1-eval, as the vLLM speculative ladders)
+if [ "$FROM" -le 4 ]; then
 $PY -m scripts.measure.identity smollm2-gguf-bf16-server-ngram4
 $PY -m scripts.measure.latency smollm2-gguf-bf16-server --prompts eval/prompts/spec-v1-eval.jsonl --limit 24 \
   --concurrency 1,8 --modes fixed --out-dir "$OUT/spec-prompts/smollm2-gguf-bf16-server"
 $PY -m scripts.measure.latency smollm2-gguf-bf16-server-ngram4 --prompts eval/prompts/spec-v1-eval.jsonl --limit 24 \
   --concurrency 1,8 --modes fixed --out-dir "$OUT/spec-prompts/smollm2-gguf-bf16-server-ngram4"
+fi
+# 5. llama.cpp's draft-model speculation: the layer-truncated draft built, exported to GGUF, checked and timed as step 4
+if [ "$FROM" -le 5 ]; then
+  $PY -m scripts.levers.speculate.draft smollm2-bf16-draft6
+  $PY -m scripts.levers.gguf.export smollm2-gguf-draft6
+  $PY -m scripts.measure.identity smollm2-gguf-bf16-server-draft6
+  $PY -m scripts.measure.latency smollm2-gguf-bf16-server-draft6 --prompts eval/prompts/spec-v1-eval.jsonl --limit 24 \
+    --concurrency 1,8 --modes fixed --out-dir "$OUT/spec-prompts/smollm2-gguf-bf16-server-draft6"
+fi

@@ -40,6 +40,7 @@ KEYS: dict[str, str] = {
     "BENCH_MODELS": "model names the latency bench spreads its requests over, round-robin (LoRA adapters by name)",
     "ENGINE": "the server that serves MODEL: vllm (default) | llamacpp | llamaserver | sglang (ENGINE_KEYS above)",
     "GGUF_TYPE": "llama.cpp tensor type of a GGUF export: BF16 | F16 | Q8_0 | Q4_K_M | … (read by scripts.levers.gguf.export)",
+    "GGUF_SOURCE": "checkpoint directory a GGUF export converts instead of PARENT's MODEL (a draft model built by make draft)",
     "METRICS_PUBLIC": "1: /metrics of a server started with a key answers without it (a scraper on localhost)",
     "DRAFT_LAYERS": "decoder layers of PARENT a layer-truncated draft model keeps (scripts.levers.speculate.draft)",
     "PROFILE_PEER": "the GGUF variant of the same weights that the CPU step profile times with llama.cpp beside vLLM",

@@ -13,9 +13,11 @@ Four measurements, one record (kind "profile", the GPU profiles' schema; experim
    the compiled graph's own time (inductor's fused C++ kernels: norms, rotary, activation, residual adds), the runner's
    framework work per scope (input preparation, sampling, ...), and `between steps` (the period between two engine
    steps that no op covers: the engine core's scheduler, output serialization and socket hops).
-2. A sampling profiler (py-spy, no profiler in the server) over the API server and the engine core during the same
-   requests unprofiled: each process's busy time per generated token by part (HOST_RULES: model step, scheduler, IPC,
-   detokenization, HTTP/streaming, ...), and the client's TPOT of that pass (the speed without profiler overhead).
+2. A sampling profiler (py-spy; the torch profiler idle) over the API server, the engine core and, with the
+   multiproc executor, the worker during the same requests again: each process's busy time per generated token by part
+   (HOST_RULES: model step, waiting for the worker, scheduler, IPC, detokenization, HTTP/streaming, ...), and the
+   client's TPOT of that pass. py-spy's own sampling takes CPU from the server on a small machine: that TPOT is slower
+   than a latency run's, which is the speed to quote.
 3. llama.cpp on the peer GGUF (the same weights): its own per-token eval timing (llama_perf_context) with 1 thread and
    with every core, from .venv-llamacpp.
 4. The weight-streaming floor: bytes of weights read per decoded token (safetensors headers; the tied embedding is
@@ -329,7 +331,7 @@ def sampled_pass(base: str, model: str, rows: list[dict], c: int, output_tokens:
     if bad := [s for s in samples if not s.ok]:
         raise ServerError(f"{len(bad)} of {c} requests failed; first: {bad[0].error}")
     tpots = sorted(s.tpot_s for s in samples if s.tpot_s is not None)
-    result = {"tokens": tokens, "tpot_ms_p50": round(tpots[len(tpots) // 2] * 1e3, 3) if tpots else None,
+    result = {"tokens": tokens, "tpot_ms_p50_under_pyspy": round(tpots[len(tpots) // 2] * 1e3, 3) if tpots else None,
               "tok_s": round(tokens / max(s.end_s for s in samples), 2), "sampling_s": duration, "processes": {}}
     for name, (proc, out) in procs.items():
         _, err = proc.communicate(timeout=duration + 60)
@@ -422,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "step_model": step_model(table["step_us"], gemm_us, sum(weight.values()), bw)}
                 host[str(c)] = sampled_pass(base, model, rows, c, args.output_tokens, pids, folder)
                 top = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in list(per.items())[:7])
-                print(f"c={c}: {table['step_us'] / 1e3:.2f} ms/step profiled ({top}); unprofiled TPOT p50 "
-                      f"{host[str(c)]['tpot_ms_p50']} ms", flush=True)
+                print(f"c={c}: {table['step_us'] / 1e3:.2f} ms/step profiled ({top}); TPOT p50 under py-spy "
+                      f"{host[str(c)]['tpot_ms_p50_under_pyspy']} ms", flush=True)
         record["summary"], record["host"] = results, host
         record["bandwidth"] = bw
         total = sum(weight.values())

@@ -3,7 +3,8 @@
     python -m scripts.levers.gguf.export smollm2-gguf-q8-0        # `make export-gguf VARIANT=smollm2-gguf-q8-0`
 
 The variant (ENGINE=llamacpp, SOURCE=lever) names its PARENT, a safetensors checkpoint of a base that ships as a GGUF
-(SmolLM2, llama architecture), and GGUF_TYPE:
+(SmolLM2, llama architecture), and GGUF_TYPE; GGUF_SOURCE names another checkpoint directory of that base to export
+instead of the parent's (a draft model another lever built, e.g. the layer-truncated SmolLM2 of `make draft`):
 
     embedded          the GGUF file the base ships as (SmolLM2: Q4_1, embedding Q8_0), copied byte for byte
     BF16 | F16 | F32  the parent's tensors as they are (norms F32), under llama.cpp's tensor names
@@ -173,10 +174,16 @@ def export(variant_name: str, record_dir: Path | None = None) -> Path:
     if dest.suffix != ".gguf":
         raise ExportError(f"{variant_name}: MODEL={var.resolved['MODEL']} must name a .gguf file")
     parent = load_variant(var.resolved["PARENT"]) if var.resolved.get("PARENT") else None
-    if parent is None or not Path(parent.model).is_dir():
+    if source := var.resolved.get("GGUF_SOURCE"):
+        if not (paths.ROOT / source / "config.json").is_file():
+            raise ExportError(f"{variant_name}: GGUF_SOURCE={source} is not a checkpoint here: build it first "
+                              f"(a draft model: make draft VARIANT={parent.name if parent else '<parent>'})")
+        parent_dir = paths.ROOT / source
+    elif parent is None or not Path(parent.model).is_dir():
         raise ExportError(f"{variant_name}: PARENT {parent.name if parent else '(none)'} has no checkpoint here: run "
                           f"`make weights VARIANT={parent.name if parent else '<parent>'}`")
-    parent_dir = Path(parent.model)
+    else:
+        parent_dir = Path(parent.model)
     report = read_checkpoint(parent_dir)
     if report.quantization:
         raise ExportError(f"{parent.name} is quantized ({report.quantization.get('quant_method')}): export a BF16 "
@@ -200,7 +207,7 @@ def export(variant_name: str, record_dir: Path | None = None) -> Path:
         tmp.unlink(missing_ok=True)
         plain.unlink(missing_ok=True)
     record = {"kind": "gguf-export", "variant": variant_name, "parent": parent.name,
-              "parent_model": parent.resolved["MODEL"], "gguf_type": gguf_type, "gguf": var.resolved["MODEL"],
+              "parent_model": var.resolved.get("GGUF_SOURCE") or parent.resolved["MODEL"], "gguf_type": gguf_type, "gguf": var.resolved["MODEL"],
               "bytes": dest.stat().st_size, "parent_bytes": report.total_bytes, "tensor_types": types,
               "tokenizer_from": embedded.name, "quantizer": None if gguf_type in PLAIN or gguf_type == EMBEDDED
               else f"llama.cpp llama_model_quantize (llama-cpp-python {version('llamacpp')})",
