@@ -100,6 +100,9 @@ def test_engine_cores_from_the_vllm_log_and_the_llamacpp_command(tmp_path):
                                                            "reserved_cpus": [], "source": "vLLM start log"}
     log.write_text("no binding: the uniprocess executor\n")
     assert bench_latency.engine_cores(vllm, gpu=False)["compute_threads"] is None
+    uni = Server(argv=["vllm", "serve"], base_url="http://x", log_path=log, env={"OMP_NUM_THREADS": "2"})
+    assert bench_latency.engine_cores(uni, gpu=False) == {"compute_threads": 2, "model_cpus": [], "reserved_cpus": [],
+                                                          "source": "OMP_NUM_THREADS"}
     assert bench_latency.engine_cores(vllm, gpu=True) is None
     llama = Server(argv=["python", "-m", "llama_cpp.server", "--n_threads", "2"], base_url="http://x")
     assert bench_latency.engine_cores(llama, gpu=False)["compute_threads"] == 2
