@@ -8,6 +8,8 @@ CORPUS ?= auto
 BACKEND ?= auto
 BASE_URL ?= http://127.0.0.1:8000
 PROFILE_ARGS ?=
+# the GGUF variant the CPU profile times with llama.cpp (the variant's PROFILE_PEER key); built first when missing
+PROFILE_PEER = $(shell sed -n 's/^PROFILE_PEER=//p' experiments/$(VARIANT)/config.env 2>/dev/null)
 SOAK_ARGS ?=
 # the Python that runs scripts.measure.profile: .venv's, or the GPU machine's (vLLM bundle on PYTHONPATH)
 PROFILE_PY ?= $(PY)
@@ -190,6 +192,8 @@ soak: weights ## bounded soak of VARIANT's server: 120 streamed requests at c=1,
 
 profile: $(if $(filter $(PY),$(PROFILE_PY)),$(STAMP)) ## where VARIANT's decode step goes. CPU: starts the server itself; op classes, py-spy over its processes, llama.cpp on PROFILE_PEER, the streaming floor. GPU: per-category table of the running server at BASE_URL (started with SERVE_PROFILER_CONFIG; PROFILE_PY=python3 for the GPU bundle). PROFILE_ARGS
 ifeq ($(VLLM_TARGET),cpu)
+	$(MAKE) weights VARIANT=$(VARIANT)
+	$(if $(PROFILE_PEER),[ -f weights/$(PROFILE_PEER)/model.gguf ] || $(MAKE) export-gguf VARIANT=$(PROFILE_PEER))
 	$(PY) -m scripts.measure.cpu_profile $(VARIANT) $(PROFILE_ARGS)
 else
 	$(PROFILE_PY) -m scripts.measure.profile $(VARIANT) --base-url $(BASE_URL) $(PROFILE_ARGS)
