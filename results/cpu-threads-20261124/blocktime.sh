@@ -4,12 +4,7 @@
 # uniprocess executor has no worker, so the model's threads keep libiomp5's default (200 ms of spinning) and spin on
 # the core the API server needs. The default once more beside it (this machine's speed drifts between passes).
 set -euo pipefail
-OUT=results/cpu-threads-20261124
-ARGS=(--concurrency 1,8 --modes fixed)
-row() {  # row <dir> <variant> [--set KEY=VALUE ...]
-  local dir=$1 variant=$2; shift 2
-  .venv/bin/python -m scripts.measure.latency "$variant" "${ARGS[@]}" --out-dir "$OUT/$dir" "$@"
-}
+source results/cpu-threads-20261124/row.sh
 row uniproc-default smollm2-bf16
 row uniproc-blocktime5 smollm2-bf16 --set ENV_KMP_BLOCKTIME=5 --set ENV_KMP_TPAUSE=0
 row uniproc-blocktime0 smollm2-bf16 --set ENV_KMP_BLOCKTIME=0

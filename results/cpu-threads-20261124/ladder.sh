@@ -3,12 +3,7 @@
 # llama.cpp peer with one and with two threads; one server per row, rows one after another, same prompts and lengths.
 # Run from the repository root of a clean checkout: bash results/cpu-threads-20261124/ladder.sh
 set -euo pipefail
-OUT=results/cpu-threads-20261124
-ARGS=(--concurrency 1,8 --modes fixed)
-row() {  # row <dir> <variant> [--set KEY=VALUE ...]
-  local dir=$1 variant=$2; shift 2
-  .venv/bin/python -m scripts.measure.latency "$variant" "${ARGS[@]}" --out-dir "$OUT/$dir" "$@"
-}
+source results/cpu-threads-20261124/row.sh
 row vllm-default smollm2-bf16
 row vllm-reserved0 smollm2-bf16 --set ENV_VLLM_CPU_NUM_OF_RESERVED_CPU=0
 row vllm-uni smollm2-bf16 --set SERVE_DISTRIBUTED_EXECUTOR_BACKEND=uni

@@ -168,6 +168,18 @@ def save_record(record: dict[str, Any], directory: Path, kind: str) -> Path | No
         return None
 
 
+def finish_record(record: dict[str, Any], directory: Path, kind: str, error: Exception | None = None) -> int:
+    """The end of a measuring script's main: a run that raised `error` is recorded as failed (and says why), the
+    record is written, and the exit status returned (0 only for a record with status ok)."""
+    if error is not None:
+        record["status"], record["failure"] = "failed", str(error)
+        print(f"error: {error}", file=sys.stderr)
+    if (out := save_record(record, directory, kind)) is None:
+        return 1
+    print(f"wrote {paths.shown(out)} (status {record['status']})")
+    return 0 if record["status"] == "ok" else 1
+
+
 def _write_record(record: dict[str, Any], directory: Path, kind: str, when: dt.datetime | None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     stamp = (when or now_utc()).strftime("%Y%m%d-%H%M%S")

@@ -43,9 +43,9 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import ENGINES, EngineError, python_of, vllm_cpu_cores
 from scripts.common.loadgen import PromptSetError, load_prompts
-from scripts.common.records import envelope, save_record
+from scripts.common.records import envelope, finish_record
 from scripts.common.server import ServerError
-from scripts.common.variants import VariantError, load_variant, parse_overrides, serving_target
+from scripts.common.variants import VariantError, load_variant, serving_target
 from scripts.measure.profile import (
     DTYPE_BYTES,
     ProfileError,
@@ -55,7 +55,7 @@ from scripts.measure.profile import (
     run_requests,
     short_prompts,
 )
-from scripts.measure.stepsplit import DELAY_STEPS, SCOPE_PREFIX, WARMUP_TOKENS, profiler_config
+from scripts.measure.stepsplit import SCOPE_PREFIX, WARMUP_TOKENS, profiled_variant, window_parser
 from scripts.serve.launch import variant_server
 
 KIND = "profile"
@@ -344,17 +344,9 @@ def sampled_pass(base: str, model: str, rows: list[dict], c: int, output_tokens:
 
 # ------------------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("variant")
-    p.add_argument("--concurrency", default="1,8", help="comma-separated levels (default %(default)s)")
-    p.add_argument("--output-tokens", type=int, default=96, help="tokens per request (default %(default)s)")
-    p.add_argument("--window-steps", type=int, default=48, help="engine steps the profiler records per level")
+    p = window_parser(__doc__, concurrency="1,8", port=8132)
     p.add_argument("--peer", help="the GGUF variant of the same weights timed with llama.cpp (default: the variant's "
                                   "PROFILE_PEER key, else none)")
-    p.add_argument("--prompts", type=Path, default=paths.EVAL / "prompts" / "latency-v1.jsonl")
-    p.add_argument("--port", type=int, default=8132)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
-    p.add_argument("--out-dir", type=Path)
     return p
 
 
@@ -363,19 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     folder = paths.CACHE / "cpu_profile" / f"{args.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
-        if not levels or min(levels) < 1:
-            raise ProfileError(f"--concurrency {args.concurrency!r}: positive integers")
-        if DELAY_STEPS + args.window_steps >= args.output_tokens:
-            raise ProfileError(f"{DELAY_STEPS} + --window-steps {args.window_steps} must stay below --output-tokens "
-                               f"{args.output_tokens}: the window would reach past the requests' last step")
-        prof = profiler_config(folder, args.window_steps)
-        variant = load_variant(args.variant, overrides={**parse_overrides(args.set),
-                                                        "SERVE_PROFILER_CONFIG": json.dumps(prof),
-                                                        "ENV_VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"})
+        levels, prof, variant = profiled_variant(args, folder)
         if variant.engine != "vllm" or serving_target() != "cpu":
-            raise ProfileError(f"{variant.name}: the CPU profile measures vLLM on a CPU (engine {variant.engine}, "
-                               f"target {serving_target()}); on a GPU use make profile with BASE_URL")
+            raise ProfileError(f"{variant.name}: the CPU profile measures a vLLM variant on a CPU (engine "
+                               f"{variant.engine}, target {serving_target()}); a GGUF variant is timed as a vLLM "
+                               f"variant's PROFILE_PEER, and a GPU server by make profile BASE_URL=…")
         peer_name = args.peer or variant.resolved.get("PROFILE_PEER")
         peer = load_variant(peer_name) if peer_name else None
         if peer and not Path(peer.model).is_file():
@@ -442,12 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"llama.cpp {peer.name}, {t} thread(s): {r['ms_per_token']:.2f} ms per token (its own eval "
                       f"timing)", flush=True)
     except (ProfileError, ServerError, OSError, json.JSONDecodeError, subprocess.SubprocessError, EngineError) as e:
-        record["status"], record["failure"] = "failed", str(e)
-        print(f"error: {e}", file=sys.stderr)
-    if (out := save_record(record, args.out_dir or variant.path, KIND)) is None:
-        return 1
-    print(f"wrote {paths.shown(out)} (status {record['status']})")
-    return 0 if record["status"] == "ok" else 1
+        return finish_record(record, args.out_dir or variant.path, KIND, e)
+    return finish_record(record, args.out_dir or variant.path, KIND)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.loadgen import PromptSetError, load_prompts
-from scripts.common.records import envelope, save_record
+from scripts.common.records import envelope, finish_record
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, load_variant, parse_overrides
 from scripts.measure.profile import (
@@ -74,17 +74,39 @@ def scope_split(events: list[dict]) -> dict:
             "other_ms_per_step": round(period_ms - sum(per.values()), 3)}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def window_parser(doc: str, concurrency: str, port: int) -> argparse.ArgumentParser:
+    """The arguments of a profiled window run (this script and scripts.measure.cpu_profile)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variant")
-    p.add_argument("--concurrency", default="1", help="comma-separated levels (default %(default)s)")
+    p.add_argument("--concurrency", default=concurrency, help="comma-separated levels (default %(default)s)")
     p.add_argument("--output-tokens", type=int, default=96, help="tokens per request (default %(default)s)")
     p.add_argument("--window-steps", type=int, default=48, help="engine steps the profiler records per level")
     p.add_argument("--prompts", type=Path, default=paths.EVAL / "prompts" / "latency-v1.jsonl")
-    p.add_argument("--port", type=int, default=8131)
+    p.add_argument("--port", type=int, default=port)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--out-dir", type=Path)
     return p
+
+
+def profiled_variant(args: argparse.Namespace, folder: Path):
+    """(levels, profiler config, the variant with vLLM's profiler and runner scopes on) from window_parser's arguments;
+    ProfileError / VariantError / ValueError for bad ones."""
+    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    if not levels or min(levels) < 1:
+        raise ProfileError(f"--concurrency {args.concurrency!r}: positive integers")
+    if DELAY_STEPS + args.window_steps >= args.output_tokens:
+        raise ProfileError(f"{DELAY_STEPS} + --window-steps {args.window_steps} must stay below --output-tokens "
+                           f"{args.output_tokens}: the window would reach past the requests' last step")
+    prof = profiler_config(folder, args.window_steps)
+    # vLLM opens its runner scopes only under VLLM_CUSTOM_SCOPES_FOR_PROFILING (vllm/v1/utils.py)
+    variant = load_variant(args.variant, overrides={**parse_overrides(args.set),
+                                                    "SERVE_PROFILER_CONFIG": json.dumps(prof),
+                                                    "ENV_VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"})
+    return levels, prof, variant
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return window_parser(__doc__, concurrency="1", port=8131)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,17 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     folder = paths.CACHE / "stepsplit" / f"{args.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
-        if not levels or min(levels) < 1:
-            raise ProfileError(f"--concurrency {args.concurrency!r}: positive integers")
-        if DELAY_STEPS + args.window_steps >= args.output_tokens:
-            raise ProfileError(f"{DELAY_STEPS} + --window-steps {args.window_steps} must stay below --output-tokens "
-                               f"{args.output_tokens}: the window would reach past the requests' last step")
-        prof = profiler_config(folder, args.window_steps)
-        # vLLM opens its runner scopes only under VLLM_CUSTOM_SCOPES_FOR_PROFILING (vllm/v1/utils.py)
-        variant = load_variant(args.variant, overrides={**parse_overrides(args.set),
-                                                        "SERVE_PROFILER_CONFIG": json.dumps(prof),
-                                                        "ENV_VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"})
+        levels, prof, variant = profiled_variant(args, folder)
         rows, _ = load_prompts(args.prompts)
     except (ProfileError, VariantError, PromptSetError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -137,13 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"other {res['other_ms_per_step']:.2f}); {per_step:.2f} tokens per request per step: "
                       f"{res['ms_per_token']:.2f} ms per token", flush=True)
     except (ProfileError, ServerError, OSError, json.JSONDecodeError) as e:
-        record["status"], record["failure"] = "failed", str(e)
-        print(f"error: {e}", file=sys.stderr)
+        record["summary"] = results
+        return finish_record(record, args.out_dir or variant.path, KIND, e)
     record["summary"] = results
-    if (out := save_record(record, args.out_dir or variant.path, KIND)) is None:
-        return 1
-    print(f"wrote {paths.shown(out)} (status {record['status']})")
-    return 0 if record["status"] == "ok" else 1
+    return finish_record(record, args.out_dir or variant.path, KIND)
 
 
 if __name__ == "__main__":
