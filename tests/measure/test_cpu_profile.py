@@ -106,3 +106,34 @@ def test_floor_rows_and_projection_are_labelled():
     assert rows[0]["roofline_us"] == 500.0 and rows[1]["roofline_us"] is None
     model = cp.step_model(1500.0, 1000.0, 15_000_000, {"engine": {"read_gbs": 30.0}, "all": {"read_gbs": 60.0}})
     assert "projection" in model["projection"]["label"] and model["projection"]["step_us"] == 1000.0
+
+
+@pytest.mark.slow
+def test_the_cpu_profile_of_a_real_server_and_llamacpp(embedded_weights, tmp_path: Path):
+    """scripts.measure.cpu_profile end to end on this CPU: the real vLLM server under the torch profiler and py-spy,
+    llama.cpp on the BF16 GGUF of the same weights, one record that passes the profile schema, whose step table
+    accounts for the step and whose GEMM rows carry the weights' bytes."""
+    import json
+    import os
+
+    from scripts.common import paths
+    from scripts.common.variants import load_variant
+    from scripts.levers.gguf.export import export
+    from scripts.report import schemas as check_schemas
+    from tests.conftest import free_port
+
+    if not (paths.ROOT / load_variant("smollm2-gguf-bf16").resolved["MODEL"]).exists():
+        export("smollm2-gguf-bf16", record_dir=tmp_path / "export")
+    rc = cp.main(["smollm2-bf16", "--concurrency", "1", "--output-tokens", "40", "--window-steps", "16",
+                  "--peer", "smollm2-gguf-bf16", "--port", str(free_port()), "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("profile_*.json")
+    rec = json.loads(path.read_text())
+    assert rc == 0 and rec["status"] == "ok" and check_schemas.check_file(path) == []
+    level = rec["summary"]["1"]
+    rows = {r["category"]: r for r in level["table"]}
+    assert sum(r["us_per_step"] for r in rows.values()) == pytest.approx(level["step_us"], rel=0.01)
+    assert rows["gemm:layers"]["bytes_per_step"] > 0 and rows["gemm:layers"]["roofline_us"] > 0
+    assert rec["inputs"]["model_threads"] >= 1 and rec["floor"]["weight_bytes_per_token"] > 2e8
+    assert rec["host"]["1"]["processes"]["engine_core"]["samples"] > 0
+    assert {"1", str(os.cpu_count())} <= set(rec["peer"]["by_threads"])
+    assert all(r["ms_per_token"] > 0 for r in rec["peer"]["by_threads"].values())
