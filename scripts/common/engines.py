@@ -139,15 +139,20 @@ VLLM_CORE_IDS = re.compile(r"local_rank=\d+, core ids=\[([\d, ]*)\]")
 VLLM_RESERVED = re.compile(r"reserved_cpus=\[([\d, ]*)\]")
 
 
-def vllm_cpu_cores(log_text: str) -> dict:
+def vllm_cpu_cores(log_text: str, env: dict[str, str] | None = None) -> dict:
     """The CPU cores of a vLLM CPU server from its start log: the OpenMP cores of the process that runs the model
     (the multiproc worker's "core ids=[...]": its thread count) and the reserved ones. The engine core's "Reducing Torch
-    threads from N to 1" concerns the scheduler process, not the model. The uniprocess executor logs no binding:
-    compute_threads is then None (its threads are torch's default, OMP_NUM_THREADS where set)."""
+    threads from N to 1" concerns the scheduler process, not the model. The uniprocess executor logs no binding: its
+    threads are then the server environment's OMP_NUM_THREADS (env), else unknown (None)."""
     cores, reserved = VLLM_CORE_IDS.findall(log_text), VLLM_RESERVED.findall(log_text)
     model = [int(x) for x in cores[-1].split(",") if x.strip()] if cores else []
-    return {"compute_threads": len(model) or None, "model_cpus": model,
-            "reserved_cpus": [int(x) for x in reserved[-1].split(",") if x.strip()] if reserved else []}
+    out = {"compute_threads": len(model) or None, "model_cpus": model,
+           "reserved_cpus": [int(x) for x in reserved[-1].split(",") if x.strip()] if reserved else [],
+           "source": "vLLM start log"}
+    omp = (env or {}).get("OMP_NUM_THREADS", "")
+    if out["compute_threads"] is None and omp.isdigit():
+        out.update(compute_threads=int(omp), source="OMP_NUM_THREADS")
+    return out
 
 
 def describe(variant: Variant) -> dict[str, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.engines import fixed_length_body
 from scripts.common.metrics import RequestSample
+from scripts.common.server import ServerError, http_post_json
 
 DEFAULT_PROMPTS = paths.EVAL / "prompts" / "latency-v1.jsonl"
 
@@ -132,8 +133,6 @@ def greedy_ids(base_url: str, model: str, rows: list[dict], max_tokens: int, con
 
 def llama_server_call(base_url: str, route: str, body: dict) -> dict:
     """POST one of llama-server's own routes; ServerError with its message unless it answers 200 with JSON."""
-    from scripts.common.server import ServerError, http_post_json
-
     status, answer = http_post_json(f"{base_url}{route}", body, timeout=600)
     if status != 200 or not isinstance(answer, dict):
         raise ServerError(f"llama-server {route} answered {status}: {str(answer)[:200]}")

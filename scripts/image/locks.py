@@ -213,8 +213,13 @@ def with_pins(text: str, pins: list[Pin]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- network, files
+def ssl_context(cafile: str | None) -> ssl.SSLContext:
+    """TLS for PyPI: pip's configured certificate bundle where there is one (pip_sources' `cert`), else the system's."""
+    return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+
+
 def https_fetch(cafile: str | None, timeout: float = 60.0) -> Fetch:
-    context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+    context = ssl_context(cafile)
 
     def fetch(url: str) -> dict | None:
         req = urllib.request.Request(url, headers={"Accept": "application/json", "User-Agent": "variant-lab-locks"})
@@ -246,7 +251,7 @@ def fetch_sdists(lock: Path, dest: Path, fetch: Fetch, cafile: str | None = None
     whose SHA-256 the lock does not list is removed and refused). For sources pip must not build itself: `pip download`
     of an sdist prepares its metadata, building its build requirements from source too under --no-binary."""
     out = []
-    context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+    context = ssl_context(cafile)
     for pin in (i for i in parse(lock.read_text()) if isinstance(i, Pin)):
         if not pin.hashes:
             raise LockError(f"{paths.shown(lock)}: {pin.spec} has no hashes: make hash-locks")

@@ -44,7 +44,7 @@ from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import ENGINES, EngineError, python_of, vllm_cpu_cores
 from scripts.common.loadgen import PromptSetError, load_prompts
 from scripts.common.records import envelope, finish_record
-from scripts.common.server import ServerError
+from scripts.common.server import ServerError, group_pids
 from scripts.common.variants import VariantError, load_variant, serving_target
 from scripts.measure.profile import (
     DTYPE_BYTES,
@@ -276,13 +276,6 @@ def measure_bandwidth(threads: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def omp_threads(variant) -> int:
-    """The model's threads where vLLM logs no binding (the uniprocess executor): OMP_NUM_THREADS of the server's
-    environment, else 1 (the engine core cuts torch to one thread unless OMP_NUM_THREADS is set)."""
-    value = variant.env().get("OMP_NUM_THREADS", "")
-    return int(value) if value.isdigit() else 1
-
-
 def peer_timing(model: Path, threads: int, output_tokens: int, prompt: str) -> dict:
     py = python_of(ENGINES["llamacpp"])
     r = subprocess.run([py, "-c", PEER_SNIPPET, str(model), str(threads), str(output_tokens), prompt],
@@ -297,20 +290,18 @@ def peer_timing(model: Path, threads: int, output_tokens: int, prompt: str) -> d
 
 
 def server_processes(server) -> dict[str, int]:
-    """PIDs of the API server (the started process), vLLM's engine core (its child titled VLLM::EngineCore) and,
-    with the multiprocessing executor, the worker that runs the model (titled VLLM::Worker...)."""
-    import psutil
-    root = psutil.Process(server.pid)
+    """PIDs of the API server (the started process), vLLM's engine core (titled VLLM::EngineCore) and, with the
+    multiprocessing executor, the worker that runs the model (titled VLLM::Worker...): the server's process group."""
     found = {"api_server": server.pid}
-    for child in root.children(recursive=True):
+    for pid in group_pids(server.pid):  # started in its own session: the group is the server's
         try:
-            title = " ".join(child.cmdline()) + " " + child.name()
-        except psutil.Error:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
             continue
         if "EngineCore" in title:
-            found["engine_core"] = child.pid
+            found["engine_core"] = pid
         elif "Worker" in title:
-            found["worker"] = child.pid
+            found["worker"] = pid
     return found
 
 
@@ -391,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
             model = variant.served_name
             run_requests(base, model, short_prompts(rows, 1, WARMUP_TOKENS))
             run_requests(base, model, short_prompts(rows, max(levels), WARMUP_TOKENS))
-            threads = vllm_cpu_cores(server.log_text())["compute_threads"] or omp_threads(variant)
+            # no binding line and no OMP_NUM_THREADS: the engine core cut torch to one thread
+            threads = vllm_cpu_cores(server.log_text(), server.env)["compute_threads"] or 1
             bw["engine"] = bw["one"] if threads == 1 else bw["all"]
             record["inputs"].update(model_threads=threads, model_threads_source="vLLM's OpenMP binding log (core "
                                     "ids of the worker), else the server's OMP_NUM_THREADS (uniprocess executor)",

@@ -68,11 +68,7 @@ def engine_cores(server: Server | None, gpu: bool) -> dict | None:
         if flag in argv:
             return {"compute_threads": int(argv[argv.index(flag) + 1]), "reserved_cpus": [],
                     "source": f"llama.cpp {flag}"}
-    cores = vllm_cpu_cores(server.log_text())
-    if cores["compute_threads"] is None and server.env.get("OMP_NUM_THREADS", "").isdigit():
-        # the uniprocess executor logs no binding: the model's threads are the server's OMP_NUM_THREADS
-        return {**cores, "compute_threads": int(server.env["OMP_NUM_THREADS"]), "source": "OMP_NUM_THREADS"}
-    return {**cores, "source": "vLLM start log"}
+    return vllm_cpu_cores(server.log_text(), server.env)
 
 
 def model_facts(variant) -> dict:

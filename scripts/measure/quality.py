@@ -40,6 +40,7 @@ from scripts.data.bigbench import BigBenchError
 from scripts.data.bigbench_tasks import SUITE, TASK_PREFIX, suite_manifest, suite_tasks
 from scripts.data.corpus import dataset_cached
 from scripts.levers.gguf import logits as llamacpp_logits
+from scripts.serve.command import llamaserver_defaults
 from scripts.serve.launch import variant_server
 
 DEFAULT_TASKS = ("mmlu_pro", "ifeval", "gpqa_diamond_cot_zeroshot")
@@ -203,8 +204,9 @@ def context_tokens(variant) -> int:
     per slot (the server shares it among its --parallel slots), else 2048."""
     r = variant.resolved
     if variant.engine == "llamaserver":
-        slots = int(r.get("LLAMASERVER_PARALLEL", 1))
-        return int(r.get("LLAMASERVER_CTX_SIZE", 8192 * slots)) // slots
+        own = variant.engine_settings()
+        slots = int(own.get("PARALLEL", 1))
+        return int(own.get("CTX_SIZE", llamaserver_defaults(own)["ctx-size"])) // slots
     return int(r.get("LLAMACPP_N_CTX" if variant.engine == "llamacpp" else "SERVE_MAX_MODEL_LEN", 2048))
 
 

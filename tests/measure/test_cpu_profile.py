@@ -98,7 +98,8 @@ def test_model_threads_from_this_starts_log_only(tmp_path: Path):
         f.write("no binding: the uniprocess executor\n")
     assert cp.vllm_cpu_cores(server.log_text())["compute_threads"] is None
     assert cp.vllm_cpu_cores(log.read_text())["compute_threads"] == 2
-    assert cp.omp_threads(load_variant("smollm2-bf16", overrides={"ENV_OMP_NUM_THREADS": "2"})) == 2
+    env = load_variant("smollm2-bf16", overrides={"ENV_OMP_NUM_THREADS": "2"}).env()
+    assert cp.vllm_cpu_cores(server.log_text(), env)["compute_threads"] == 2
 
 
 def test_floor_rows_and_projection_are_labelled():
