@@ -175,14 +175,20 @@ weights: $(STAMP) ## materialize what VARIANT's MODEL needs (no-op when present)
 serve: weights ## serve VARIANT with its engine's OpenAI server (vLLM; ENGINE=, HOST, PORT, API_KEY, CACHE=); Ctrl-C stops it
 	$(PY) -m scripts.serve $(VARIANT) $(ENGINE_SET)
 
+serve-replicas: weights ## REPLICAS copies of VARIANT (own GPUs or CPU cores each) behind ROUTER=vllm-router (POLICY=cache_aware|round_robin|…; PORT: the router's); Ctrl-C stops them all
+	$(PY) -m scripts.serve.replicas $(VARIANT) --replicas $(or $(REPLICAS),2) --router $(or $(ROUTER),vllm-router) --policy $(or $(POLICY),cache_aware) $(ENGINE_SET) $(REPLICA_ARGS)
+
+plan: $(STAMP) ## capacity plan from committed latency records: topology and GPUs that meet SLO_TPOT_MS / SLO_TTFT_MS at QPS (a fitted model, labelled) -> results/plan_<variant>.md + .png
+	$(PY) -m scripts.report.plan $(VARIANT) --slo-tpot-ms $(or $(SLO_TPOT_MS),50) $(if $(SLO_TTFT_MS),--slo-ttft-ms $(SLO_TTFT_MS)) --qps $(or $(QPS),10) $(PLAN_ARGS)
+
 verify: weights ## check VARIANT's checkpoint (files, shapes, dtypes, tokenizer)
 	$(PY) -m scripts.weights.verify --variant $(VARIANT)
 
 shape-proxy: $(STAMP) ## write the random-weight Qwen3.5-4B shape proxy to weights/qwen35-4b-proxy
 	$(PY) -m scripts.weights.download shape-proxy:qwen35-4b
 
-eval-latency: weights ## measure VARIANT's latency/throughput (c=1,4,8; fixed+natural) -> experiments/VARIANT/latency_*.json
-	$(PY) -m scripts.measure.latency $(VARIANT) $(ENGINE_SET) $(BENCH_ARGS)
+eval-latency: weights ## measure VARIANT's latency/throughput (c=1,4,8; fixed+natural) -> experiments/VARIANT/latency_*.json (TOPOLOGY=.cache/replicas/VARIANT.json: the replicas make serve-replicas runs)
+	$(PY) -m scripts.measure.latency $(VARIANT) $(ENGINE_SET) $(if $(TOPOLOGY),--topology $(TOPOLOGY)) $(BENCH_ARGS)
 
 eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2) back to back, one ladder id
 	$(PY) -m scripts.measure.latency --ladder $(BASE) $(BENCH_ARGS)

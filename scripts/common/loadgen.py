@@ -104,6 +104,43 @@ def run_level(client, model: str | list[str], rows: list[dict], mode: str, concu
     return samples, time.perf_counter() - t0
 
 
+def repeat_rows(rows: list[dict], times: int) -> list[dict]:
+    """Each row `times` times in a row order that cycles through the set (ids suffixed #1, #2, ...): enough requests
+    to keep high concurrency levels full."""
+    if times <= 1:
+        return rows
+    return [{**r, "id": f"{r['id']}#{k}"} for k in range(times) for r in rows]
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Arrival times (s) of n requests of a Poisson process of `rate` requests per second, seeded."""
+    import random
+
+    if rate <= 0:
+        raise ValueError(f"request rate {rate}: must be > 0")
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def run_rate(client, model: str | list[str], rows: list[dict], mode: str, rate: float, cap: int | None,
+             fixed_body: dict | None = None, seed: int = 0) -> tuple[list, float]:
+    """Every row sent at its Poisson arrival time (open loop: nothing waits for earlier answers)."""
+    models = [model] if isinstance(model, str) else model
+    arrivals = poisson_arrivals(len(rows), rate, seed)
+    t0 = time.perf_counter()
+
+    def at(i: int):
+        time.sleep(max(0.0, arrivals[i] - (time.perf_counter() - t0)))
+        return stream_one(client, models[i % len(models)], rows[i], mode, t0, cap, fixed_body)
+
+    with cf.ThreadPoolExecutor(len(rows)) as ex:
+        samples = list(ex.map(at, range(len(rows))))
+    return samples, time.perf_counter() - t0
+
+
 def greedy_ids(base_url: str, model: str, rows: list[dict], max_tokens: int, concurrency: int,
                samples: int = 0, temperature: float = 1.0, seed: int = 0, engine: str = "vllm") -> list[dict]:
     """Prompt and output token ids of every row, answered greedily with at most `concurrency` in flight; with

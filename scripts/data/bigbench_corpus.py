@@ -2,6 +2,7 @@
 
     python -m scripts.data.bigbench_corpus                 # sizes and hashes of both splits (nothing written)
     python -m scripts.data.bigbench_corpus --prompts-out eval/prompts/bb-prompts.jsonl --split calibration --per-task 20
+    python -m scripts.data.bigbench_corpus --shared-prefix-out eval/prompts/shared-prefix-v1.jsonl   # 32 x 4, speed only
 
 Reads the task JSON of the `bigbench` sdist (`make datasets`; scripts.data.bigbench) and never a task of BIG-bench
 Lite, the evaluation suite (bigbench.refuse_evaluation is called on every task read). Beyond the task names, an
@@ -150,6 +151,36 @@ def prompts(split: str, per_task: int, data: Path | None = None,
                            payload, {"per_task": per_task, "max_tokens": max_tokens})
 
 
+def shared_prefix(groups: int, per_group: int, shots: int = 4, max_tokens: int = 64,
+                  data: Path | None = None) -> tuple[list[dict], dict]:
+    """A prompt set whose requests share long prefixes, as few-shot serving does: `groups` calibration tasks (name
+    order, those with enough examples and a few-shot block of 1,500-6,000 characters), each giving one system message
+    (the task's first `shots` examples with their answers) and `per_group` questions (the next examples) after it.
+    Rows are ordered group by group. For speed only (prefix caching, cache-aware routing), never for quality."""
+    rows, names = [], []
+    for task in tasks("calibration", data):
+        if len(names) == groups:
+            break
+        items = [(key, spec, ex) for key, spec, ex in examples(task, data) if ex][:shots + per_group]
+        if len(items) < shots + per_group:
+            continue
+        block = "\n\n".join(f"{bigbench.format_example(spec, ex)[0].strip()} {first_target(ex)}".strip()
+                             for _, spec, ex in items[:shots])
+        questions = [bigbench.format_example(spec, ex)[0].strip() for _, spec, ex in items[shots:]]
+        if not 1_500 <= len(block) <= PROMPT_MAX_CHARS or any(not q or len(q) > 2_000 for q in questions):
+            continue
+        system = f"Answer in the style of these solved examples of the task '{task}'.\n\n{block}"
+        names.append(task)
+        rows += [{"id": key, "group": task, "split": "calibration", "max_tokens": max_tokens,
+                  "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]}
+                 for (key, _, _), q in zip(items[shots:], questions, strict=True)]
+    if len(names) < groups:
+        raise bigbench.BigBenchError(f"only {len(names)} calibration tasks fit a shared-prefix group; asked for {groups}")
+    payload = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+    return rows, _describe("shared-prefix chat prompts", "calibration", names, {"prompts": len(rows)}, payload,
+                           {"groups": groups, "per_group": per_group, "shots": shots, "max_tokens": max_tokens})
+
+
 def write_prompts(rows: list[dict], out: Path) -> Path:
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
@@ -163,12 +194,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-task", type=int, default=20, help="prompts per task (default %(default)s)")
     p.add_argument("--split", choices=SPLITS, default="calibration", help="the split --prompts-out writes")
     p.add_argument("--prompts-out", type=Path, help="write that split's chat prompts here (JSONL)")
+    p.add_argument("--shared-prefix-out", type=Path, help="write the shared-prefix set here (JSONL; --groups x "
+                   "--per-group rows) and nothing else")
+    p.add_argument("--groups", type=int, default=32)
+    p.add_argument("--per-group", type=int, default=4)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.shared_prefix_out:
+            rows, info = shared_prefix(args.groups, args.per_group)
+            print(f"{info['prompts']} prompts in {info['groups']} groups from {info['tasks']} tasks "
+                  f"(sha256 {info['sha256'][:12]}); wrote {paths.shown(write_prompts(rows, args.shared_prefix_out))}")
+            return 0
         for split in SPLITS:
             _, info = texts(split, args.chars_per_task)
             rows, pinfo = prompts(split, args.per_task)

@@ -3,12 +3,19 @@
     python -m scripts.measure.latency smollm2-bf16                          # starts the server, measures, stops it
     python -m scripts.measure.latency smollm2-bf16 --base-url http://127.0.0.1:8000   # a server already running
     python -m scripts.measure.latency smollm2-bf16 --concurrency 1,8 --modes fixed --limit 8
+    python -m scripts.measure.latency smollm2-bf16 --topology .cache/replicas/smollm2-bf16.json \
+        --prompts eval/prompts/shared-prefix-v1.jsonl --concurrency 1,8,32,128 --request-rate 1,2,4 --modes fixed
 
 Replays a fixed, versioned prompt set (eval/prompts/latency-v1.jsonl) with streamed greedy chat requests, after a
 warm-up, at each concurrency (at most N requests in flight). Modes: `fixed` (ignore_eos: every request generates
 exactly its max_tokens, the fair speed comparison) and `natural` (stops at EOS). Scrapes /metrics before and after
 (KV capacity, KV usage, preemptions, prefix-cache hits, speculative acceptance). Writes
 experiments/<variant>/latency_<YYYYMMDD-HHMMSS>.json atomically; a run with failed requests is recorded as failed.
+
+Scale: `--repeat K` sends every prompt K times (high concurrency levels stay full), `--request-rate` adds open-loop
+levels with Poisson arrivals (seeded), and every level records each server's prefix-cache hits. Every record names
+its topology (tensor and data parallel size, replicas, router and policy, GPUs): one server unless `--topology` names
+the file `make serve-replicas` writes, in which case requests go to the router and every replica's /metrics is read.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ from scripts.common.loadgen import (
     load_prompts,
     openai_client,
     parse_levels,
+    repeat_rows,
     run_level,
+    run_rate,
     stream_one,
 )
 from scripts.common.metrics import summarize
@@ -37,6 +46,7 @@ from scripts.common.server import Server, ServerError, group_rss_mib, is_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
 from scripts.measure.prom import scrape, server_counters
 from scripts.serve.launch import variant_server
+from scripts.serve.replicas import ReplicaError, read_topology
 
 DEFAULT_CONCURRENCY = "1,4,8"
 MODES = ("fixed", "natural")
@@ -99,20 +109,73 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8123, help="port of the server this script starts")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
+    p.add_argument("--repeat", type=int, default=1, help="send every prompt this many times (default %(default)s)")
+    p.add_argument("--request-rate", help="comma-separated open-loop levels, requests/s with Poisson arrivals")
+    p.add_argument("--rate-seed", type=int, default=0, help="seed of the Poisson arrivals (default %(default)s)")
+    p.add_argument("--topology", type=Path, help="measure the replicas `make serve-replicas` runs (its topology "
+                   "file, .cache/replicas/<variant>.json): requests to the router, /metrics of every replica")
     return p
 
 
-def measure(args, variant, base_url: str, server: Server | None) -> dict:
+def single_topology(variant, hw: dict) -> dict:
+    """The topology of one server of the variant: vLLM's tensor and data parallel sizes, no router."""
+    tp = int(variant.resolved.get("SERVE_TENSOR_PARALLEL_SIZE", "1"))
+    dp = int(variant.resolved.get("SERVE_DATA_PARALLEL_SIZE", "1"))
+    return {"router": None, "policy": None, "replicas": 1, "tensor_parallel": tp, "data_parallel": dp,
+            "gpus": tp * dp if hw.get("gpu") else 0, "shared_gpu": False}
+
+
+def replica_topology(topo: dict) -> dict:
+    """What a record keeps of a running topology (URLs and placement; PIDs only identify the run)."""
+    return {"router": topo["router"], "router_version": topo.get("router_version"), "policy": topo["policy"],
+            "replicas": len(topo["replicas"]), "tensor_parallel": topo["tensor_parallel"],
+            "data_parallel": topo["data_parallel"], "gpus": topo["gpus"], "shared_gpu": topo.get("shared_gpu", False),
+            "replica_urls": [r["url"] for r in topo["replicas"]],
+            "placement": [r["placement"] for r in topo["replicas"]]}
+
+
+def per_server(urls: list[str], before: list) -> list[dict]:
+    """Each server's requests served, prefix-cache hits, prompt and generated tokens between `before` and now."""
+    out = []
+    for url, b in zip(urls, before, strict=True):
+        after = scrape(url)
+        c = server_counters(b, after)
+        served = after[0].get("vllm:request_success_total", 0.0) - b[0].get("vllm:request_success_total", 0.0) \
+            if b and after else None
+        out.append({"url": url, "requests": served,
+                    **{k: c.get(k) for k in ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate",
+                                             "prompt_tokens", "generation_tokens")}})
+    return out
+
+
+def level_summary(samples, duration: float, urls: list[str], before: list, gpus: int) -> dict:
+    summary = summarize(samples, duration)
+    summary["servers"] = per_server(urls, before)
+    if gpus:
+        summary["gpus"] = gpus
+        summary["output_throughput_per_gpu"] = (summary["output_throughput"] or 0) / gpus
+    return summary
+
+
+def measure(args, variant, base_url: str, server: Server | None, topo: dict | None = None) -> dict:
 
     rows, info = load_prompts(args.prompts, args.limit)
+    rows = repeat_rows(rows, args.repeat)
     modes = [m for m in args.modes.split(",") if m]
     if bad := [m for m in modes if m not in MODES]:
         raise BenchError(f"--modes: unknown {bad}; valid: {', '.join(MODES)}")
     levels = parse_levels(args.concurrency)
+    rates = [float(r) for r in args.request_rate.split(",") if r.strip()] if args.request_rate else []
+    if any(r <= 0 for r in rates):
+        raise BenchError(f"--request-rate {args.request_rate!r}: rates must be > 0")
     record = envelope("latency", variant, command=[sys.executable, "-m", "scripts.measure.latency", *sys.argv[1:]],
                       server_command=server.argv if server else None)
     record["inputs"] = {**info, "modes": modes, "concurrency": levels, "max_tokens_cap": args.max_tokens_cap,
-                        "temperature": 0, "warmup_requests": WARMUP_REQUESTS, "base_url": base_url}
+                        "temperature": 0, "warmup_requests": WARMUP_REQUESTS, "base_url": base_url,
+                        "repeat": args.repeat, "requests_per_level": len(rows)}
+    record["topology"] = replica_topology(topo) if topo else single_topology(variant, record["hardware"])
+    urls = record["topology"].get("replica_urls") or [base_url]
+    gpus = record["topology"]["gpus"]
     record["startup_s"] = server.startup_s if server else None
     record["model"] = model_facts(variant)
     record["kernels"] = kernels_from_log(server.log_path if server else None)
@@ -126,26 +189,47 @@ def measure(args, variant, base_url: str, server: Server | None) -> dict:
     record["inputs"]["models"] = model
     for i, row in enumerate(rows[:WARMUP_REQUESTS]):
         stream_one(client, model[i % len(model)], row, "fixed", time.perf_counter(), 8, fixed)
-    before = scrape(base_url)
+    run_before = [scrape(u) for u in urls]
     failure = None
+
+    def failed(samples, what: str) -> str | None:
+        if not (bad := [s for s in samples if not s.ok]):
+            return None
+        text = f"{len(bad)} of {len(samples)} requests failed ({what}); first: {bad[0].error}"
+        return text + ("; server no longer healthy" if not stays_healthy(base_url, path=health) else "")
+
     for mode in modes:
         for c in levels:
+            before = [scrape(u) for u in urls]
             samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap, fixed)
-            summary = summarize(samples, duration)
+            summary = level_summary(samples, duration, urls, before, gpus)
             record["samples"].append({"mode": mode, "concurrency": c, "requests": [s.to_json() for s in samples]})
             record["summary"].setdefault(mode, {})[str(c)] = summary
             print(f"{mode:7s} c={c:<3d} ok {summary['completed']}/{len(samples)}  out {summary['output_throughput'] or 0:7.1f} tok/s"
-                  f"  ttft p50 {summary['median_ttft_ms'] or 0:7.1f} ms  tpot p50 {summary['median_tpot_ms'] or 0:6.1f} ms",
+                  f"  ttft p50 {summary['median_ttft_ms'] or 0:7.1f} ms  tpot p50 {summary['median_tpot_ms'] or 0:6.1f} ms"
+                  f"  prefix hits {[s['prefix_cache_hit_rate'] and round(s['prefix_cache_hit_rate'], 3) for s in summary['servers']]}",
                   flush=True)
-            if summary["failed"]:
-                first = next(s.error for s in samples if not s.ok)
-                failure = f"{summary['failed']} of {len(samples)} requests failed ({mode}, c={c}); first: {first}"
-                if not stays_healthy(base_url, path=health):
-                    failure += "; server no longer healthy"
-                    break
+            if (failure := failure or failed(samples, f"{mode}, c={c}")) and "no longer healthy" in failure:
+                break
         if failure and not is_healthy(base_url, path=health):
             break
-    record["server_metrics"] = server_counters(before, scrape(base_url) if is_healthy(base_url, path=health) else None)
+    if rates and not (failure and not is_healthy(base_url, path=health)):
+        record["rate_sweep"] = []
+        for rate in rates:
+            before = [scrape(u) for u in urls]
+            samples, duration = run_rate(client, model, rows, modes[0], rate, args.max_tokens_cap, fixed, args.rate_seed)
+            summary = level_summary(samples, duration, urls, before, gpus)
+            record["samples"].append({"mode": modes[0], "request_rate": rate, "requests": [s.to_json() for s in samples]})
+            record["rate_sweep"].append({"mode": modes[0], "request_rate": rate, "seed": args.rate_seed, "summary": summary})
+            print(f"{modes[0]:7s} rate={rate:<5g} ok {summary['completed']}/{len(samples)}  out "
+                  f"{summary['output_throughput'] or 0:7.1f} tok/s  ttft p99 {summary['p99_ttft_ms'] or 0:7.1f} ms  "
+                  f"tpot p99 {summary['p99_tpot_ms'] or 0:6.1f} ms", flush=True)
+            failure = failure or failed(samples, f"rate {rate}/s")
+    healthy = is_healthy(base_url, path=health)
+    if topo:
+        record["server_metrics"] = {"available": False, "replicas": per_server(urls, run_before) if healthy else None}
+    else:
+        record["server_metrics"] = server_counters(run_before[0], scrape(base_url) if healthy else None)
     record["server_rss_mib"] = group_rss_mib(server.pid) if server else None  # after the run: weights, KV, adapters
     record["duration_s"] = round(time.monotonic() - t_run, 2)
     if failure:
@@ -159,12 +243,16 @@ def run_variant(name: str, args, ladder_id: str | None = None) -> int:
         variant = load_variant(name, overrides=parse_overrides(args.set))
         args.served_model = variant.request_models
         reset_counters(variant)
-        with variant_server(variant, base_url=args.base_url, port=args.port, purpose="bench") as (base_url, server):
-            record = measure(args, variant, base_url, server)
+        topo = read_topology(args.topology) if args.topology else None
+        if topo and args.base_url:
+            raise BenchError("--topology names the router's URL: leave out --base-url")
+        with variant_server(variant, base_url=topo["base_url"] if topo else args.base_url, port=args.port,
+                            purpose="bench") as (base_url, server):
+            record = measure(args, variant, base_url, server, topo)
         if counters := read_counters(variant):
             record["engine_counters"] = counters  # over the whole server run: warm-up requests included
         record["inputs"]["ladder_id"] = ladder_id
-    except (BenchError, PromptSetError, VariantError, ServerError, CheckpointError, ValueError) as e:
+    except (BenchError, PromptSetError, VariantError, ServerError, CheckpointError, ReplicaError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if (path := save_record(record, args.out_dir or variant.path, "latency")) is None:
