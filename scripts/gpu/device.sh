@@ -19,6 +19,9 @@
 #                                               # KEEP=1: leave them running, e.g. for `profile`, then `stop`)
 #   SET="…" [ONLY="tag …"] bash scripts/gpu/device.sh profile   # decode-step profiles of running servers (below)
 #   bash scripts/gpu/device.sh stop             # stop every server `start` left running
+#   [SCALE_ARGS=…] bash scripts/gpu/device.sh scale V   # scripts.measure.scale: one server, replicas behind
+#                                               # vllm-router (wheels carried in .gpu/router), router overhead;
+#                                               # $OUT/scale.tar
 #   [HEADS="tag:tokens ..."] [STEPS=N] bash scripts/gpu/device.sh redistill V   # in the background (setsid; it
 #                                               # outlives the call, `poll` follows it): V's PARENT answers V's prompt
 #                                               # set on vLLM (GEN_CONCURRENCY in flight, redistill --generate-only),
@@ -251,6 +254,20 @@ PY
       ls /root/hp.* >/dev/null 2>&1 || tar cf - -C /root heads | split -b 15M -d -a 2 - /root/hp.
       ls -la /root/hp.*; for p in ${PIECES:-00 01 02 03}; do [ -f /root/hp.$p ] && cp /root/hp.$p $OUT/heads.tar.$p; done
     fi ;;
+  scale)
+    # [SCALE_ARGS="--replicas 2 --share-gpu …"] bash scripts/gpu/device.sh scale V: scripts.measure.scale on V (one
+    # server, replicas behind vllm-router per policy, the router's c=1 overhead); vllm-router and orjson come as wheels
+    # carried in .gpu/router (installed once into /root/router). Records, summary and log tails: $OUT/scale.tar
+    export PYTHONPATH=$SITE:$EXTRA:/root/router:$PWD PATH=/root/router/bin:$PATH
+    if [ ! -d /root/router ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /root/router .gpu/router/*.whl || exit 1
+    fi
+    build "$1" || exit 1
+    d=$RUN/scale-$1; mkdir -p $d
+    python3 -m scripts.measure.scale "$1" --out-dir $d --overhead-dir $d/overhead --summary-out $d/summary.md \
+      ${SCALE_ARGS:-}; rc=$?
+    for f in .cache/replicas/*.log .cache/bench-"$1".log; do [ -f "$f" ] && tail -${LOG_TAIL:-60} "$f" > $d/$(basename "$f").tail; done
+    tar cf $OUT/scale.tar -C $RUN scale-$1 && tar tf $OUT/scale.tar | tail -30; exit $rc ;;
   stop)
     stop_servers; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   profile)

@@ -3,7 +3,7 @@
     python -m scripts.report.compare          # writes results/compare_<YYYYMMDD>.md, .png (throughput) and _pareto.png
 
 The newest record of each variant on each hardware and prompt set is used (a variant measured on a CPU and on a GPU
-appears in both tables). Only records with status ok are compared; a failed newest record is listed as not
+appears in both tables). Records of replicas behind a router are left to `make plan`. Only records with status ok are compared; a failed newest record is listed as not
 comparable. A ratio is marked back-to-back only when both records come from one ladder run
 (`make eval-latency-ladder`, same inputs.ladder_id); anything else is labelled as measured in separate runs.
 The gate column is the parity gate's verdict (scripts/common/gate.py) from the variant's quality records: only a
@@ -173,6 +173,8 @@ def winner_lines(group_rows: list[dict], judged: dict[str, Judged], undecided: b
 def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) -> tuple[str, list[dict]]:
     newest: dict[tuple[str, str], dict[str, dict]] = {}  # group -> variant -> newest record there
     for _, r in records:  # oldest first per variant: later ones replace earlier ones
+        if (r.get("topology") or {}).get("router"):  # replicas behind a router: a deployment (make plan), not the variant
+            continue
         newest.setdefault(group_key(r), {})[r["variant"]] = r
     groups: dict[tuple[str, str], dict[str, dict]] = {}
     excluded = []

@@ -1,0 +1,48 @@
+"""make plan: the capacity model worked by hand, and the command on the committed records (plot and table)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts.report.plan import PlanError, capacity, family, main, plan_rows
+
+
+def pt(load, rate, tpot, ttft=100.0, ok=True, open_=False):
+    return {"load": load, "rate": rate, "tpot": tpot, "ttft": ttft, "ok": ok, "open": open_}
+
+
+def test_capacity_measured_interpolated_and_unreachable():
+    pts = [pt("c=1", 1.0, 10.0), pt("c=8", 6.0, 30.0), pt("c=32", 14.0, 70.0)]
+    assert capacity(pts, 30.0, None) == (6.0, "measured at c=8")
+    # 50 ms lies halfway between c=8 (30 ms) and c=32 (70 ms): 6 + (14 - 6) / 2
+    assert capacity(pts, 50.0, None) == (10.0, "interpolated between c=8 and c=32")
+    assert capacity(pts, 5.0, None) == (0.0, "no measured level meets the target")
+    # a TTFT target removes the levels that miss it, and the interpolation that would need them
+    pts[2]["ttft"] = 5000.0
+    assert capacity(pts, 50.0, 1000.0) == (6.0, "measured at c=8")
+    # an open-loop level counts at its offered rate; a failed one never
+    assert capacity([pt("2/s", 2.0, 20.0, open_=True), pt("4/s", 4.0, 20.0, ok=False, open_=True)], 30.0, None) \
+        == (2.0, "measured at 2/s")
+
+
+def test_family_takes_children_that_change_only_parallelism():
+    assert set(family("qwen35-4b-proxy-c128")) == {"qwen35-4b-proxy-c128", "qwen35-4b-proxy-tp2", "qwen35-4b-proxy-dp2"}
+    assert family("smollm2-int8sq") == ["smollm2-int8sq"]  # its LoRA/EAGLE/pruned children change more than that
+
+
+def test_plan_refuses_what_it_cannot_fit(tmp_path, capsys):
+    with pytest.raises(PlanError, match="no latency record of smollm2-bf16 .* on prompt set nothing.jsonl"):
+        plan_rows("smollm2-bf16", "nothing.jsonl", 50.0, None, 1.0)
+    assert main(["smollm2-bf16", "--slo-tpot-ms", "0", "--qps", "1", "--out-dir", str(tmp_path)]) == 2
+    assert "must be > 0" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_plan_renders_from_committed_records(tmp_path, capsys):
+    """The committed CPU scale ladder of smollm2-bf16 (one server, two replicas behind vllm-router)."""
+    assert main(["smollm2-bf16", "--slo-tpot-ms", "200", "--qps", "2", "--out-dir", str(tmp_path)]) == 0
+    md = next(tmp_path.glob("plan_smollm2-bf16_*.md")).read_text()
+    png = next(tmp_path.glob("plan_smollm2-bf16_*.png"))
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert "A model fitted to the records" in md and "vllm-router" in md and "experiments/smollm2-bf16/latency_" in md
+    assert "Plan: **" in md
