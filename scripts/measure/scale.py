@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def overhead(group) -> None:
             one = ["--prompts", args.overhead_prompts, "--concurrency", "1", "--modes", "fixed",
+                   *(["--max-tokens-cap", str(args.max_tokens_cap)] if args.max_tokens_cap else []),
                    "--out-dir", str(args.overhead_dir or paths.RESULTS / f"router-overhead-{args.variant}")]
             for k in range(args.overhead_rounds):  # ABBA: the order alternates so neither side always goes first
                 def direct_run():
