@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -127,17 +128,25 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
 
 def run_rate(client, model: str | list[str], rows: list[dict], mode: str, rate: float, cap: int | None,
              fixed_body: dict | None = None, seed: int = 0) -> tuple[list, float]:
-    """Every row sent at its Poisson arrival time (open loop: nothing waits for earlier answers)."""
+    """Every row sent at its Poisson arrival time (open loop: nothing waits for earlier answers). An exception in the
+    caller (SIGTERM of the bench) releases the requests still waiting for their arrival: none is sent after it."""
     models = [model] if isinstance(model, str) else model
     arrivals = poisson_arrivals(len(rows), rate, seed)
+    stop = threading.Event()
     t0 = time.perf_counter()
 
-    def at(i: int):
-        time.sleep(max(0.0, arrivals[i] - (time.perf_counter() - t0)))
+    def at(i: int) -> RequestSample:
+        if stop.wait(max(0.0, arrivals[i] - (time.perf_counter() - t0))):
+            now = time.perf_counter() - t0
+            return RequestSample(prompt_id=rows[i]["id"], ok=False, start_s=now, end_s=now, error="not sent: stopped")
         return stream_one(client, models[i % len(models)], rows[i], mode, t0, cap, fixed_body)
 
-    with cf.ThreadPoolExecutor(len(rows)) as ex:
+    ex = cf.ThreadPoolExecutor(len(rows))
+    try:
         samples = list(ex.map(at, range(len(rows))))
+    finally:
+        stop.set()
+        ex.shutdown(wait=True, cancel_futures=True)
     return samples, time.perf_counter() - t0
 
 

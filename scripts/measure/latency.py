@@ -42,7 +42,7 @@ from scripts.common.loadgen import (
 )
 from scripts.common.metrics import summarize
 from scripts.common.records import envelope, now_utc, read_counters, reset_counters, save_record
-from scripts.common.server import Server, ServerError, group_rss_mib, is_healthy, stays_healthy
+from scripts.common.server import Server, ServerError, group_rss_mib, http_post, is_healthy, stays_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
 from scripts.measure.prom import scrape, server_counters
 from scripts.serve.launch import variant_server
@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1, help="send every prompt this many times (default %(default)s)")
     p.add_argument("--request-rate", help="comma-separated open-loop levels, requests/s with Poisson arrivals")
     p.add_argument("--rate-seed", type=int, default=0, help="seed of the Poisson arrivals (default %(default)s)")
+    p.add_argument("--reset-prefix-cache", action="store_true", help="empty every server's prefix cache before each "
+                   "level (POST /reset_prefix_cache: servers started with VLLM_SERVER_DEV_MODE=1), so no level reuses "
+                   "what an earlier one cached")
     p.add_argument("--topology", type=Path, help="measure the replicas `make serve-replicas` runs (its topology "
                    "file, .cache/replicas/<variant>.json): requests to the router, /metrics of every replica")
     return p
@@ -148,6 +151,13 @@ def per_server(urls: list[str], before: list) -> list[dict]:
     return out
 
 
+def reset_prefix_caches(urls: list[str]) -> None:
+    for url in urls:
+        if (status := http_post(f"{url}/reset_prefix_cache", timeout=60)) != 200:
+            raise BenchError(f"POST {url}/reset_prefix_cache answered {status}: start the server with "
+                             "VLLM_SERVER_DEV_MODE=1 (--set ENV_VLLM_SERVER_DEV_MODE=1) or leave out --reset-prefix-cache")
+
+
 def level_summary(samples, duration: float, urls: list[str], before: list, gpus: int) -> dict:
     summary = summarize(samples, duration)
     summary["servers"] = per_server(urls, before)
@@ -172,7 +182,8 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
                       server_command=server.argv if server else None)
     record["inputs"] = {**info, "modes": modes, "concurrency": levels, "max_tokens_cap": args.max_tokens_cap,
                         "temperature": 0, "warmup_requests": WARMUP_REQUESTS, "base_url": base_url,
-                        "repeat": args.repeat, "requests_per_level": len(rows)}
+                        "repeat": args.repeat, "requests_per_level": len(rows),
+                        "prefix_cache_reset_per_level": args.reset_prefix_cache}
     record["topology"] = replica_topology(topo) if topo else single_topology(variant, record["hardware"])
     urls = record["topology"].get("replica_urls") or [base_url]
     gpus = record["topology"]["gpus"]
@@ -200,6 +211,8 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
 
     for mode in modes:
         for c in levels:
+            if args.reset_prefix_cache:
+                reset_prefix_caches(urls)
             before = [scrape(u) for u in urls]
             samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap, fixed)
             summary = level_summary(samples, duration, urls, before, gpus)
@@ -216,6 +229,8 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
     if rates and not (failure and not is_healthy(base_url, path=health)):
         record["rate_sweep"] = []
         for rate in rates:
+            if args.reset_prefix_cache:
+                reset_prefix_caches(urls)
             before = [scrape(u) for u in urls]
             samples, duration = run_rate(client, model, rows, modes[0], rate, args.max_tokens_cap, fixed, args.rate_seed)
             summary = level_summary(samples, duration, urls, before, gpus)

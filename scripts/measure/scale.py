@@ -4,7 +4,8 @@
     python -m scripts.measure.scale qwen35-4b-proxy-c128 --replicas 2                        # GPU: a GPU per replica
     python -m scripts.measure.scale smollm2-bf16 --replicas 2 --share-gpu                   # one GPU: plumbing, not scale
 
-Each step is a latency record (scripts.measure.latency, the same prompt set and levels): one server of the variant;
+Each step is a latency record (scripts.measure.latency, the same prompt set and levels, every server's prefix cache
+emptied before each level: the servers run with VLLM_SERVER_DEV_MODE=1 for /reset_prefix_cache): one server of the variant;
 REPLICAS replicas behind vllm-router for each --policies entry (make serve-replicas' topology, every replica's
 prefix-cache hits per level); then the router's overhead: one replica behind the router, measured at c=1 directly
 and through the router, alternating (ABBA) for --overhead-rounds rounds (same server, same prompts), so the difference is the
@@ -115,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    common = ["--prompts", args.prompts, "--concurrency", args.concurrency, "--modes", "fixed",
+    args.set = [*args.set, "ENV_VLLM_SERVER_DEV_MODE=1"]  # /reset_prefix_cache: every level starts with empty caches
+    common = ["--prompts", args.prompts, "--concurrency", args.concurrency, "--modes", "fixed", "--reset-prefix-cache",
               *(["--request-rate", args.request_rate] if args.request_rate else []),
               *(["--max-tokens-cap", str(args.max_tokens_cap)] if args.max_tokens_cap else []),
               *(["--limit", str(args.limit)] if args.limit else []),

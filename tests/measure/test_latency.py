@@ -45,6 +45,38 @@ def test_short_real_run_writes_valid_record(embedded_server, tmp_path):
     assert all(r["ttft_s"] > 0 for lvl in rec["samples"] for r in lvl["requests"])
     assert rec["server_metrics"]["kv_cache_tokens"] > 0
     assert rec["server_metrics"]["prefix_cache_queries"] is not None
+    assert rec["topology"] == {"router": None, "policy": None, "replicas": 1, "tensor_parallel": 1, "data_parallel": 1,
+                               "gpus": 0, "shared_gpu": False}
+    assert fixed["1"]["servers"][0]["requests"] == 4 and fixed["1"]["servers"][0]["url"] == embedded_server.base_url
+
+
+def test_open_loop_levels_and_repeats(embedded_server, tmp_path):
+    """--repeat multiplies the requests of every level; --request-rate adds Poisson levels in rate_sweep."""
+    code = bench_latency.main(["smollm2-bf16", "--base-url", embedded_server.base_url, "--limit", "2", "--repeat", "3",
+                               "--concurrency", "4", "--request-rate", "20", "--modes", "fixed", "--max-tokens-cap", "4",
+                               "--out-dir", str(tmp_path)])
+    assert code == 0
+    (path,) = tmp_path.glob("latency_*.json")
+    assert check_schemas.check_file(path) == []
+    rec = json.loads(path.read_text())
+    assert rec["summary"]["fixed"]["4"]["completed"] == 6
+    (level,) = rec["rate_sweep"]
+    assert level["request_rate"] == 20 and level["summary"]["completed"] == 6
+    starts = sorted(r["start_s"] for r in rec["samples"][-1]["requests"])
+    assert starts[-1] > 0.05, "open-loop requests are spread over their arrival times"
+
+
+def test_poisson_arrivals_are_seeded_and_have_the_asked_rate():
+    from scripts.common.loadgen import poisson_arrivals, repeat_rows
+
+    a = poisson_arrivals(4000, 8.0, seed=1)
+    assert a == poisson_arrivals(4000, 8.0, seed=1) and a != poisson_arrivals(4000, 8.0, seed=2)
+    assert all(x < y for x, y in zip(a, a[1:], strict=False))
+    assert abs(len(a) / a[-1] - 8.0) < 0.5
+    with pytest.raises(ValueError, match="must be > 0"):
+        poisson_arrivals(3, 0.0, seed=0)
+    rows = [{"id": "a"}, {"id": "b"}]
+    assert [r["id"] for r in repeat_rows(rows, 2)] == ["a#0", "b#0", "a#1", "b#1"] and repeat_rows(rows, 1) is rows
 
 
 @pytest.mark.slow
