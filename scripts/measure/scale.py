@@ -6,9 +6,9 @@
 
 Each step is a latency record (scripts.measure.latency, the same prompt set and levels, every server's prefix cache
 emptied before each level: the servers run with VLLM_SERVER_DEV_MODE=1 for /reset_prefix_cache): one server of the variant;
-REPLICAS replicas behind vllm-router for each --policies entry (make serve-replicas' topology, every replica's
-prefix-cache hits per level); then the router's overhead: one replica behind the router, measured at c=1 directly
-and through the router, alternating (ABBA) for --overhead-rounds rounds (same server, same prompts), so the difference is the
+REPLICAS replicas (started once) behind vllm-router for each --policies entry (the router restarted per policy;
+make serve-replicas' topology, every replica's prefix-cache hits per level); then the router's overhead: the router
+over replica 0 alone, that replica measured at c=1 directly and through the router, alternating (ABBA) for --overhead-rounds rounds (same server, same prompts), so the difference is the
 router alone (those records go to --overhead-dir, not experiments/). The last lines compare the steps (markdown, also written to --summary-out): output tok/s (per GPU on a
 GPU machine), TTFT and TPOT p50/p99 per level, prefix-cache hit rate per replica, and the router's TTFT p50 ratio.
 """
@@ -42,15 +42,12 @@ def run_step(variant: str, extra: list[str], written: list[Path]) -> Path | None
     return new[-1] if rc == 0 and new else None
 
 
-def with_replicas(variant: str, n: int, policy: str, args, run) -> None:
-    group = make_replicas(variant, n, policy=policy, port=args.port, overrides=parse_overrides(args.set),
+def start_replicas(variant: str, n: int, args):
+    group = make_replicas(variant, n, policy="round_robin", port=args.port, overrides=parse_overrides(args.set),
                           share_gpu=args.share_gpu, log_dir=paths.CACHE / "replicas")
-    try:
-        took = group.start()
-        print(f"{n} replica(s) behind vllm-router ({policy}) healthy after {took:.1f} s", flush=True)
-        run(group)
-    finally:
-        group.stop()
+    took = group.start()
+    print(f"{n} replica(s) healthy after {took:.1f} s", flush=True)
+    return group
 
 
 def summary_lines(paths_: list[Path]) -> list[str]:
@@ -133,30 +130,25 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_single:
             steps.append(run_step(args.variant, [*common, "--port", str(args.port)], written))
         topo_file = paths.CACHE / "replicas" / f"{args.variant}.json"
-        for policy in policies:
-            with_replicas(args.variant, args.replicas, policy, args,
-                          lambda _g: steps.append(run_step(args.variant, [*common, "--topology", str(topo_file)], written)))
-
-        def overhead(group) -> None:
-            one = ["--prompts", args.overhead_prompts, "--concurrency", "1", "--modes", "fixed",
-                   *(["--max-tokens-cap", str(args.max_tokens_cap)] if args.max_tokens_cap else []),
-                   "--out-dir", str(args.overhead_dir or paths.RESULTS / f"router-overhead-{args.variant}")]
-            for k in range(args.overhead_rounds):  # ABBA: the order alternates so neither side always goes first
-                def direct_run():
-                    return run_step(args.variant, [*one, "--base-url", group.servers[0].base_url], written)
-
-                def routed_run():
-                    return run_step(args.variant, [*one, "--topology", str(topo_file)], written)
-
-                if k % 2 == 0:
-                    direct, routed = direct_run(), routed_run()
-                else:
-                    routed, direct = routed_run(), direct_run()
-                if direct and routed:
-                    pairs.append((direct, routed))
-
-        if args.overhead_rounds:
-            with_replicas(args.variant, 1, policies[0] if policies else "round_robin", args, overhead)
+        group = start_replicas(args.variant, args.replicas, args)
+        try:
+            for policy in policies:  # the replicas stay up; only the router is restarted per policy
+                group.route(policy)
+                steps.append(run_step(args.variant, [*common, "--topology", str(topo_file)], written))
+            if args.overhead_rounds:  # one replica behind the router, the same replica directly
+                group.route(policies[0] if policies else "round_robin", workers=[0])
+                one = ["--prompts", args.overhead_prompts, "--concurrency", "1", "--modes", "fixed",
+                       *(["--max-tokens-cap", str(args.max_tokens_cap)] if args.max_tokens_cap else []),
+                       "--out-dir", str(args.overhead_dir or paths.RESULTS / f"router-overhead-{args.variant}")]
+                direct = [*one, "--base-url", group.servers[0].base_url]
+                routed = [*one, "--topology", str(topo_file)]
+                for k in range(args.overhead_rounds):  # ABBA: neither side always goes first
+                    first, second = (direct, routed) if k % 2 == 0 else (routed, direct)
+                    a, b = run_step(args.variant, first, written), run_step(args.variant, second, written)
+                    if a and b:
+                        pairs.append((a, b) if k % 2 == 0 else (b, a))
+        finally:
+            group.stop()
     except (VariantError, CheckpointError, ServerError, ReplicaError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -27,7 +27,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -126,6 +126,7 @@ class Replicas:
     policy: str
     topology_path: Path
     started: list[Server] = field(default_factory=list)
+    workers: list[int] = field(default_factory=list)  # the replicas the router sends to (indices; set by route)
 
     @property
     def shared_gpu(self) -> bool:
@@ -140,8 +141,8 @@ class Replicas:
         return {"router": "vllm-router", "router_version": metadata.version("vllm-router"), "policy": self.policy,
                 "base_url": self.router.base_url, "router_pid": self.router.pid,
                 "router_metrics_url": f"http://127.0.0.1:{self.router.argv[self.router.argv.index('--prometheus-port') + 1]}/metrics",
-                "replicas": [{"url": s.base_url, "pid": s.pid, "placement": p, "startup_s": s.startup_s}
-                             for s, p in zip(self.servers, self.placement, strict=True)],
+                "replicas": [{"url": self.servers[k].base_url, "pid": self.servers[k].pid, "placement": self.placement[k],
+                              "startup_s": self.servers[k].startup_s} for k in self.workers],
                 "tensor_parallel": int(self.variant.resolved.get("SERVE_TENSOR_PARALLEL_SIZE", "1")),
                 "data_parallel": int(self.variant.resolved.get("SERVE_DATA_PARALLEL_SIZE", "1")),
                 "gpus": 0 if self.variant.target == "cpu" else (1 if self.shared_gpu else size * len(self.servers)),
@@ -155,6 +156,21 @@ class Replicas:
         t0 = time.monotonic()
         for server in self.servers:
             server.wait_healthy(timeout_s)
+        self.route(self.policy)
+        return time.monotonic() - t0
+
+    def route(self, policy: str, workers: list[int] | None = None) -> None:
+        """(Re)start the router with `policy` over `workers` (replica indices; default every replica) while the
+        replicas keep running: one start of the replicas serves every policy. Rewrites the topology file."""
+        if self.router in self.started:
+            self.router.stop()
+            self.started.remove(self.router)
+        self.workers = list(range(len(self.servers))) if workers is None else list(workers)
+        argv = list(self.router.argv)
+        argv[argv.index("--worker-urls") + 1:argv.index("--policy")] = [self.servers[k].base_url for k in self.workers]
+        argv[argv.index("--policy") + 1] = policy
+        self.router = replace(self.router, argv=argv, proc=None, startup_s=None)
+        self.policy = policy
         self.router.start()
         self.started.append(self.router)
         self.router.wait_healthy(120.0)
@@ -162,7 +178,6 @@ class Replicas:
         tmp = self.topology_path.with_suffix(f".partial-{os.getpid()}")
         tmp.write_text(json.dumps(self.topology(), indent=1) + "\n")
         tmp.replace(self.topology_path)
-        return time.monotonic() - t0
 
     def stop(self) -> None:
         """Router first (no new requests reach a stopping replica), then every replica; the topology file goes."""
