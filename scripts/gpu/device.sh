@@ -20,7 +20,7 @@
 #   SET="…" [ONLY="tag …"] bash scripts/gpu/device.sh profile   # decode-step profiles of running servers (below)
 #   bash scripts/gpu/device.sh stop             # stop every server `start` left running
 #   [SCALE_ARGS=…] bash scripts/gpu/device.sh scale V   # scripts.measure.scale: one server, replicas behind
-#                                               # vllm-router (wheels carried in .gpu/router), router overhead;
+#                                               # vllm-router (its wheels in the payload's whl/), router overhead;
 #                                               # $OUT/scale.tar
 #   [HEADS="tag:tokens ..."] [STEPS=N] bash scripts/gpu/device.sh redistill V   # in the background (setsid; it
 #                                               # outlives the call, `poll` follows it): V's PARENT answers V's prompt
@@ -256,12 +256,11 @@ PY
     fi ;;
   scale)
     # [SCALE_ARGS="--replicas 2 --share-gpu …"] bash scripts/gpu/device.sh scale V: scripts.measure.scale on V (one
-    # server, replicas behind vllm-router per policy, the router's c=1 overhead); vllm-router and orjson come as wheels
-    # carried in .gpu/router (installed once into /root/router). Records, summary and log tails: $OUT/scale.tar
-    export PYTHONPATH=$SITE:$EXTRA:/root/router:$PWD PATH=/root/router/bin:$PATH
-    if [ ! -d /root/router ]; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /root/router .gpu/router/*.whl || exit 1
-    fi
+    # server, replicas behind vllm-router per policy, the router's c=1 overhead); vllm-router, orjson and setproctitle
+    # travel as wheels in the payload's whl/ (setup installs them; vllm-router's command lands in /root/extra/bin).
+    # Records, summary and log tails: $OUT/scale.tar
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PATH=$EXTRA/bin:$PATH
+    python3 -c "import vllm_router" || { echo "vllm-router missing: add its wheels to the payload's whl/"; exit 1; }
     build "$1" || exit 1
     d=$RUN/scale-$1; mkdir -p $d
     python3 -m scripts.measure.scale "$1" --out-dir $d --overhead-dir $d/overhead --summary-out $d/summary.md \

@@ -16,6 +16,21 @@ from pathlib import Path
 _MARK = "_lab_lora_admission"
 
 
+def error_response(message: str, status: int):
+    """vLLM's own ErrorResponse, which its route turns into the HTTP status: vLLM 0.32 builds it with
+    vllm.entrypoints.serve.create_error_response; vLLM 0.26 (the GPU bundle) has no such function, only the model."""
+    from http import HTTPStatus
+
+    err_type = "NotFoundError" if status == 404 else "BadRequestError"
+    try:
+        from vllm.entrypoints.serve import create_error_response
+    except ImportError:
+        from vllm.entrypoints.openai.engine.protocol import ErrorInfo, ErrorResponse
+
+        return ErrorResponse(error=ErrorInfo(message=message, type=err_type, code=status))
+    return create_error_response(message=message, err_type=err_type, status_code=HTTPStatus(status))
+
+
 def register() -> None:
     try:
         from vllm.entrypoints.openai.models.serving import OpenAIServingModels
@@ -26,10 +41,6 @@ def register() -> None:
     vllm_load = OpenAIServingModels.load_lora_adapter
 
     async def load_lora_adapter(self, request, base_model_name=None):
-        from http import HTTPStatus
-
-        from vllm.entrypoints.serve import create_error_response
-
         from scripts.levers.lora.adapters import adapter_problem
 
         if request.lora_name and request.lora_path:
@@ -38,9 +49,7 @@ def register() -> None:
                                       getattr(lora_config, "max_lora_rank", None))
             if problem:
                 status, message = problem
-                return create_error_response(message=f"LoRA adapter {request.lora_name!r} refused: {message}",
-                                             err_type="NotFoundError" if status == 404 else "BadRequestError",
-                                             status_code=HTTPStatus(status))
+                return error_response(f"LoRA adapter {request.lora_name!r} refused: {message}", status)
         return await vllm_load(self, request, base_model_name)
 
     OpenAIServingModels.load_lora_adapter = load_lora_adapter
