@@ -12,9 +12,12 @@ the newest per topology, on the machine of the newest record unless --machine na
 
 THE PLAN IS A MODEL FITTED TO THE RECORDS, not a measurement of the plan itself:
 - an instance's capacity is the highest request rate it served at a measured load level whose p99 TPOT and p99 TTFT
-  meet the target (closed-loop concurrency levels: their achieved request rate; open-loop Poisson levels: their
-  offered rate when at least 90 % of it was served); between the last level that meets the TPOT target and the first
-  that misses it, the rate is interpolated linearly in p99 TPOT (marked "interpolated");
+  meet the target, read from the open-loop Poisson levels where the record has them (a request rate arrives in
+  bursts; a closed loop at the same throughput queues less), else from the closed-loop concurrency levels (their
+  achieved request rate). Open-loop levels count at their
+  offered rate — n requests over the last arrival of their seeded Poisson draw — when every request completed and the
+  last one ended early enough that the served rate is at least 90 % of the offered one); between the last level that
+  meets the TPOT target and the first that misses it, the rate is interpolated linearly in p99 TPOT ("interpolated");
 - instances needed = ceil(QPS / capacity), units (GPUs, or CPU cores on a CPU) = instances x the instance's units;
   instances are assumed independent (no effect of one on another beyond what each record measured).
 Writes results/plan_<variant>_<YYYYMMDD>.md and .png (units needed against request rate, one line per topology), both
@@ -93,29 +96,40 @@ def load_points(rec: dict) -> list[dict]:
     for c, s in sorted(rec["summary"].get(MODE, {}).items(), key=lambda kv: int(kv[0])):
         pts.append({"load": f"c={c}", "rate": s["request_throughput"], "tpot": s["p99_tpot_ms"], "ttft": s["p99_ttft_ms"],
                     "ok": s["failed"] == 0, "open": False})
+    sent = {smp["request_rate"]: smp["requests"] for smp in rec["samples"] if "request_rate" in smp}
     for lvl in rec.get("rate_sweep") or []:
-        s = lvl["summary"]
-        served = s["request_throughput"] or 0
-        pts.append({"load": f"{lvl['request_rate']:g}/s", "rate": lvl["request_rate"], "tpot": s["p99_tpot_ms"],
-                    "ttft": s["p99_ttft_ms"], "ok": s["failed"] == 0 and served >= SERVED_FRACTION * lvl["request_rate"], "open": True})
+        s, reqs = lvl["summary"], sent.get(lvl["request_rate"], [])
+        if not reqs:
+            continue
+        # the arrivals this level really offered (a seeded Poisson draw of n requests) and how fast they were served:
+        # a server that keeps up ends its last request about one request's time after the last arrival
+        offered = len(reqs) / max(r["start_s"] for r in reqs)
+        served = s["completed"] / max(r["end_s"] for r in reqs)
+        pts.append({"load": f"{lvl['request_rate']:g}/s", "rate": offered, "tpot": s["p99_tpot_ms"],
+                    "ttft": s["p99_ttft_ms"], "ok": s["failed"] == 0 and served >= SERVED_FRACTION * offered,
+                    "open": True})
     return [p for p in pts if p["rate"] is not None and p["tpot"] is not None]
 
 
 def capacity(points: list[dict], slo_tpot: float, slo_ttft: float | None) -> tuple[float, str]:
-    """Highest rate meeting the targets (see the module's doc), and how it was found."""
+    """Highest rate meeting the targets (see the module's doc), and how it was found. Open-loop (Poisson) levels decide
+    when the record has them: a request rate is an open-loop load, and closed-loop levels at the same throughput
+    queue less (no bursts); closed-loop levels are used only for records without open-loop levels."""
     def meets(p):
         return p["ok"] and p["tpot"] <= slo_tpot and (slo_ttft is None or p["ttft"] <= slo_ttft)
 
-    best, how = 0.0, "no measured level meets the target"
-    for p in points:
+    kind = [p for p in points if p["open"]] or points
+    loop = "open-loop" if kind[0]["open"] else "closed-loop"
+    best, how = 0.0, f"no measured {loop} level meets the target"
+    for p in kind:
         if meets(p) and p["rate"] > best:
-            best, how = p["rate"], f"measured at {p['load']}"
-    closed = sorted((p for p in points if not p["open"]), key=lambda p: p["rate"])
-    for lo, hi in zip(closed, closed[1:], strict=False):
+            best, how = p["rate"], f"measured at {p['load']} ({loop})"
+    ordered = sorted(kind, key=lambda p: p["rate"])
+    for lo, hi in zip(ordered, ordered[1:], strict=False):
         if meets(lo) and hi["tpot"] > slo_tpot and hi["rate"] > lo["rate"] and hi["tpot"] > lo["tpot"]:
             rate = lo["rate"] + (hi["rate"] - lo["rate"]) * (slo_tpot - lo["tpot"]) / (hi["tpot"] - lo["tpot"])
             if rate > best and (slo_ttft is None or max(lo["ttft"], hi["ttft"]) <= slo_ttft):
-                best, how = rate, f"interpolated between {lo['load']} and {hi['load']}"
+                best, how = rate, f"interpolated between {lo['load']} and {hi['load']} ({loop})"
     return best, how
 
 
@@ -161,8 +175,9 @@ def render(variant: str, rows: list[dict], on: str, args, out_png: Path) -> str:
              f"Machine: {on}. Prompt set: {args.prompts} (mode {MODE}). Generated {now_utc():%Y-%m-%d %H:%M} UTC by "
              f"`python -m scripts.report.plan {' '.join(sys.argv[1:])}`.", "",
              "**A model fitted to the records below, not a measurement of the plan:** an instance's capacity is the "
-             "highest request rate it served at a measured level whose p99 TPOT and TTFT met the target (linear "
-             "interpolation in p99 TPOT between the last level that met it and the first that did not); "
+             "highest request rate it served at a measured level whose p99 TPOT and TTFT met the target, open-loop "
+             "(Poisson) levels first (linear interpolation in p99 TPOT between the last level that met it and the "
+             "first that did not); "
              f"instances = ceil(QPS / capacity); {unit}s = instances x {unit}s per instance; instances assumed "
              "independent.", "",
              f"| topology | {unit}s per instance | capacity at the target (req/s) | how | instances | {unit}s at "

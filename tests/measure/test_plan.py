@@ -13,16 +13,16 @@ def pt(load, rate, tpot, ttft=100.0, ok=True, open_=False):
 
 def test_capacity_measured_interpolated_and_unreachable():
     pts = [pt("c=1", 1.0, 10.0), pt("c=8", 6.0, 30.0), pt("c=32", 14.0, 70.0)]
-    assert capacity(pts, 30.0, None) == (6.0, "measured at c=8")
+    assert capacity(pts, 30.0, None) == (6.0, "measured at c=8 (closed-loop)")
     # 50 ms lies halfway between c=8 (30 ms) and c=32 (70 ms): 6 + (14 - 6) / 2
-    assert capacity(pts, 50.0, None) == (10.0, "interpolated between c=8 and c=32")
-    assert capacity(pts, 5.0, None) == (0.0, "no measured level meets the target")
+    assert capacity(pts, 50.0, None) == (10.0, "interpolated between c=8 and c=32 (closed-loop)")
+    assert capacity(pts, 5.0, None) == (0.0, "no measured closed-loop level meets the target")
     # a TTFT target removes the levels that miss it, and the interpolation that would need them
     pts[2]["ttft"] = 5000.0
-    assert capacity(pts, 50.0, 1000.0) == (6.0, "measured at c=8")
-    # an open-loop level counts at its offered rate; a failed one never
-    assert capacity([pt("2/s", 2.0, 20.0, open_=True), pt("4/s", 4.0, 20.0, ok=False, open_=True)], 30.0, None) \
-        == (2.0, "measured at 2/s")
+    assert capacity(pts, 50.0, 1000.0) == (6.0, "measured at c=8 (closed-loop)")
+    # open-loop levels decide when present (the closed-loop c=32 would claim 14 req/s); a failed one never counts
+    both = pts + [pt("2/s", 2.0, 20.0, open_=True), pt("4/s", 4.0, 20.0, ok=False, open_=True)]
+    assert capacity(both, 100.0, None) == (2.0, "measured at 2/s (open-loop)")
 
 
 def test_family_takes_children_that_change_only_parallelism():
