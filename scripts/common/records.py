@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,9 @@ def git_state(root: Path = paths.ROOT) -> dict[str, Any]:
 
     # A copy of the tree (the GPU machine, the serving image): the caller names the commit it was copied from.
     if os.environ.get("LAB_GIT_COMMIT"):
+        if not re.fullmatch(r"[0-9a-f]{40}", os.environ["LAB_GIT_COMMIT"]):  # a short form can be mistyped unnoticed
+            raise ValueError(f"LAB_GIT_COMMIT={os.environ['LAB_GIT_COMMIT'][:48]!r}: give the full 40-character commit "
+                             "SHA (git rev-parse HEAD where the tree was copied from)")
         return {"commit": os.environ["LAB_GIT_COMMIT"], "dirty": os.environ.get("LAB_GIT_DIRTY") in ("1", "true")}
     commit = git("rev-parse", "HEAD")
     if not commit:

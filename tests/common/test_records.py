@@ -222,3 +222,16 @@ def test_a_full_disk_during_a_record_write_keeps_earlier_records_and_says_so(tmp
     assert "\n" not in err and err.startswith("error: could not write a latency record in ") and "File too large" in err
     assert "earlier records are untouched" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == [earlier.name] and earlier.read_bytes() == before
+
+
+def test_copied_tree_names_its_commit_in_full(monkeypatch):
+    """A tree copied elsewhere (the GPU machine) names its commit through LAB_GIT_COMMIT: a full SHA only."""
+    from scripts.common.records import git_state
+
+    sha = "3ec047ffadca6a5992d5fb673ac2ce4604ed3224"
+    monkeypatch.setenv("LAB_GIT_COMMIT", sha)
+    monkeypatch.setenv("LAB_GIT_DIRTY", "1")
+    assert git_state() == {"commit": sha, "dirty": True}
+    monkeypatch.setenv("LAB_GIT_COMMIT", "3ec047f5")
+    with pytest.raises(ValueError, match="LAB_GIT_COMMIT='3ec047f5': give the full 40-character commit SHA"):
+        git_state()
