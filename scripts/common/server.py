@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -198,3 +199,19 @@ class Server:
             if not group_pids(pgid):
                 break
         self.proc.wait(timeout=10)
+
+
+def stop_on_signals(stop: Callable[[], None], describe: Callable[[], str]) -> Callable[[], bool]:
+    """SIGINT and SIGTERM call stop() once, after printing "<SIGNAL>: stopping <describe()>"; the function returned
+    tells whether a signal came (what `make serve` and `make serve-replicas` wait on)."""
+    came: list[bool] = []
+
+    def on_signal(signum, _frame):
+        if not came:
+            came.append(True)
+            print(f"\n{signal.Signals(signum).name}: stopping {describe()}", flush=True)
+            stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return lambda: bool(came)

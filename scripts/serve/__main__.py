@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of
 from scripts.common.records import hardware
-from scripts.common.server import ServerError
+from scripts.common.server import ServerError, stop_on_signals
 from scripts.common.variants import VariantError, cpu_dtype_note, load_variant, parse_overrides
 from scripts.serve.command import DEFAULT_HOST, DEFAULT_PORT, printable
 from scripts.serve.compile_cache import CacheError, import_cache
@@ -87,23 +86,13 @@ def main(argv: list[str] | None = None) -> int:
             note := cpu_dtype_note(variant.resolved.get("SERVE_DTYPE", ""), hardware()["cpu_flags"])):
         print(note, flush=True)
 
-    stopping = False
-
-    def on_signal(signum, _frame):
-        nonlocal stopping
-        if not stopping:
-            stopping = True
-            print(f"\n{signal.Signals(signum).name}: stopping server (pid {server.pid})", flush=True)
-            server.stop()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stopping = stop_on_signals(server.stop, lambda: f"server (pid {server.pid})")
     server.start()
     try:
         startup = server.wait_healthy(args.timeout)
     except ServerError as e:
         server.stop()
-        if stopping:
+        if stopping():
             return 130
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -112,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     while server.proc.poll() is None:
         time.sleep(0.5)
     server.stop()
-    if stopping:
+    if stopping():
         return 0
     print(f"error: server exited with code {server.proc.returncode}", file=sys.stderr)
     return 1

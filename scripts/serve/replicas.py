@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -35,7 +34,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of
 from scripts.common.records import hardware
-from scripts.common.server import Server, ServerError, port_in_use
+from scripts.common.server import Server, ServerError, port_in_use, stop_on_signals
 from scripts.common.variants import Variant, VariantError, load_variant, parse_overrides
 from scripts.serve.command import DEFAULT_HOST, DEFAULT_PORT, printable
 from scripts.serve.launch import make_server
@@ -262,22 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"router: {printable(group.router.argv)}", flush=True)
     if args.dry_run:
         return 0
-    stopping = False
-
-    def on_signal(signum, _frame):
-        nonlocal stopping
-        if not stopping:
-            stopping = True
-            print(f"\n{signal.Signals(signum).name}: stopping the router and {len(group.servers)} replicas", flush=True)
-            group.stop()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stopping = stop_on_signals(group.stop, lambda: f"the router and {len(group.servers)} replicas")
     try:
         took = group.start(args.timeout)
     except ServerError as e:
         group.stop()
-        if stopping:
+        if stopping():
             return 130
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -288,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     lost: set[int] = set()
     while True:
         time.sleep(0.5)
-        if stopping:
+        if stopping():
             break
         if group.router.proc.poll() is not None:
             print(f"error: the router (pid {group.router.pid}) exited with code {group.router.proc.returncode}; "
@@ -304,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             print("error: every replica has exited; stopping the router", file=sys.stderr)
             break
     group.stop()
-    return 0 if stopping else 1
+    return 0 if stopping() else 1
 
 
 if __name__ == "__main__":
