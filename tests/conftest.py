@@ -173,9 +173,12 @@ def assert_key_guarded(base_url: str, key: str) -> None:
 
 def kill_midway(argv: list[str], dest: Path, sig: int, *, timeout_s: float = 600) -> tuple[int, str]:
     """Run argv from the repo root, wait until it has written a first file into the staging directory of dest (the
-    moment its output is half-written), send sig; (exit status, its output)."""
+    moment its output is half-written), send sig; (exit status, its output). The child gets SIGINT's default
+    disposition back: a shell that starts the test run in the background (`make test &`) ignores SIGINT in its
+    children, and Python then installs no KeyboardInterrupt handler."""
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(argv, cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + timeout_s
         while not any(any(d.iterdir()) for d in paths.staging_dirs(dest) if d.is_dir()):
             if proc.poll() is not None or time.monotonic() > deadline:
