@@ -80,6 +80,11 @@ def stays_healthy(base_url: str, path: str = "/health", checks: int = 3, gap_s: 
     return True
 
 
+def local_base_url(host: str, port: int) -> str:
+    """The URL this machine reaches a server bound to host:port at (a wildcard bind is reached on loopback)."""
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+
+
 def port_in_use(base_url: str) -> bool:
     """Whether something accepts TCP connections at base_url's host and port."""
     u = urllib.parse.urlsplit(base_url)

@@ -46,7 +46,7 @@ from scripts.common.server import Server, ServerError, group_rss_mib, http_post,
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
 from scripts.measure.prom import scrape, server_counters
 from scripts.serve.launch import variant_server
-from scripts.serve.replicas import ReplicaError, read_topology
+from scripts.serve.replicas import ReplicaError, parallel_size, parallelism, read_topology
 
 DEFAULT_CONCURRENCY = "1,4,8"
 MODES = ("fixed", "natural")
@@ -122,10 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def single_topology(variant, hw: dict) -> dict:
     """The topology of one server of the variant: vLLM's tensor and data parallel sizes, no router."""
-    tp = int(variant.resolved.get("SERVE_TENSOR_PARALLEL_SIZE", "1"))
-    dp = int(variant.resolved.get("SERVE_DATA_PARALLEL_SIZE", "1"))
-    return {"router": None, "policy": None, "replicas": 1, "tensor_parallel": tp, "data_parallel": dp,
-            "gpus": tp * dp if hw.get("gpu") else 0, "shared_gpu": False}
+    par = parallelism(variant)
+    return {"router": None, "policy": None, "replicas": 1, "tensor_parallel": par["tensor_parallel"],
+            "data_parallel": par["data_parallel"], "gpus": parallel_size(variant) if hw.get("gpu") else 0,
+            "shared_gpu": False}
 
 
 def replica_topology(topo: dict) -> dict:

@@ -16,6 +16,7 @@ GPU machine), TTFT and TPOT p50/p99 per level, prefix-cache hit rate per replica
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -51,8 +52,6 @@ def start_replicas(variant: str, n: int, args):
 
 
 def summary_lines(paths_: list[Path]) -> list[str]:
-    import json
-
     lines = ["| topology | level | out tok/s | per GPU | TTFT p50 / p99 ms | TPOT p50 / p99 ms | prefix hit rate per server | record |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in paths_:
@@ -73,8 +72,6 @@ def summary_lines(paths_: list[Path]) -> list[str]:
 
 
 def overhead_lines(pairs: list[tuple[Path, Path]]) -> list[str]:
-    import json
-
     if not pairs:
         return []
     ratios, lines = [], ["", "| round | TTFT p50 direct ms | TTFT p50 via router ms | ratio | records |", "| --- | --- | --- | --- | --- |"]

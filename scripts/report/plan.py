@@ -34,10 +34,10 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.records import all_records, now_utc
 from scripts.common.variants import VariantError, list_variants, load_variant
+from scripts.serve.replicas import PARALLEL_SETTINGS
 
 MODE = "fixed"
-PARALLEL_KEYS = {"SERVE_TENSOR_PARALLEL_SIZE", "SERVE_DATA_PARALLEL_SIZE", "SERVE_PIPELINE_PARALLEL_SIZE",
-                 "ENV_NCCL_NVLS_ENABLE", "PARENT"}
+PARALLEL_KEYS = {*PARALLEL_SETTINGS.values(), "ENV_NCCL_NVLS_ENABLE", "PARENT"}  # what a TP/DP child may change
 SERVED_FRACTION = 0.9  # an open-loop level counts when this share of its offered rate was served
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import engine_of
-from scripts.common.server import Server, ServerError, is_healthy
+from scripts.common.server import Server, ServerError, is_healthy, local_base_url
 from scripts.common.variants import Variant, build_target, cpu_preload, head_dir
 from scripts.serve import guard
 from scripts.serve.command import serve_argv, serve_env
@@ -71,8 +71,7 @@ def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, 
     if engine.name == "vllm" and variant.settings.get("ENV_LD_PRELOAD", "auto") == "auto" and variant.target == "cpu":
         for hint in cpu_preload()[1]:
             print(f"warning: not preloaded, {hint}: vLLM on CPU runs slower without it", file=sys.stderr)
-    url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    return Server(argv=argv, base_url=f"http://{url_host}:{port}", env=serve_env(variant, api_key), api_key=api_key,
+    return Server(argv=argv, base_url=local_base_url(host, port), env=serve_env(variant, api_key), api_key=api_key,
                   log_path=log_path,
                   health_path=engine.health_path)
 

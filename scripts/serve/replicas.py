@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -34,7 +35,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of
 from scripts.common.records import hardware
-from scripts.common.server import Server, ServerError, port_in_use, stop_on_signals
+from scripts.common.server import Server, ServerError, local_base_url, port_in_use, stop_on_signals
 from scripts.common.variants import Variant, VariantError, load_variant, parse_overrides
 from scripts.serve.command import DEFAULT_HOST, DEFAULT_PORT, printable
 from scripts.serve.launch import make_server
@@ -50,19 +51,28 @@ ROUTER_DEFAULTS = {"--health-check-interval-secs": "2", "--health-failure-thresh
                    "--health-check-timeout-secs": "2", "--retry-max-retries": "3", "--request-timeout-secs": "600"}
 
 
+PARALLEL_SETTINGS = {"tensor_parallel": "SERVE_TENSOR_PARALLEL_SIZE", "pipeline_parallel": "SERVE_PIPELINE_PARALLEL_SIZE",
+                     "data_parallel": "SERVE_DATA_PARALLEL_SIZE"}
+
+
 class ReplicaError(ValueError):
     pass
 
 
-def parallel_size(variant: Variant) -> int:
-    """Devices one server of the variant spans: tensor x pipeline x data parallel (vLLM's own parallelism)."""
-    size = 1
-    for key in ("SERVE_TENSOR_PARALLEL_SIZE", "SERVE_PIPELINE_PARALLEL_SIZE", "SERVE_DATA_PARALLEL_SIZE"):
+def parallelism(variant: Variant) -> dict[str, int]:
+    """vLLM's own parallelism of one server of the variant (1 where the variant sets none)."""
+    out = {}
+    for name, key in PARALLEL_SETTINGS.items():
         value = variant.resolved.get(key, "1")
         if not value.isdigit() or int(value) < 1:
             raise ReplicaError(f"{variant.name}: {key}={value!r} is not a positive integer")
-        size *= int(value)
-    return size
+        out[name] = int(value)
+    return out
+
+
+def parallel_size(variant: Variant) -> int:
+    """Devices one server of the variant spans: tensor x pipeline x data parallel."""
+    return math.prod(parallelism(variant).values())
 
 
 def placements(variant: Variant, replicas: int, *, gpus: int, cpus: int, share_gpu: bool = False) -> list[dict[str, str]]:
@@ -136,15 +146,15 @@ class Replicas:
         return self.router.base_url
 
     def topology(self) -> dict:
-        size = parallel_size(self.variant)
+        par = parallelism(self.variant)
         return {"router": "vllm-router", "router_version": metadata.version("vllm-router"), "policy": self.policy,
                 "base_url": self.router.base_url, "router_pid": self.router.pid,
                 "router_metrics_url": f"http://127.0.0.1:{self.router.argv[self.router.argv.index('--prometheus-port') + 1]}/metrics",
                 "replicas": [{"url": self.servers[k].base_url, "pid": self.servers[k].pid, "placement": self.placement[k],
                               "startup_s": self.servers[k].startup_s} for k in self.workers],
-                "tensor_parallel": int(self.variant.resolved.get("SERVE_TENSOR_PARALLEL_SIZE", "1")),
-                "data_parallel": int(self.variant.resolved.get("SERVE_DATA_PARALLEL_SIZE", "1")),
-                "gpus": 0 if self.variant.target == "cpu" else (1 if self.shared_gpu else size * len(self.servers)),
+                "tensor_parallel": par["tensor_parallel"], "data_parallel": par["data_parallel"],
+                "gpus": 0 if self.variant.target == "cpu" else (1 if self.shared_gpu
+                                                               else math.prod(par.values()) * len(self.servers)),
                 "shared_gpu": self.shared_gpu}
 
     def start(self, timeout_s: float = 900.0) -> float:
@@ -208,8 +218,7 @@ def make_replicas(name: str, replicas: int, *, policy: str = "cache_aware", host
     extra_args = list(router_args or [])
     argv = router_argv([s.base_url for s in servers], policy=policy, host=host, port=port,
                        metrics_port=metrics_port, extra=extra_args)
-    url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    router = Server(argv=argv, base_url=f"http://{url_host}:{port}", log_path=log_dir / f"{name}-router.log",
+    router = Server(argv=argv, base_url=local_base_url(host, port), log_path=log_dir / f"{name}-router.log",
                     health_path="/health")
     return Replicas(variant=base, servers=servers, placement=place, router=router, policy=policy,
                     topology_path=topology_path or TOPOLOGY_DIR / f"{name}.json")
