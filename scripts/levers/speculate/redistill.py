@@ -49,7 +49,8 @@ BUDGETS = {"tiny": (24, 48, 60), "full": (None, 128, None)}
 DEFAULTS = {"REDISTILL_DRAFT_VOCAB": "auto", "REDISTILL_STEPS": "400", "REDISTILL_TTT_STEPS": "3",
             "REDISTILL_LR": "1e-3", "REDISTILL_SEED": "0", "REDISTILL_SAMPLES": "0", "REDISTILL_TEMPERATURE": "0.8",
             "REDISTILL_PACK_TOKENS": "512", "REDISTILL_LAYERS": "1", "REDISTILL_MAX_TRAIN_TOKENS": "",
-            "REDISTILL_MAX_SECONDS": ""}
+            "REDISTILL_MAX_SECONDS": "", "REDISTILL_ATTN": "", "REDISTILL_EVAL_EVERY": "0",
+            "REDISTILL_EVAL_PACKS": "8"}
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 # REDISTILL_DRAFT_VOCAB=auto: the smallest COVERAGE_SIZES entry covering this share of the target's response tokens
 # (a token outside the draft vocabulary can never be proposed, so this caps acceptance per position)
@@ -121,10 +122,18 @@ class Features:
             lambda _m, _i, o: self.captured.__setitem__("last", o[0] if isinstance(o, tuple) else o))
 
     def samples(self, seqs: list[dict], max_len: int) -> list[dict]:
-        """One sample per sequence (prompt + response, cut to max_len), the target run once over the padded batch."""
+        """One sample per sequence (prompt + response, cut to max_len): the target run over padded batches of
+        similar lengths (sub_batches), each no larger than max_len tokens padded."""
+        ids = [(s["prompt_ids"] + s["ids"])[:max_len] for s in seqs]
+        out = [None] * len(seqs)
+        for group in sub_batches([len(x) for x in ids], max_len):
+            for i, sample in zip(group, self.run([seqs[i] for i in group], [ids[i] for i in group]), strict=True):
+                out[i] = sample
+        return out
+
+    def run(self, seqs: list[dict], ids: list[list[int]]) -> list[dict]:
         import torch
 
-        ids = [(s["prompt_ids"] + s["ids"])[:max_len] for s in seqs]
         width = max(len(x) for x in ids)
         batch = torch.zeros(len(ids), width, dtype=torch.long)
         attn = torch.zeros(len(ids), width, dtype=torch.long)
@@ -167,10 +176,33 @@ def pack(lengths: list[int], order: list[int], budget: int) -> list[list[int]]:
     return groups + ([cur] if cur else [])
 
 
+def sub_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices grouped by length so each group's padded batch (its size times its longest) fits `budget` tokens: the
+    target runs over a pack's sequences as padded batches, and one long prompt among short ones multiplied a
+    pack's cost (prompts of spec-v2 run from 20 to 4,000 tokens)."""
+    groups, cur = [], []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if cur and (len(cur) + 1) * lengths[i] > budget:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    return groups + ([cur] if cur else [])
+
+
+def implementation(device: str, cfg: dict) -> tuple[str, str]:
+    """(draft attention, loss implementation): speculators' own GPU path (flex attention with block masks, the fused
+    Triton loss) on CUDA; dense SDPA masks and the eager loss on a CPU, which has no Triton. REDISTILL_ATTN forces
+    an attention implementation."""
+    attn = cfg.get("attn") or ("simple_flex_attention" if device == "cuda" else "sdpa")
+    return attn, "fused" if device == "cuda" else "eager"
+
+
 def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Counter, cfg: dict, steps: int, seed: int):
     """speculators' Eagle3DraftModel trained on the target's answers (sets: train, val) for `steps` optimizer steps or
-    cfg["max_seconds"], whichever ends first (the cosine schedule follows whichever is further along); returns (model,
-    curve, validation accuracy per draft position, passes over the training set started, steps taken)."""
+    cfg["max_seconds"], whichever ends first (the cosine schedule follows whichever is further along). Every
+    cfg["eval_every"] steps the accuracy on the first cfg["eval_packs"] validation packs joins the curve (with the
+    response tokens trained on so far): the curve shows whether the head is still learning. Returns (model, curve,
+    validation accuracy per draft position on the whole validation split, passes started, steps taken)."""
     import torch
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3 import Eagle3DraftModel
@@ -181,6 +213,8 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
     from transformers import AutoConfig, LlamaConfig
 
     torch.manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    attn, loss_impl = implementation(device, cfg)
     vcfg = AutoConfig.from_pretrained(target_dir)
     d2t, t2d = build_vocab_mappings_from_distribution(dict(freq), cfg["draft_vocab"], vcfg.vocab_size)
     layer_cfg = LlamaConfig(**{k: v for k, v in vcfg.to_dict().items()
@@ -190,14 +224,14 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
     model = Eagle3DraftModel.from_training_args(
         verifier_config=layer_cfg, t2d=t2d, d2t=d2t, verifier_name_or_path=target_dir,
         target_layer_ids=aux_layer_ids(vcfg.num_hidden_layers), draft_vocab_size=cfg["draft_vocab"],
-        norm_before_residual=True, norm_before_fc=True, norm_output=True, ttt_steps=ttt, draft_attn_impl="sdpa")
+        norm_before_residual=True, norm_before_fc=True, norm_output=True, ttt_steps=ttt, draft_attn_impl=attn)
     collate = CollateFn(max_len=max_len, hidden_size=hidden, num_target_layers=3, dtype=torch.float32,
                         preprocess=shift_batch)
     keys = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids", "verifier_last_hidden_states")
-    loss_cfg = resolve_loss_config("kl_div", "eager")  # the fused loss needs Triton
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    loss_cfg = resolve_loss_config("kl_div", loss_impl)
     feats = Features(target_dir, device)
     model.to(device)
+    print(f"training on {device}: draft attention {attn}, {loss_impl} loss, {max_len} tokens a pack", flush=True)
 
     def batches(split: str, rng: random.Random) -> list[list[int]]:
         lengths = [min(len(s["prompt_ids"]) + len(s["ids"]), max_len) for s in sets[split]]
@@ -212,6 +246,18 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         with torch.autocast(device_type=device, dtype=torch.bfloat16):
             return model(**{k: b[k].to(device) for k in keys}, ttt_steps=ttt, loss_config=loss_cfg)
 
+    def validate(packs: list[list[int]]) -> list[float]:
+        sums, totals = [0.0] * ttt, [0.0] * ttt
+        model.eval()
+        with torch.no_grad():
+            for group in packs:
+                _, _, metrics = run("val", group)
+                for j in range(ttt):
+                    sums[j] += float(metrics[f"cond_acc_{j}_sum"])
+                    totals[j] += float(metrics[f"cond_acc_{j}_total"])
+        model.train()
+        return [s / max(t, 1.0) for s, t in zip(sums, totals, strict=True)]
+
     def accuracies(metrics) -> list[float]:
         return [float(metrics[f"cond_acc_{j}_sum"]) / max(float(metrics[f"cond_acc_{j}_total"]), 1.0)
                 for j in range(ttt)]
@@ -224,7 +270,9 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         return min(1.0, max(s / steps, (time.monotonic() - t0) / limit))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * progress(s))))
-    rng, queue, curve, epochs, done = random.Random(seed), [], [], 0, 0
+    val_packs = batches("val", random.Random(seed))
+    probe = val_packs[:cfg["eval_packs"]]
+    rng, queue, curve, epochs, done, seen = random.Random(seed), [], [], 0, 0, 0
     model.train()
     bar = tqdm(range(steps), desc="train", unit="step", mininterval=10)
     for step in bar:
@@ -233,7 +281,8 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
             break
         if not queue:
             queue, epochs = batches("train", rng), epochs + 1
-        _, loss, metrics = run("train", queue.pop())
+        group = queue.pop()
+        _, loss, metrics = run("train", group)
         if not torch.isfinite(loss):
             raise RedistillError(f"loss is {loss.item()} at step {step}: lower REDISTILL_LR")
         opt.zero_grad()
@@ -242,30 +291,36 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         opt.step()
         sched.step()
         done += 1
-        if step % 20 == 0 or step == steps - 1:
+        seen += sum(len(sets["train"][i]["ids"]) for i in group)
+        evaluate = bool(cfg["eval_every"] and step and step % cfg["eval_every"] == 0)
+        if step % 20 == 0 or step == steps - 1 or evaluate:
             acc = accuracies(metrics)
-            curve.append({"step": step, "loss": round(loss.item(), 4), "acc": [round(a, 4) for a in acc]})
+            point = {"step": step, "seconds": round(time.monotonic() - t0, 1), "response_tokens": seen,
+                     "loss": round(loss.item(), 4), "acc": [round(a, 4) for a in acc]}
+            if evaluate:
+                point["val_acc"] = [round(a, 4) for a in validate(probe)]
+                print(f"step {step}: {seen:,} response tokens, validation accuracy {point['val_acc']}", flush=True)
+            curve.append(point)
             bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{acc[0]:.2f}")
-    model.eval()
-    sums = [0.0] * ttt
-    totals = [0.0] * ttt
-    with torch.no_grad():
-        for group in batches("val", random.Random(seed)):
-            _, _, metrics = run("val", group)
-            for j in range(ttt):
-                sums[j] += float(metrics[f"cond_acc_{j}_sum"])
-                totals[j] += float(metrics[f"cond_acc_{j}_total"])
-    return model, curve, [s / max(t, 1.0) for s, t in zip(sums, totals, strict=True)], epochs, done
+    return model, curve, validate(val_packs), epochs, done
+
+
+def sampling_of(cfg: dict) -> list:
+    return [cfg["samples"], cfg["temperature"], cfg["seed"]] if cfg["samples"] else []
+
+
+def answers_dir(target, info: dict, n_rows: int, max_tokens: int, cfg: dict) -> Path:
+    """.cache/redistill/<hash of target, prompts, length, sampling>: one folder per generation."""
+    key = hashlib.sha256(json.dumps([target.name, target.resolved["MODEL"], info["prompt_set_sha256"], n_rows,
+                                     max_tokens, *sampling_of(cfg)]).encode()).hexdigest()[:16]
+    return paths.CACHE / "redistill" / key
 
 
 def cached_data(target, rows: list[dict], info: dict, max_tokens: int, cfg: dict, base_url: str | None,
                 port: int, concurrency: int) -> Path:
     """.cache/redistill/<hash of target, prompts, length, sampling>/responses.json: the target's answers (token
     ids), generated once (temp file, rename); a rerun with the same target and prompts reuses them."""
-    sampling = [cfg["samples"], cfg["temperature"], cfg["seed"]] if cfg["samples"] else []
-    key = hashlib.sha256(json.dumps([target.name, target.resolved["MODEL"], info["prompt_set_sha256"], len(rows),
-                                     max_tokens, *sampling]).encode()).hexdigest()[:16]
-    data = paths.CACHE / "redistill" / key
+    data, sampling = answers_dir(target, info, len(rows), max_tokens, cfg), sampling_of(cfg)
     if (data / "responses.json").exists():
         print(f"reusing {paths.shown(data)}")
         return data
@@ -280,6 +335,62 @@ def cached_data(target, rows: list[dict], info: dict, max_tokens: int, cfg: dict
     tmp.rename(data / "responses.json")
     print(f"cached {len(seqs):,} responses ({sum(len(s['ids']) for s in seqs):,} tokens) in {paths.shown(data)} "
           f"after {time.monotonic() - t0:.0f} s")
+    return data
+
+
+def export_answers(data: Path, out: Path) -> None:
+    """The cached answers as one compressed array file (token ids as uint16 where the vocabulary allows, each
+    prompt's ids once: ~10x smaller than responses.json): what the GPU machine sends back, and what `--answers`
+    unpacks on another machine."""
+    import numpy as np
+
+    cached = json.loads((data / "responses.json").read_text())
+    seqs = cached.pop("seqs")
+    prompts = {}
+    for s in seqs:
+        prompts.setdefault(s["id"], s["prompt_ids"])
+    meta = {**cached, "key": data.name, "ids": [s["id"] for s in seqs], "sample": [s["sample"] for s in seqs],
+            "split": [s.get("split", "") for s in seqs], "group": [s.get("group", "") for s in seqs], "prompt_order": list(prompts)}
+    flat = [t for s in seqs for t in s["ids"]]
+    dtype = np.uint16 if max(flat + [t for x in prompts.values() for t in x], default=0) < 2**16 else np.uint32
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp.npz")
+    np.savez_compressed(tmp, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+                        prompt_lengths=np.array([len(x) for x in prompts.values()], dtype=np.uint32),
+                        prompt_ids=np.array([t for x in prompts.values() for t in x], dtype=dtype),
+                        lengths=np.array([len(s["ids"]) for s in seqs], dtype=np.uint32),
+                        ids=np.array(flat, dtype=dtype))
+    tmp.rename(out)
+    print(f"wrote {paths.shown(out)}: {len(seqs):,} answers, {out.stat().st_size / 2**20:.1f} MiB")
+
+
+def import_answers(path: Path) -> Path:
+    """Unpack an `export_answers` file into .cache/redistill/<its key>/responses.json (temp file, rename)."""
+    import numpy as np
+
+    try:
+        z = np.load(path)
+        meta = json.loads(z["meta"].tobytes())
+        plen, pids, lens, ids = (z[k].tolist() for k in ("prompt_lengths", "prompt_ids", "lengths", "ids"))
+    except (OSError, KeyError, ValueError) as e:
+        raise RedistillError(f"{path}: not an answers file written by --export-answers ({e})") from None
+    starts = [0]
+    for n in plen:
+        starts.append(starts[-1] + n)
+    prompt = {pid: pids[starts[i]:starts[i + 1]] for i, pid in enumerate(meta.pop("prompt_order"))}
+    seqs, at = [], 0
+    for i, n in enumerate(lens):
+        seqs.append({"id": meta["ids"][i], "sample": meta["sample"][i], "split": meta["split"][i],
+                     "group": meta["group"][i], "prompt_ids": prompt[meta["ids"][i]], "ids": ids[at:at + n]})
+        at += n
+    data = paths.CACHE / "redistill" / meta.pop("key")
+    data.mkdir(parents=True, exist_ok=True)
+    for k in ("ids", "sample", "split", "group"):
+        meta.pop(k)
+    tmp = data / ".responses.json.tmp"
+    tmp.write_text(json.dumps({**meta, "seqs": seqs}))
+    tmp.rename(data / "responses.json")
+    print(f"unpacked {len(seqs):,} answers ({len(ids):,} response tokens) into {paths.shown(data)}")
     return data
 
 
@@ -307,7 +418,9 @@ def settings_of(variant) -> dict:
                "seed": int(r["REDISTILL_SEED"]), "samples": int(r["REDISTILL_SAMPLES"]),
                "temperature": float(r["REDISTILL_TEMPERATURE"]), "pack_tokens": int(r["REDISTILL_PACK_TOKENS"]),
                "layers": int(r["REDISTILL_LAYERS"]), "max_train_tokens": int(float(cap)) if cap else None,
-               "max_seconds": float(r["REDISTILL_MAX_SECONDS"]) if r["REDISTILL_MAX_SECONDS"] else None}
+               "max_seconds": float(r["REDISTILL_MAX_SECONDS"]) if r["REDISTILL_MAX_SECONDS"] else None,
+               "attn": r["REDISTILL_ATTN"], "eval_every": int(r["REDISTILL_EVAL_EVERY"]),
+               "eval_packs": int(r["REDISTILL_EVAL_PACKS"])}
     except ValueError as e:
         raise RedistillError(f"{variant.path / 'config.env'}: a REDISTILL_* value is not a number ({e})") from None
     if cfg["layers"] < 1 or cfg["pack_tokens"] < 64:
@@ -328,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config.env key of the target (PARENT) for the server it starts")
     p.add_argument("--generate-only", action="store_true", help="stop once the target's answers are cached")
+    p.add_argument("--export-answers", type=Path, metavar="FILE.npz",
+                   help="write the cached answers as one compact file (after generating them if needed) and stop")
+    p.add_argument("--answers", type=Path, metavar="FILE.npz",
+                   help="unpack answers written by --export-answers (another machine's generation) into the cache")
     p.add_argument("--out", type=Path, help="write the head here instead of the variant's head folder")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     return p
@@ -370,9 +487,15 @@ def main(argv: list[str] | None = None) -> int:
         steps = args.steps or steps or cfg["steps"]
         rows, info = load_prompts(prompt_path(variant, args.prompts), n_prompts)
         check_prompt_hash(variant, info)
+        imported = import_answers(args.answers) if args.answers else None
+        if imported and imported != answers_dir(target, info, len(rows), max_tokens, cfg):
+            raise RedistillError(f"{args.answers} holds answers for another target, prompt set or sampling "
+                                 f"({imported.name}) than {target.name} on {info['prompt_set']} with these settings")
         data = cached_data(target, rows, info, max_tokens, cfg, args.base_url, args.port,
                            args.concurrency or target.max_num_seqs)
-        if args.generate_only:
+        if args.export_answers:
+            export_answers(data, args.export_answers)
+        if args.generate_only or args.export_answers:
             return 0
         cached = json.loads((data / "responses.json").read_text())
         known = splits_of(rows)  # answers cached before the split column existed: the prompt set's split

@@ -93,6 +93,36 @@ def test_redistill_pure_parts():
     assert redistill_mtp.pack([300, 300, 100, 600, 50], [0, 1, 2, 3, 4], 512) == [[0], [1, 2], [3], [4]]
 
 
+def test_sub_batches_keep_each_padded_batch_within_the_budget():
+    import random
+
+    lengths = [random.Random(i).choice([20, 30] * 9 + [2000, 3000]) for i in range(300)]
+    groups = redistill_mtp.sub_batches(lengths, 8192)
+    assert sorted(i for g in groups for i in g) == list(range(300))  # every sequence once
+    assert all(len(g) * max(lengths[i] for i in g) <= 8192 for g in groups)
+    assert sum(len(g) * max(lengths[i] for i in g) for g in groups) < 2 * sum(lengths)  # little padding
+    assert redistill_mtp.sub_batches([9000, 10], 8192) == [[1], [0]]  # a sequence longer than the budget alone
+
+
+def test_answers_round_trip_through_the_compact_file(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(redistill_mtp.paths, "CACHE", tmp_path / "cache")
+    seqs = [{"id": f"p{i}", "sample": j, "split": "train" if i else "val", "group": "g", "prompt_ids": [1, 2, i],
+             "ids": [70000 + i, j] if i == 2 else [i, j, 3]} for i in range(3) for j in range(2)]
+    src = tmp_path / "src" / "k1"
+    src.mkdir(parents=True)
+    (src / "responses.json").write_text(json.dumps({"target": "t", "freq": {"3": 4}, "seqs": seqs}))
+    redistill_mtp.export_answers(src, tmp_path / "a.npz")
+    back = redistill_mtp.import_answers(tmp_path / "a.npz")
+    assert back == tmp_path / "cache" / "redistill" / "k1"
+    got = json.loads((back / "responses.json").read_text())
+    assert got["seqs"] == seqs and got["target"] == "t" and got["freq"] == {"3": 4}  # ids past 65,535 kept (uint32)
+    (tmp_path / "bad.npz").write_text("x")
+    with pytest.raises(redistill_mtp.RedistillError, match="not an answers file"):
+        redistill_mtp.import_answers(tmp_path / "bad.npz")
+
+
 def test_redistill_splits_and_nested_subsets():
     rows = [{"id": f"t{i}", "group": "g", "split": "train"} for i in range(5)] + [{"id": "v0", "group": "h", "split": "val"}]
     assert redistill_mtp.splits_of(rows)["v0"] == ("val", "h")  # the set's own split column, when it names val
