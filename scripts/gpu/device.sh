@@ -31,6 +31,8 @@
 #                                               # (REDISTILL_MAX_TRAIN_TOKENS=tokens, empty: all; K=V: more settings)
 #                                               # trained side by side on the GPU, into /root/heads/<tag>
 #                                               # (HEADS=-: answers only; a later call reuses them)
+#   [SETS="K=V,K=V …"] bash scripts/gpu/device.sh probe   # 60 training steps per SETS entry on the carried tiny
+#                                               # answers: step times of the training settings
 #   [PIECES="00 01 02 03"] bash scripts/gpu/device.sh poll   # the redistill log so far; when done, heads + logs
 #                                               # as 15 MiB pieces $OUT/heads.tar.NN (at most four a call)
 #   [BAKE_ARGS="--device-name 'NVIDIA H200'"] bash scripts/gpu/device.sh bake V [V ...]   # build weights, then
@@ -244,6 +246,8 @@ PY
         # (ANSWERS=…) instead of generating again
         python3 -m scripts.levers.speculate.redistill "$v" --export-answers /root/heads/answers.npz
       fi
+      # a later call may change the plan while the answers are generated: /root/run/heads holds HEADS, /root/run/deadline DEADLINE
+      [ -f /root/run/heads ] && HEADS=$(cat /root/run/heads); [ -f /root/run/deadline ] && DEADLINE=$(cat /root/run/deadline)
       [ "${HEADS:-}" = "-" ] && { echo "== generated only"; touch /root/heads/DONE; exit 0; }
       # DEADLINE (epoch seconds): every head stops training 90 s before it (validation and writing follow)
       budget=(); [ -n "${DEADLINE:-}" ] && budget=(--set REDISTILL_MAX_SECONDS=$(( DEADLINE - $(date +%s) - 90 )))
@@ -256,6 +260,18 @@ PY
       echo "== done $(date +%T) after $(( $(date +%s) - t0 )) s"; touch /root/heads/DONE
     ' "$v" > $RUN/redistill.out 2>&1 < /dev/null &)
     sleep 20; cat $RUN/redistill.out ;;
+  probe)
+    # [SETS="K=V …"] bash scripts/gpu/device.sh probe: training speed without generating: smollm2-bf16-eagle4's
+    # head trained for 60 steps on the carried tiny answers ($STAGE/ans/tiny.npz), once per SETS entry
+    # ("A=1,B=2 C=3": two runs), while a `redistill` generation may already run
+    export PYTHONPATH=$SITE:$EXTRA:$PWD LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
+    [ -f $STAGE/smollm2.gguf ] || cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
+    build smollm2-bf16 || exit 1
+    for e in ${SETS:-REDISTILL_PACK_TOKENS=8192}; do xs=(); for kv in ${e//,/ }; do xs+=(--set "$kv"); done
+      echo "== probe $e"; timeout 300 python3 -m scripts.levers.speculate.redistill smollm2-bf16-eagle4 --budget tiny \
+        --answers $STAGE/ans/tiny.npz --steps 60 --out /root/probe "${xs[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s\]\|^\s*$" | tail -5
+      python3 -c "import json; c=json.load(open('/root/probe/PROVENANCE.json'))['curve']; print([(p['step'], p.get('seconds')) for p in c])"
+    done ;;
   poll)
     for _ in $(seq ${WAIT:-500}); do [ -f /root/heads/DONE ] && break; sleep 1; done
     tail -${LOG_TAIL:-30} $RUN/redistill.out; for f in /root/heads/train-*.log; do echo "--- $f"; tr '\r' '\n' < $f | grep -v "^\s*$" | tail -4; done
