@@ -49,7 +49,7 @@ BUDGETS = {"tiny": (24, 48, 60), "full": (None, 128, None)}
 DEFAULTS = {"REDISTILL_DRAFT_VOCAB": "auto", "REDISTILL_STEPS": "400", "REDISTILL_TTT_STEPS": "3",
             "REDISTILL_LR": "1e-3", "REDISTILL_SEED": "0", "REDISTILL_SAMPLES": "0", "REDISTILL_TEMPERATURE": "0.8",
             "REDISTILL_PACK_TOKENS": "512", "REDISTILL_LAYERS": "1", "REDISTILL_MAX_TRAIN_TOKENS": "",
-            "REDISTILL_MAX_SECONDS": "", "REDISTILL_ATTN": "", "REDISTILL_EVAL_EVERY": "0",
+            "REDISTILL_MAX_SECONDS": "", "REDISTILL_ATTN": "", "REDISTILL_LOSS": "", "REDISTILL_EVAL_EVERY": "0",
             "REDISTILL_EVAL_PACKS": "8"}
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 # REDISTILL_DRAFT_VOCAB=auto: the smallest COVERAGE_SIZES entry covering this share of the target's response tokens
@@ -190,11 +190,11 @@ def sub_batches(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 def implementation(device: str, cfg: dict) -> tuple[str, str]:
-    """(draft attention, loss implementation): speculators' own GPU path (flex attention with block masks, the fused
-    Triton loss) on CUDA; dense SDPA masks and the eager loss on a CPU, which has no Triton. REDISTILL_ATTN forces
-    an attention implementation."""
+    """(draft attention, loss implementation): flex attention with block masks (speculators' GPU path) on CUDA, dense
+    SDPA masks on a CPU (no Triton there); the eager loss on both (speculators 0.9's fused Triton loss failed in
+    its backward kernel on the H100 under torch 2.11). REDISTILL_ATTN and REDISTILL_LOSS force either."""
     attn = cfg.get("attn") or ("simple_flex_attention" if device == "cuda" else "sdpa")
-    return attn, "fused" if device == "cuda" else "eager"
+    return attn, cfg.get("loss") or "eager"
 
 
 def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Counter, cfg: dict, steps: int, seed: int):
@@ -419,7 +419,7 @@ def settings_of(variant) -> dict:
                "temperature": float(r["REDISTILL_TEMPERATURE"]), "pack_tokens": int(r["REDISTILL_PACK_TOKENS"]),
                "layers": int(r["REDISTILL_LAYERS"]), "max_train_tokens": int(float(cap)) if cap else None,
                "max_seconds": float(r["REDISTILL_MAX_SECONDS"]) if r["REDISTILL_MAX_SECONDS"] else None,
-               "attn": r["REDISTILL_ATTN"], "eval_every": int(r["REDISTILL_EVAL_EVERY"]),
+               "attn": r["REDISTILL_ATTN"], "loss": r["REDISTILL_LOSS"], "eval_every": int(r["REDISTILL_EVAL_EVERY"]),
                "eval_packs": int(r["REDISTILL_EVAL_PACKS"])}
     except ValueError as e:
         raise RedistillError(f"{variant.path / 'config.env'}: a REDISTILL_* value is not a number ({e})") from None
