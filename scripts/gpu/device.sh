@@ -102,7 +102,8 @@ case $step in
     [ "$want" = "$got" ] || { echo "payload damaged or incomplete ($got != $want)"; ls $STAGE; exit 1; }
     (cd $STAGE && cat c?? | tar xf - && rm c??) || exit 1
     [ -d $STAGE/weights ] && cp -r $STAGE/weights/. weights/
-    mkdir -p $SITE && cat $STAGE/part? | xz -dc -T16 | (cd $SITE && tar xf -) || exit 1
+    # a payload without the vLLM bundle (training from carried answers) skips it
+    mkdir -p $SITE && { ! ls $STAGE/part? >/dev/null 2>&1 || cat $STAGE/part? | xz -dc -T16 | (cd $SITE && tar xf -); } || exit 1
     mkdir -p $EXTRA && python3 -m pip install -q --no-index --no-deps --no-compile --target $EXTRA $STAGE/whl/*.whl || exit 1
     if ls $STAGE/quant/*.whl >/dev/null 2>&1; then  # llm-compressor pins compressed-tensors 0.19, vLLM 0.17: own folder
       mkdir -p $QUANT && python3 -m pip install -q --no-index --no-deps --no-compile --target $QUANT $STAGE/quant/*.whl || exit 1
@@ -127,8 +128,8 @@ d.mkdir(parents=True, exist_ok=True)
                                             for g, eps in proj.get("entry-points", {}).items()))
 print("entry points:", (d / "entry_points.txt").read_text().strip().replace("\n", "; "))
 PY
-    PYTHONPATH=$SITE:$EXTRA:$PWD python3 -c "import vllm, importlib.metadata as m; print('vllm', vllm.__version__, \
-      [e.value for e in m.entry_points(group='vllm.general_plugins')])"
+    [ -d $SITE/vllm ] && PYTHONPATH=$SITE:$EXTRA:$PWD python3 -c "import vllm, importlib.metadata as m; print('vllm', \
+      vllm.__version__, [e.value for e in m.entry_points(group='vllm.general_plugins')])"
     echo "setup $(( $(date +%s) - t0 )) s" ;;
   build)
     export PYTHONPATH=$SITE:$EXTRA:$PWD; t0=$(date +%s); since=$RUN/build-$t0; mkdir -p $RUN && touch $since
