@@ -246,21 +246,16 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         with torch.autocast(device_type=device, dtype=torch.bfloat16):
             return model(**{k: b[k].to(device) for k in keys}, ttt_steps=ttt, loss_config=loss_cfg)
 
+    def accuracies(*metrics) -> list[float]:  # per draft position, pooled over the given batches' metrics
+        return [sum(float(m[f"cond_acc_{j}_sum"]) for m in metrics) /
+                max(sum(float(m[f"cond_acc_{j}_total"]) for m in metrics), 1.0) for j in range(ttt)]
+
     def validate(packs: list[list[int]]) -> list[float]:
-        sums, totals = [0.0] * ttt, [0.0] * ttt
         model.eval()
         with torch.no_grad():
-            for group in packs:
-                _, _, metrics = run("val", group)
-                for j in range(ttt):
-                    sums[j] += float(metrics[f"cond_acc_{j}_sum"])
-                    totals[j] += float(metrics[f"cond_acc_{j}_total"])
+            metrics = [run("val", group)[2] for group in packs]
         model.train()
-        return [s / max(t, 1.0) for s, t in zip(sums, totals, strict=True)]
-
-    def accuracies(metrics) -> list[float]:
-        return [float(metrics[f"cond_acc_{j}_sum"]) / max(float(metrics[f"cond_acc_{j}_total"]), 1.0)
-                for j in range(ttt)]
+        return accuracies(*metrics)
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"])
@@ -364,8 +359,10 @@ def export_answers(data: Path, out: Path) -> None:
     print(f"wrote {paths.shown(out)}: {len(seqs):,} answers, {out.stat().st_size / 2**20:.1f} MiB")
 
 
-def import_answers(path: Path) -> Path:
-    """Unpack an `export_answers` file into .cache/redistill/<its key>/responses.json (temp file, rename)."""
+def import_answers(path: Path, want: Path | None = None) -> Path:
+    """Unpack an `export_answers` file into .cache/redistill/<its key>/responses.json (temp file, rename); with
+    `want`, a file whose key names another folder (another target, prompt set or sampling) is refused before
+    anything is written."""
     import numpy as np
 
     try:
@@ -384,6 +381,9 @@ def import_answers(path: Path) -> Path:
                      "group": meta["group"][i], "prompt_ids": prompt[meta["ids"][i]], "ids": ids[at:at + n]})
         at += n
     data = paths.CACHE / "redistill" / meta.pop("key")
+    if want is not None and data != want:
+        raise RedistillError(f"{path} holds answers for another target, prompt set or sampling ({data.name}, "
+                             f"expected {want.name})")
     data.mkdir(parents=True, exist_ok=True)
     for k in ("ids", "sample", "split", "group"):
         meta.pop(k)
@@ -487,10 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         steps = args.steps or steps or cfg["steps"]
         rows, info = load_prompts(prompt_path(variant, args.prompts), n_prompts)
         check_prompt_hash(variant, info)
-        imported = import_answers(args.answers) if args.answers else None
-        if imported and imported != answers_dir(target, info, len(rows), max_tokens, cfg):
-            raise RedistillError(f"{args.answers} holds answers for another target, prompt set or sampling "
-                                 f"({imported.name}) than {target.name} on {info['prompt_set']} with these settings")
+        if args.answers:
+            import_answers(args.answers, want=answers_dir(target, info, len(rows), max_tokens, cfg))
         data = cached_data(target, rows, info, max_tokens, cfg, args.base_url, args.port,
                            args.concurrency or target.max_num_seqs)
         if args.export_answers:
