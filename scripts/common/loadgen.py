@@ -154,13 +154,13 @@ def greedy_ids(base_url: str, model: str, rows: list[dict], max_tokens: int, con
                samples: int = 0, temperature: float = 1.0, seed: int = 0, engine: str = "vllm") -> list[dict]:
     """Prompt and output token ids of every row, answered greedily with at most `concurrency` in flight; with
     samples > 0, also that many answers sampled at `temperature` (request seeds seed+1 .. seed+samples), each as its own
-    entry. vLLM returns the ids with the chat answer (return_token_ids); llama-server through its own routes
+    entry; a row's own `samples` replaces `samples` for that row. vLLM returns the ids with the chat answer (return_token_ids); llama-server through its own routes
     (llamaserver_answer)."""
     client = openai_client(base_url)
 
     def one(row: dict) -> list[dict]:
         out = []
-        for i in range(1 + samples):
+        for i in range(1 + row.get("samples", samples)):
             sampled = {"temperature": temperature, "seed": seed + i} if i else {"temperature": 0}
             limit = min(max_tokens, row["max_tokens"])
             if engine == "llamaserver":

@@ -153,6 +153,24 @@ def test_distillation_prompts_refuse_evaluation_items():
     prompts.refuse_evaluation_rows(rows, {"What is 3+3?": "BIG-bench Lite"})
 
 
+def test_chat_prompts_use_new_families_and_refuse_spec_v1_ones(monkeypatch):
+    p = make_spec_prompts
+    chat, info = p.chat_rows()
+    assert info["prompts"] == len(chat) > 1000 and {r["samples"] for r in chat} == {p.CHAT_SAMPLES}
+    evaluation = {" ".join(r["messages"][-1]["content"].split()) for r in rows("eval")}
+    assert not evaluation & {" ".join(r["messages"][-1]["content"].split()) for r in chat}
+    quoted = "\n".join(r["messages"][-1]["content"] for r in rows("eval") + rows("train"))
+    for r in chat:  # no passage of a spec-v1 prompt comes back in a chat prompt
+        if r["group"] in ("chat-rewrite", "chat-passage-qa"):
+            passage = r["messages"][-1]["content"].split("\n\n", 1)[1].rsplit("\n\nQuestion: ", 1)[0]
+            assert passage not in quoted
+    for kind in ("explain", "list", "code", "writing", "rewrite", "passage-qa"):  # both splits in every kind
+        assert {r["split"] for r in chat if r["group"] == f"chat-{kind}"} == {"train", "val"}
+    monkeypatch.setattr(p, "CHAT_CODE", [*p.CHAT_CODE, p.CODE[3]])
+    with pytest.raises(p.PromptLeak, match=f"chat families that are spec-v1 families: \\['{p.CODE[3]}'\\]"):
+        p.chat_rows()
+
+
 def test_identity_compare_by_hand():
     ref = {"id": "a", "ids": [1, 2, 3, 4]}
     assert eval_identity.compare(ref, {"id": "a", "ids": [1, 2, 3, 4]}, None)["identical"]
