@@ -16,7 +16,9 @@ last layer before the final norm): computed as batches are drawn, never written 
 answers to source families never trained on (without one, one prompt in ten); REDISTILL_MAX_TRAIN_TOKENS keeps the
 first N training response tokens of a fixed order (nested subsets for a learning curve). The draft vocabulary is the
 REDISTILL_DRAFT_VOCAB most frequent tokens of the training answers (the coverage of several sizes is measured and
-kept). The model, loss, vocabulary mapping, collation and checkpoint format are speculators' (Eagle3DraftModel, the
+kept). REDISTILL_INIT=<head folder> goes on training an earlier head of the same answers (its weights, a fresh
+optimizer and schedule; refused when its shapes or draft vocabulary differ): a later GPU lease continues where one
+ended. The model, loss, vocabulary mapping, collation and checkpoint format are speculators' (Eagle3DraftModel, the
 format vLLM loads with {"method": "eagle3"}); the loop is this script's, because speculators' Trainer moves
 everything to an accelerator device and fails on a CPU-only torch. The head is written to a temp folder and renamed,
 with PROVENANCE.json: target variant and model, prompt set and its hash, answers' hash, token counts per split,
@@ -50,7 +52,7 @@ DEFAULTS = {"REDISTILL_DRAFT_VOCAB": "auto", "REDISTILL_STEPS": "400", "REDISTIL
             "REDISTILL_LR": "1e-3", "REDISTILL_SEED": "0", "REDISTILL_SAMPLES": "0", "REDISTILL_TEMPERATURE": "0.8",
             "REDISTILL_PACK_TOKENS": "512", "REDISTILL_LAYERS": "1", "REDISTILL_MAX_TRAIN_TOKENS": "",
             "REDISTILL_MAX_SECONDS": "", "REDISTILL_ATTN": "", "REDISTILL_LOSS": "", "REDISTILL_EVAL_EVERY": "0",
-            "REDISTILL_EVAL_PACKS": "8"}
+            "REDISTILL_EVAL_PACKS": "8", "REDISTILL_INIT": ""}
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 # REDISTILL_DRAFT_VOCAB=auto: the smallest COVERAGE_SIZES entry covering this share of the target's response tokens
 # (a token outside the draft vocabulary can never be proposed, so this caps acceptance per position)
@@ -225,6 +227,8 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         verifier_config=layer_cfg, t2d=t2d, d2t=d2t, verifier_name_or_path=target_dir,
         target_layer_ids=aux_layer_ids(vcfg.num_hidden_layers), draft_vocab_size=cfg["draft_vocab"],
         norm_before_residual=True, norm_before_fc=True, norm_output=True, ttt_steps=ttt, draft_attn_impl=attn)
+    if cfg.get("init"):  # PROVENANCE's settings keep what the head started from
+        cfg["warm_start"] = warm_start(model, Path(cfg["init"]))
     collate = CollateFn(max_len=max_len, hidden_size=hidden, num_target_layers=3, dtype=torch.float32,
                         preprocess=shift_batch)
     keys = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids", "verifier_last_hidden_states")
@@ -394,6 +398,33 @@ def import_answers(path: Path, want: Path | None = None) -> Path:
     return data
 
 
+def warm_start(model, head: Path) -> dict:
+    """Load an earlier head's weights into `model` (REDISTILL_INIT: training goes on from there, with a fresh
+    optimizer and schedule). Refused unless it is a head of the same shapes and the same draft vocabulary (d2t, t2d:
+    the same training answers and REDISTILL_DRAFT_VOCAB give the same mapping); the input embedding a head leaves
+    out stays the target's. Returns what PROVENANCE records of it."""
+    from safetensors.torch import load_file
+
+    try:
+        weights = load_file(str(head / "model.safetensors"))
+        prior = json.loads((head / "PROVENANCE.json").read_text())
+    except (OSError, ValueError) as e:
+        raise RedistillError(f"REDISTILL_INIT={head}: not a head written by redistill ({e})") from None
+    own = model.state_dict()
+    for name in ("d2t", "t2d"):
+        if name not in weights or weights[name].shape != own[name].shape or not bool((weights[name] == own[name]).all()):
+            raise RedistillError(f"REDISTILL_INIT={head}: its draft vocabulary ({name}) differs from this training's "
+                                 "(other answers or REDISTILL_DRAFT_VOCAB)")
+    wrong = sorted(k for k, t in weights.items() if k not in own or own[k].shape != t.shape)
+    missing = sorted(k for k in own if k not in weights and k != "embed_tokens.weight" and not k.startswith("verifier"))
+    if wrong or missing:
+        raise RedistillError(f"REDISTILL_INIT={head}: tensors that do not fit this head: {(wrong + missing)[:4]}")
+    model.load_state_dict({k: t.to(own[k].dtype) for k, t in weights.items()}, strict=False)
+    return {"head": str(head), "model_sha256": hashlib.sha256((head / "model.safetensors").read_bytes()).hexdigest(),
+            "steps": prior.get("steps"), "total_steps": prior.get("total_steps", prior.get("steps")),
+            "val_cond_acc": prior.get("val_cond_acc"), "data_sha256": prior.get("data_sha256")}
+
+
 def drop_frozen_embedding(model, head: Path) -> None:
     """Remove the head's input embedding from the checkpoint when training kept it frozen: it is then the target's
     own, and vLLM shares the target's embedding with a head that has none (llm_base_proposer._maybe_share_embeddings),
@@ -420,7 +451,7 @@ def settings_of(variant) -> dict:
                "layers": int(r["REDISTILL_LAYERS"]), "max_train_tokens": int(float(cap)) if cap else None,
                "max_seconds": float(r["REDISTILL_MAX_SECONDS"]) if r["REDISTILL_MAX_SECONDS"] else None,
                "attn": r["REDISTILL_ATTN"], "loss": r["REDISTILL_LOSS"], "eval_every": int(r["REDISTILL_EVAL_EVERY"]),
-               "eval_packs": int(r["REDISTILL_EVAL_PACKS"])}
+               "eval_packs": int(r["REDISTILL_EVAL_PACKS"]), "init": r["REDISTILL_INIT"]}
     except ValueError as e:
         raise RedistillError(f"{variant.path / 'config.env'}: a REDISTILL_* value is not a number ({e})") from None
     if cfg["layers"] < 1 or cfg["pack_tokens"] < 64:
@@ -537,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
             "response_tokens": sum(len(s["ids"]) for s in seqs), "train_responses": len(sets["train"]),
             "train_response_tokens": train_tokens, "val_responses": len(sets["val"]),
             "val_response_tokens": sum(len(s["ids"]) for s in sets["val"]), "data_sha256": data_sha,
-            "settings": cfg, "steps": steps, "epochs": round(steps * cfg["pack_tokens"] / max(
+            "settings": cfg, "steps": steps,
+            "total_steps": steps + ((cfg.get("warm_start") or {}).get("total_steps") or 0), "epochs": round(steps * cfg["pack_tokens"] / max(
                 sum(len(s["prompt_ids"]) + len(s["ids"]) for s in sets["train"]), 1), 2),
             "passes_started": epochs, "curve": curve, "val_cond_acc": [round(a, 4) for a in val_acc],
             "draft_vocab_coverage": cov, "device": "cuda" if torch.cuda.is_available() else "cpu",
