@@ -123,6 +123,36 @@ def test_answers_round_trip_through_the_compact_file(tmp_path, monkeypatch):
         redistill_mtp.import_answers(tmp_path / "bad.npz")
 
 
+def test_warm_start_loads_an_earlier_head_and_refuses_another_vocabulary(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    class Head(torch.nn.Module):  # the parts of a draft head warm_start reads: mapping buffers, layers, embedding
+        def __init__(self, d2t, width=4):
+            super().__init__()
+            self.register_buffer("d2t", torch.tensor(d2t))
+            self.register_buffer("t2d", torch.zeros(8, dtype=torch.bool))
+            self.fc, self.embed_tokens = torch.nn.Linear(width, width, bias=False), torch.nn.Embedding(8, width)
+
+    def written(head, name):  # as redistill writes a head: no input embedding, a PROVENANCE
+        d = tmp_path / name
+        d.mkdir()
+        save_file({k: t.contiguous() for k, t in head.state_dict().items() if k != "embed_tokens.weight"},
+                  str(d / "model.safetensors"))
+        (d / "PROVENANCE.json").write_text(json.dumps({"steps": 7, "total_steps": 12, "val_cond_acc": [0.5]}))
+        return d
+
+    earlier, fresh = Head([0, 1]), Head([0, 1])
+    info = redistill_mtp.warm_start(fresh, written(earlier, "a"))
+    assert torch.equal(fresh.fc.weight, earlier.fc.weight) and info["steps"] == 7 and info["total_steps"] == 12
+    with pytest.raises(redistill_mtp.RedistillError, match="draft vocabulary \\(d2t\\) differs"):
+        redistill_mtp.warm_start(Head([0, 2]), written(Head([0, 1]), "b"))
+    with pytest.raises(redistill_mtp.RedistillError, match="tensors that do not fit this head: \\['fc.weight'\\]"):
+        redistill_mtp.warm_start(Head([0, 1], width=3), written(Head([0, 1]), "c"))
+    with pytest.raises(redistill_mtp.RedistillError, match="not a head written by redistill"):
+        redistill_mtp.warm_start(Head([0, 1]), tmp_path)
+
+
 def test_redistill_splits_and_nested_subsets():
     rows = [{"id": f"t{i}", "group": "g", "split": "train"} for i in range(5)] + [{"id": "v0", "group": "h", "split": "val"}]
     assert redistill_mtp.splits_of(rows)["v0"] == ("val", "h")  # the set's own split column, when it names val
