@@ -163,12 +163,12 @@ def kinds(rng: random.Random) -> dict[str, list[tuple[str, str]]]:
     }
 
 
-def chat_kinds(spec_v1_passages: list[str]) -> dict[str, list[tuple[str, str]]]:
+def chat_kinds(spec_v1_prompts: list[str]) -> dict[str, list[tuple[str, str]]]:
     """spec-v3's chat prompts, kind -> (family, prompt): spec-v1's kinds and templates over new families (the CHAT_*
     lists, and cpython-docs passages after the text parity evaluates that no spec-v1 prompt quotes)."""
     text = cpython_docs().text
     pool = [p for p in passages(text[int(len(text) * EVAL_FRACTION):], min_chars=300)
-            if len(p) <= 900 and not any(p in q for q in spec_v1_passages)]
+            if len(p) <= 900 and not any(p in q for q in spec_v1_prompts)]
     uses = range(CHAT_PASSAGE_USES)
     return {
         "explain": [(c, f"Explain {c} to {a}.") for c in CHAT_CONCEPTS for a in AUDIENCES],

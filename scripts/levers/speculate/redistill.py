@@ -403,10 +403,11 @@ def warm_start(model, head: Path) -> dict:
     optimizer and schedule). Refused unless it is a head of the same shapes and the same draft vocabulary (d2t, t2d:
     the same training answers and REDISTILL_DRAFT_VOCAB give the same mapping); the input embedding a head leaves
     out stays the target's. Returns what PROVENANCE records of it."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     try:
-        weights = load_file(str(head / "model.safetensors"))
+        raw = (head / "model.safetensors").read_bytes()  # read once: loaded and hashed for PROVENANCE
+        weights = load(raw)
         prior = json.loads((head / "PROVENANCE.json").read_text())
     except (OSError, ValueError) as e:
         raise RedistillError(f"REDISTILL_INIT={head}: not a head written by redistill ({e})") from None
@@ -420,7 +421,7 @@ def warm_start(model, head: Path) -> dict:
     if wrong or missing:
         raise RedistillError(f"REDISTILL_INIT={head}: tensors that do not fit this head: {(wrong + missing)[:4]}")
     model.load_state_dict({k: t.to(own[k].dtype) for k, t in weights.items()}, strict=False)
-    return {"head": str(head), "model_sha256": hashlib.sha256((head / "model.safetensors").read_bytes()).hexdigest(),
+    return {"head": str(head), "model_sha256": hashlib.sha256(raw).hexdigest(),
             "steps": prior.get("steps"), "total_steps": prior.get("total_steps", prior.get("steps")),
             "val_cond_acc": prior.get("val_cond_acc"), "data_sha256": prior.get("data_sha256")}
 
