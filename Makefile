@@ -136,9 +136,9 @@ train-lora: $(STAMP) ## train VARIANT's LoRA adapter with PEFT (LORA_* in config
 merge-lora: $(STAMP) ## merge VARIANT's LoRA adapter into its PARENT's BF16 weights -> VARIANT's MODEL
 	$(PY) -m scripts.levers.lora.merge $(VARIANT)
 
-prune-vocab: $(STAMP) ## build VARIANT's pruned output layer from its PARENT (PRUNE_KEEP in config.env; PRUNE_TAIL=1 adds the tail fallback, REFIT_TAIL=1 refits its estimator)
+prune-vocab: $(STAMP) ## build VARIANT's pruned output layer from its PARENT (PRUNE_KEEP in config.env; PRUNE_TAIL=1 adds the exact tail fallback)
 	$(PY) -m scripts.weights.download --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
-	$(PY) -m scripts.levers.vocab.prune $(VARIANT) $(if $(REFIT_TAIL),--refit-tail)
+	$(PY) -m scripts.levers.vocab.prune $(VARIANT)
 
 export-gguf: $(STAMP) $(LSTAMP) ## write VARIANT's GGUF file from its PARENT (GGUF_TYPE in config.env; llama.cpp's quantizer)
 	$(PY) -m scripts.weights.download --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)

@@ -16,13 +16,13 @@ its `language_model` in vLLM's multimodal wrapper (Qwen3_5ForConditionalGenerati
 `lm_head.weight` loads into `language_model.lm_head` through the model's hf_to_vllm_mapper, and the wrapper's
 compute_logits calls the language model's). HEAD_OWNER names that submodule; the pruned head replaces it there.
 
-Tail fallback (a `tail` entry in vocab_pruning; scripts.levers.vocab.tail): the checkpoint's one-row estimator says,
-per position, whether a dropped token could beat the best kept one; those positions get their full row of logits
-from the whole output matrix (the tied input embedding, which the model keeps anyway), so the greedy choice there is
-the parent's. The estimator is checked at load against the keep list and the embedding's bytes (both hashes named
-when they differ); a checkpoint that names an estimator and lacks its file fails to load, naming the file. With
-LAB_VOCAB_TAIL_STATS=<path> in the server's environment (relative: to the repository), the engine writes its counters (positions scored, full rows
-read) there every STATS_EVERY steps.
+Tail fallback (a `tail` entry in vocab_pruning; scripts.levers.vocab.tail): at load, the dropped rows of the whole
+output matrix (the tied input embedding, which the model keeps anyway) become a 4-bit screen with a proven error
+bound; per step, every dropped token that could beat the best kept logit gets its exact logit from its BF16 row, so
+the greedy choice is the parent's at every position. A screen whose bound fails on exact products, or a checkpoint
+whose tail entry is another method, fails the load. With LAB_VOCAB_TAIL_STATS=<path> in the server's environment
+(relative: to the repository), the engine writes its counters (positions, positions with a row screened in, rows
+recomputed, whole-matrix reads, positions whose argmax was a dropped id) there every STATS_EVERY steps.
 """
 
 from __future__ import annotations
@@ -85,49 +85,40 @@ def _wrap(base_name: str):
             self.register_buffer("kept_ids", torch.tensor(kept, dtype=torch.long), persistent=False)
             self.full_vocab = text.vocab_size
             self.tail = tail_of(vllm_config.model_config.model)
-            self.tail_counts = {"calls": 0, "positions": 0, "full_rows": 0}
+            self.tail_counts = {"calls": 0}
 
         def load_weights(self, weights):
             loaded = super().load_weights(weights)
-            if self.tail is not None:  # the whole output matrix the fallback reads: the tied input embedding
+            if self.tail is not None:  # the whole output matrix the screen reads: the tied input embedding
                 from scripts.levers.vocab import tail
 
                 owner = self.get_submodule(owner_name)
                 embed = getattr(getattr(owner, "model", None), "embed_tokens", None)
                 if embed is None:
-                    raise VocabError(f"{self.tail['path']}: the model has no input embedding to read full rows from")
-                tail.check_rows(self.tail, embed.weight[:self.full_vocab].detach().cpu())
-                self.tail["weight"] = self.tail["weight"].to(embed.weight.device)
-                self.tail["bias"] = self.tail["bias"].to(embed.weight.device)
+                    raise VocabError(f"{self.tail['where']}: the model has no input embedding to read full rows from")
+                proc = owner.logits_processor
+                if proc.soft_cap is not None or proc.scale != 1.0:
+                    raise VocabError(f"{self.tail['where']}: the tail screen compares raw logits; this head is "
+                                     f"soft-capped or scaled")
                 self._rows_of = (embed,)  # a tuple: not registered as a parameter of this model (it is the embedding's)
+                self.tail["screen"] = tail.build(embed.weight[:self.full_vocab].detach(), self.kept_ids)
             return loaded
 
-        def _fallback(self, hidden_states, kept, full):
-            """Positions the estimator flags get their exact full row (the parent's logits)."""
+        def _fallback(self, hidden_states, kept):
+            """Dropped tokens screened on every position; the ones that could win get their exact logits."""
             from scripts.levers.vocab import tail
 
-            t = self.tail
-            owner = self.get_submodule(owner_name)
-            flagged = tail.flags(hidden_states, kept, t["weight"], t["bias"], t["target"], t["margin"])
-            idx = flagged.nonzero().squeeze(1)
-            if idx.numel():
-                exact = hidden_states[idx] @ self._rows_of[0].weight[:self.full_vocab].T
-                proc = owner.logits_processor
-                if proc.soft_cap is not None:
-                    exact = torch.tanh(exact / proc.soft_cap) * proc.soft_cap
-                if proc.scale != 1.0:
-                    exact = exact * proc.scale
-                full[idx] = exact.to(full.dtype)
+            full, step = tail.fill(hidden_states, kept, self.kept_ids, self.tail["screen"], self._rows_of[0].weight,
+                                   self.full_vocab)
             c = self.tail_counts
             c["calls"] += 1
-            c["positions"] += int(flagged.numel())
-            c["full_rows"] += int(idx.numel())
+            for k, v in step.items():
+                c[k] = c.get(k, 0) + v
             if c["calls"] % STATS_EVERY == 1 and os.environ.get(STATS_ENV):
                 out = paths.ROOT / os.environ[STATS_ENV]  # (an absolute path stays itself)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps({**c, "target": t["target"], "margin": t["margin"],
-                                           "file": str(t["path"])}) + "\n")
+                tmp.write_text(json.dumps({**c, "method": tail.METHOD}) + "\n")
                 tmp.replace(out)
             return full
 
@@ -136,23 +127,25 @@ def _wrap(base_name: str):
             kept = owner.logits_processor(owner.lm_head, hidden_states)
             if kept is None:  # a tensor-parallel rank other than 0
                 return None
-            full = kept.new_full((kept.shape[0], self.full_vocab), float("-inf")).index_copy_(1, self.kept_ids, kept)
-            return full if self.tail is None else self._fallback(hidden_states, kept, full)
+            if self.tail is not None:
+                return self._fallback(hidden_states, kept)
+            return kept.new_full((kept.shape[0], self.full_vocab), float("-inf")).index_copy_(1, self.kept_ids, kept)
 
     Pruned.__name__ = Pruned.__qualname__ = PREFIX + base_name
     return Pruned
 
 
 def tail_of(model_dir: str) -> dict | None:
-    """The checkpoint's tail estimator when its vocab_pruning names one (scripts.levers.vocab.tail), else None; a
-    named but missing or mismatched estimator fails the load (never a silent pruned-only model)."""
-    pruning = json.loads((Path(model_dir) / "config.json").read_text()).get("vocab_pruning") or {}
+    """{"where": config.json} when the checkpoint's vocab_pruning asks for the tail fallback, else None; a tail entry
+    of another method fails the load (never a silent pruned-only model)."""
+    config = Path(model_dir) / "config.json"
+    pruning = json.loads(config.read_text()).get("vocab_pruning") or {}
     if not pruning.get("tail"):
         return None
     from scripts.levers.vocab import tail
 
-    id_map = json.loads((Path(model_dir) / pruning["id_map"]).read_text())
-    return tail.load(Path(model_dir), id_map["keep_list_sha256"])
+    tail.check_config(pruning["tail"], str(config))
+    return {"where": str(config)}
 
 
 def __getattr__(name: str):

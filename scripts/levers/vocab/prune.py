@@ -11,9 +11,9 @@ kept, ids in range), and writes MODEL (a temp directory, verified, renamed into 
   - vocab_map.json (kept ids, full vocabulary size, the keep list's hash) and config.json naming the architecture
     PrunedVocab<Base> with a `vocab_pruning` block, which scripts.levers.vocab.plugin serves in vLLM: logits for the
     kept rows, scattered to their original ids (-inf elsewhere). Tokenizer files are copied unchanged.
-With PRUNE_TAIL=1 (a tied parent only) the checkpoint also carries the exact tail fallback: vocab_tail/estimator.safetensors,
-fitted here on the parent's hidden states (scripts.levers.vocab.tail, minutes on a CPU), named by config.json's
-vocab_pruning.tail; its report goes into PROVENANCE.json and the record.
+With PRUNE_TAIL=1 (a tied parent only) config.json's vocab_pruning also asks for the exact tail fallback
+(scripts.levers.vocab.tail): the plugin screens the dropped rows with a 4-bit copy it derives at load; nothing is
+fitted or stored, and the screen is built and its bound checked here once, timed beside the head.
 It also times, on this machine, the output layer a decode step runs: the full head vs the kept rows plus the scatter,
 at batch 1 and 8 (the scatter's cost per step), and writes it with the provenance to PROVENANCE.json and to
 experiments/<variant>/prune_<timestamp>.json.
@@ -93,8 +93,20 @@ def time_head(rows, kept_ids, batches=(1, 8), repeat: int = 200) -> dict:
     return out
 
 
-def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = None, timing_repeat: int = 200,
-          refit_tail: bool = False) -> Path:
+def time_screen(rows, kept_ids, repeat: int) -> dict:
+    """The tail screen built from these rows (its bound checked), and one decode step's screen timed at batch 1."""
+    import torch
+
+    t = time.monotonic()
+    screen = tail.build(rows.to(torch.bfloat16), kept_ids)
+    built = round(time.monotonic() - t, 2)
+    h = torch.randn(1, rows.shape[1], dtype=torch.bfloat16)
+    mx = torch.full((1,), float("inf"))  # nothing screened in: the screen's own cost
+    return {"dropped_rows": len(screen["dropped"]), "build_seconds": built,
+            "screen": _median_us(lambda: tail.screen(h, screen, mx), repeat)}
+
+
+def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = None, timing_repeat: int = 200) -> Path:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
@@ -138,10 +150,8 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
         raise VocabError(f"{parent.name}'s output layer is untied: the tail fallback reads full rows from the input "
                          f"embedding, which then is not the output matrix")
     timing = time_head(rows, kept, repeat=timing_repeat)
-    tail_file, tail_report = None, None
     if with_tail:
-        tail_file, tail_report = tail.estimator(src, s["BASE"], parent.name, kept, keep["sha256"], rows_name, rows,
-                                                refit=refit_tail)
+        timing["tail_screen"] = time_screen(rows, kept, repeat=timing_repeat)
     tensors["lm_head.weight"] = rows[kept].contiguous()
 
     with paths.staged(dest) as tmp:
@@ -153,10 +163,8 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
             cfg["text_config"]["tie_word_embeddings"] = False
         cfg["vocab_pruning"] = {"base_architecture": arch, "kept": n, "vocab_size": vocab_size, "id_map": ID_MAP,
                                 "parent": parent.name, "output_rows_from": rows_name}
-        if tail_file:
-            (tmp / tail.TAIL_FILE).parent.mkdir()
-            save_file(tail_file["tensors"], tmp / tail.TAIL_FILE, metadata=tail_file["metadata"])
-            cfg["vocab_pruning"]["tail"] = tail.TAIL_FILE
+        if with_tail:
+            cfg["vocab_pruning"]["tail"] = tail.config()
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / ID_MAP).write_text(json.dumps({"vocab_size": vocab_size, "kept_ids": kept, "keep_list": keep["path"],
                                               "keep_list_sha256": keep["sha256"]}) + "\n")
@@ -165,7 +173,7 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
                       "keep_list": keep["path"], "keep_list_sha256": keep["sha256"], "output_rows_from": rows_name,
                       "output_layer_bytes": {"parent": rows.numel() * rows.element_size(),
                                              "pruned": n * rows.shape[1] * rows.element_size()},
-                      "head_timing_this_machine": timing, "tail_fallback": tail_report,
+                      "head_timing_this_machine": timing, "tail_fallback": tail.config() if with_tail else None,
                       "seconds": round(time.monotonic() - t0, 1)}
         (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
         verify(tmp, shapes=False)
@@ -179,11 +187,10 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
         t = timing[b]
         print(f"  output layer, {b}: full {t['full_head']} us, kept {t['kept_head']} us + scatter "
               f"{t['scatter_only']} us = {t['kept_head_and_scatter']} us")
-    if tail_report:
-        for name, r in tail_report["candidates"][tail_report["target"]]["per_set"].items():
-            print(f"  tail fallback ({tail_report['target']}, margin {tail_report['margin']}), {name}: argmax "
-                  f"coverage {r['argmax_coverage']:.4%}, full row read at {r['full_row_rate']:.2%} of "
-                  f"{r['positions']:,} positions, recall {r['recall']}")
+    if with_tail:
+        t = timing["tail_screen"]
+        print(f"  tail screen, batch 1: {t['screen']} us for {t['dropped_rows']:,} dropped rows (built and its bound "
+              f"checked in {t['build_seconds']} s)")
     return dest
 
 
@@ -191,8 +198,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variant")
     p.add_argument("--force", action="store_true", help="rebuild MODEL even if it exists")
-    p.add_argument("--refit-tail", action="store_true", help="PRUNE_TAIL: fit the estimator anew even if the "
-                                                                "committed one matches")
     p.add_argument("--timing-repeat", type=int, default=200,
                    help="repeats of the output-layer timing (a 248k x 2560 head on a CPU: fewer keep it to seconds)")
     return p
@@ -201,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        prune(args.variant, force=args.force, timing_repeat=args.timing_repeat, refit_tail=args.refit_tail)
+        prune(args.variant, force=args.force, timing_repeat=args.timing_repeat)
     except (VocabError, VariantError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

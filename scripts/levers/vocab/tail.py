@@ -1,277 +1,183 @@
-"""The exact tail fallback of a pruned output vocabulary: a one-row estimator that says when a dropped token could win.
+"""The exact tail fallback of a pruned output vocabulary: a 4-bit screen of the dropped rows with a proven error bound.
 
-    make prune-vocab VARIANT=gemma3-270m-v32k-tail [REFIT_TAIL=1]    # prune.py calls estimator()
+    make prune-vocab VARIANT=gemma3-270m-v32k-tail      # PRUNE_TAIL=1 in config.env; nothing is fitted
 
-A pruned head (scripts.levers.vocab.prune) computes logits for the kept rows only; a dropped token can then never be
-chosen, even where the parent would choose it. With PRUNE_TAIL=1 the checkpoint also carries `vocab_tail/estimator.safetensors`:
-one row over the features the serving step already has, [hidden state (after the final norm), max kept logit,
-logsumexp of the kept logits, 1], trained to predict the largest dropped logit (`max_dropped`), or the log of the
-probability mass on dropped ids (`tail_mass`, as adaptive softmax's tail cluster scores it). The serving plugin reads
-the kept rows on every step, evaluates the row, and where
+A pruned head (scripts.levers.vocab.prune) computes logits for the kept rows only, so a dropped token can never be
+chosen, even where the parent would choose it. With PRUNE_TAIL=1 the serving plugin also screens every dropped token
+on every step, cheaply and without ever missing one that could win:
 
-    max_dropped:  estimate + margin >= max kept logit
-    tail_mass:    estimate + margin >= log p(best kept token)      (p computed with the estimated tail mass)
+  1. at load, the dropped rows of the full output matrix (the tied input embedding, which the model keeps anyway) are
+     quantized to 4 bits in groups of GROUP columns (asymmetric, BF16 scale and zero point: the layout of torch's CPU
+     int4 kernel), and each row's quantization error e_j = w_j - deq(w_j) is measured as a norm;
+  2. per step, one int4 product gives every dropped logit approximately: a_j = h . deq(w_j);
+  3. by Cauchy-Schwarz the exact logit h . w_j lies within
+         bound_j = |h_b| (|e_j| + ARITH |w_j|) + |h - h_b| |w_j| + ARITH |a_j|
+     of a_j (h_b: the hidden state in BF16 as the kernel reads it; ARITH covers BF16 rounding of the kernel's output
+     and its dequantized weights; |e_j| + ARITH |w_j| is kept per row as its slack);
+  4. a dropped row with a_j + bound_j below the best kept logit cannot be the argmax; every other one ("screened in")
+     gets its exact logit from its BF16 row. Where more than FULL_FRACTION of the dropped rows are screened in at one
+     step, or the step has more than SCREEN_MAX_POSITIONS positions, it reads the whole matrix instead.
 
-it computes that position's full row from the whole output matrix, which stays in memory (the tied input embedding),
-so the greedy choice there is the parent's exactly. The fitted row is kept, like the keep lists, in
-results/vocab/<base>/tail-<parent>-<N>.safetensors with its report (.json) and committed: `make prune-vocab` reuses
-it when its keep list and output rows match, so a fresh clone builds the variant without the fit's data or minutes. The margin is fitted on held-out positions: the smallest that
-flags every held-out position whose parent argmax is a dropped id, plus SAFETY_NATS. Both targets are fitted; the one
-that reads the full row least often at that recall is kept.
+The served row is then: kept logits exact, screened-in dropped logits exact, every other dropped logit within its
+bound of the parent's (not -inf: sampling sees the tail as the parent does, up to 4-bit error). The greedy choice is
+the parent's at every position by construction, not by a margin fitted on data; what remains is the BF16 rounding any
+change of kernel has (near-ties, scripts/measure/identity.py). Nothing is fitted or stored: the screen is derived at
+load from the very rows the model serves, so it cannot belong to another checkpoint or keep list; build() checks the
+bound against exact products before the model serves, and refuses to serve if it does not hold.
 
-Positions (teacher-forced through the parent with transformers, on this machine):
-  fit       BIG-bench calibration text (scripts.data.bigbench_corpus) and the parent's own greedy answers to the
-            calibration prompts (results/vocab/<base>/answers/, written by scripts.levers.vocab.analyze);
-  margin    BIG-bench held-out tasks' text and the parent's answers to their prompts;
-  check     the parent's answers to spec-v1-eval (never used to fit or to set the margin).
-The file records the keep list's SHA-256 and the SHA-256 of the full output rows it was fitted on; the plugin refuses
-it for another checkpoint or keep list, naming both hashes.
+This replaces the one-row estimator of the best dropped logit (measured 2026-11-24 at commit cf09158: its error spanned
+~10 nats, so to miss no dropped argmax it read the full row at 70-96 % of positions, 0.76x BF16 on Gemma 3 270M).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
-from pathlib import Path
+from scripts.levers.vocab.keep import VocabError
 
-from scripts.common import paths
-from scripts.levers.vocab.keep import VocabError, vocab_dir
-
-TAIL_FILE = "vocab_tail/estimator.safetensors"  # (a folder: vLLM loads every top-level *.safetensors as weights)
-TARGETS = ("max_dropped", "tail_mass")
-SAFETY_NATS = 0.5
-RIDGE = 1e-3
+METHOD = "int4-screen"
+GROUP = 32  # columns per quantization group (the hidden size must be a multiple)
+ARITH = 2.0 ** -7  # relative slack for BF16 rounding in the kernel (its output and its dequantized weights)
+FULL_FRACTION = 0.25  # more dropped rows than this share screened in at one step: one product with the whole matrix
+# more positions than this in one step (a prefill asking for prompt log-probabilities, a large batch): the whole matrix
+# at once, which costs less there (the CPU int4 kernel's time grows with every position; a BF16 product's hardly does)
+SCREEN_MAX_POSITIONS = 8
+PACK_ROWS = 64  # the kernel's packing wants a row count that is a multiple of this: zero rows pad it
+CHECK_VECTORS = 8  # random hidden states build() checks the bound on
 
 
 class TailError(VocabError):
-    """A tail estimator that is missing, malformed or fitted for something else; the message is one line."""
+    """A tail fallback that cannot serve exactly; the message is one line."""
 
 
-def rows_sha256(rows) -> str:
-    """SHA-256 of an output matrix's bytes as stored (BF16 rows, vocabulary order)."""
+def config() -> dict:
+    """The `tail` entry of a pruned checkpoint's vocab_pruning block."""
+    return {"method": METHOD, "group_size": GROUP}
+
+
+def check_config(entry, where: str) -> None:
+    if not isinstance(entry, dict) or entry.get("method") != METHOD or entry.get("group_size") != GROUP:
+        raise TailError(f"{where}: vocab_pruning.tail is {entry!r}; this plugin serves {config()} (rebuild with "
+                        f"`make prune-vocab`)")
+
+
+def quantize(rows):
+    """(packed int4 rows for the CPU kernel, [groups, rows, 2] BF16 scale and zero, dequantized rows float32)."""
     import torch
 
-    return hashlib.sha256(rows.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+    n, k = rows.shape
+    g = rows.float().view(n, k // GROUP, GROUP)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    scale = ((hi - lo) / 15).clamp(min=1e-8)
+    q = torch.round((g - lo) / scale).clamp(0, 15)
+    # the kernel dequantizes (q - 8) * scale + zero with BF16 scale and zero: the error is measured against that
+    scale_b, zero_b = scale.bfloat16(), (lo + 8 * scale).bfloat16()
+    deq = ((q - 8) * scale_b.float() + zero_b.float()).view(n, k)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q.view(n, k).to(torch.int32), 1)
+    scales_zeros = torch.stack([scale_b.squeeze(-1).T, zero_b.squeeze(-1).T], -1).contiguous()
+    return packed, scales_zeros, deq
 
 
-def kept_stats(kept_logits):
-    """(max, logsumexp) of each row of kept logits, float32."""
-    k = kept_logits.float()
-    return k.max(-1).values, k.logsumexp(-1)
-
-
-def estimate(hidden, kept_logits, weight, bias):
-    """The row's estimate per position: weight . [hidden, max kept, logsumexp kept] + bias (float32)."""
+def build(matrix, kept_ids) -> dict:
+    """The screen of every row of `matrix` ([vocab, hidden], the full output matrix) not in kept_ids, checked."""
     import torch
 
-    mx, lse = kept_stats(kept_logits)
-    x = torch.cat([hidden.float(), mx[:, None], lse[:, None]], dim=1)
-    return x @ weight.float() + bias.float()
+    if matrix.device.type != "cpu":
+        raise TailError(f"the int4 screen runs on the CPU only (torch's _weight_int4pack_mm_for_cpu); the output "
+                        f"matrix is on {matrix.device}")
+    vocab, hidden = matrix.shape
+    if hidden % GROUP:
+        raise TailError(f"hidden size {hidden} is not a multiple of the screen's group of {GROUP}")
+    mask = torch.ones(vocab, dtype=torch.bool)
+    mask[torch.as_tensor(kept_ids, dtype=torch.long)] = False
+    dropped = mask.nonzero().squeeze(1)
+    rows = matrix[dropped].float()
+    pad = -len(dropped) % PACK_ROWS
+    packed, scales_zeros, deq = quantize(torch.cat([rows, rows.new_zeros(pad, hidden)]))
+    norm = rows.norm(dim=1)
+    slack = (rows - deq[:len(dropped)]).norm(dim=1) + ARITH * norm  # the bound per unit of |h_b|
+    s = {"dropped": dropped, "packed": packed, "scales_zeros": scales_zeros, "slack": slack, "norm": norm,
+         "max_slack": float(slack.max()), "max_norm": float(norm.max())}
+    check_bound(s, matrix)
+    return s
 
 
-def gap(est, max_kept, lse_kept, target: str):
-    """Per position, the margin it takes to flag it: the full row is read where gap <= margin."""
+def products(h, s):
+    """(every dropped row's approximate logit, float32 [positions, dropped]; |h_b| and |h - h_b| per position)."""
     import torch
 
-    if target == "max_dropped":
-        return max_kept - est
-    q = est.clamp(max=-1e-4)  # a log tail mass is < 0
-    return max_kept - lse_kept + torch.log1p(-torch.exp(q)) - q  # log p(best kept) - log tail mass
+    hb = h.to(torch.bfloat16)
+    a = torch._weight_int4pack_mm_for_cpu(hb, s["packed"], GROUP, s["scales_zeros"])[:, :len(s["dropped"])].float()
+    hbf = hb.float()
+    return a, hbf.norm(dim=1), (h.float() - hbf).norm(dim=1)
 
 
-def flags(hidden, kept_logits, weight, bias, target: str, margin: float):
-    """Positions whose full row must be read (bool per position)."""
-    mx, lse = kept_stats(kept_logits)
-    return gap(estimate(hidden, kept_logits, weight, bias), mx, lse, target) <= margin
+def approx_and_bound(h, s):
+    """Every dropped row's approximate logit and the bound on its error, float32 [positions, dropped]."""
+    a, hn, hq = products(h, s)
+    return a, hn[:, None] * s["slack"] + hq[:, None] * s["norm"] + ARITH * a.abs()
 
 
-def read(path: Path) -> tuple[dict, dict]:
-    """(tensors, metadata) of a safetensors file."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}  # noqa: SIM118 - safe_open is not iterable
-
-
-def load(model_dir: Path, keep_list_sha256: str) -> dict:
-    """The checkpoint's tail estimator, checked against its keep list (the output rows are checked by the plugin)."""
-    path = Path(model_dir) / TAIL_FILE
-    if not path.exists():
-        raise TailError(f"{path} is missing: this checkpoint's vocab_pruning names a tail fallback, and it does not "
-                        f"serve pruned-only without it (rebuild with `make prune-vocab`)")
-    tensors, meta = read(path)
-    if set(tensors) != {"weight", "bias"} or meta.get("target") not in TARGETS or "margin" not in meta:
-        raise TailError(f"{path}: not a tail estimator (needs weight, bias, target, margin)")
-    if meta.get("keep_list_sha256") != keep_list_sha256:
-        raise TailError(f"{path} was fitted for keep list {meta.get('keep_list_sha256', '?')[:12]}, this checkpoint "
-                        f"keeps {keep_list_sha256[:12]}")
-    return {"weight": tensors["weight"], "bias": tensors["bias"], "target": meta["target"],
-            "margin": float(meta["margin"]), "rows_sha256": meta.get("rows_sha256", ""), "path": path}
-
-
-def check_rows(tail: dict, rows) -> None:
-    """Refuse an estimator fitted on other output rows than the ones the fallback would read."""
-    have = rows_sha256(rows)
-    if have != tail["rows_sha256"]:
-        raise TailError(f"{tail['path']} was fitted on output rows {tail['rows_sha256'][:12]}, the model's full "
-                        f"output matrix is {have[:12]}")
-
-
-# ---------------------------------------------------------------------------------------------------------- fit
-def sequences(tok, base: str, max_positions: dict[str, int], chunk: int = 256) -> dict[str, list[tuple[list, int]]]:
-    """Per set, (token ids, first scored position) pairs: text chunks and prompt + answer (scored from the answer)."""
-    from scripts.data import bigbench_corpus
-    from scripts.levers.vocab.analyze import read_answers
-
-    out: dict[str, list[tuple[list, int]]] = {}
-    for part in ("calibration", "held_out"):
-        pairs, _ = bigbench_corpus.texts(part, 2_000)
-        seqs, n = [], 0
-        for ids in tok([t for _, t in pairs], add_special_tokens=False)["input_ids"]:
-            if len(ids) < 8 or n >= max_positions[f"text/{part}"]:
-                continue
-            seqs.append((ids[:chunk], 1))
-            n += len(ids[:chunk]) - 1
-        out[f"text/{part}"] = seqs
-    answers = vocab_dir(base) / "answers"
-    for name, glob in (("answers/calibration", "bigbench-calibration-*"), ("answers/held_out", "bigbench-held_out-*"),
-                       ("generations/held_out", "spec-v1-eval.jsonl-*")):
-        files = sorted(answers.glob(glob + ".json.gz"))
-        if not files:
-            raise TailError(f"no {paths.shown(answers)}/{glob}.json.gz: run `make analyze-vocab` first")
-        seqs, n = [], 0
-        for a in read_answers(files[-1]):
-            if n >= max_positions.get(name, 10 ** 9) or not a["ids"]:
-                continue
-            seqs.append((a["prompt_ids"] + a["ids"], len(a["prompt_ids"])))
-            n += len(a["ids"])
-        out[name] = seqs
-    return out
-
-
-def positions(model, rows, kept_mask, seqs: list[tuple[list, int]]) -> dict:
-    """Hidden states and the kept / dropped logit statistics at every scored position of these sequences."""
+def check_bound(s, matrix, h=None) -> None:
+    """Refuse a screen whose bound does not hold on exact products (a kernel whose layout or arithmetic is not the
+    one assumed here): random hidden states, scaled like a final norm's output, unless given."""
     import torch
 
-    hs, cols = [], {k: [] for k in ("max_kept", "lse_kept", "max_dropped", "lse_dropped")}
-    w = rows.float()
-    with torch.inference_mode():
-        for ids, start in seqs:
-            h = model.model(torch.tensor([ids])).last_hidden_state[0, start - 1:-1]
-            z = h.float() @ w.T
-            kz, dz = z[:, kept_mask], z[:, ~kept_mask]
-            hs.append(h.float())
-            cols["max_kept"].append(kz.max(-1).values)
-            cols["lse_kept"].append(kz.logsumexp(-1))
-            cols["max_dropped"].append(dz.max(-1).values)
-            cols["lse_dropped"].append(dz.logsumexp(-1))
-    return {"hidden": torch.cat(hs), **{k: torch.cat(v) for k, v in cols.items()}}
+    if h is None:
+        gen = torch.Generator().manual_seed(0)
+        h = torch.randn(CHECK_VECTORS, matrix.shape[1], generator=gen) * 4
+    h = h.to(matrix.dtype)
+    a, bound = approx_and_bound(h, s)
+    exact = h.float() @ matrix[s["dropped"]].float().T
+    worst = float(((exact - a).abs() / bound).max())
+    if worst > 1:
+        raise TailError(f"the int4 screen's error bound fails on exact products (error {worst:.2f}x the bound): this "
+                        f"torch's int4 kernel is not the one the screen assumes")
 
 
-def target_of(p: dict, target: str):
+def screen(h, s, max_kept):
+    """(approximate dropped logits, bool [positions, dropped]: rows that could beat the best kept logit).
+
+    A row passes where a + bound >= T (T: the best kept logit less its BF16 rounding). Two passes keep that cheap:
+    the largest slack and norm over all rows give one threshold L per position that every passing row's a must reach
+    (a + ARITH |a| is increasing in a), and only rows at or above it get their own bound."""
     import torch
 
-    if target == "max_dropped":
-        return p["max_dropped"]
-    return p["lse_dropped"] - torch.logaddexp(p["lse_kept"], p["lse_dropped"])
+    a, hn, hq = products(h, s)
+    t = max_kept.float() - ARITH * max_kept.float().abs()
+    r = t - hn * s["max_slack"] - hq * s["max_norm"]
+    low = torch.where(r >= 0, r / (1 + ARITH), r / (1 - ARITH))
+    pos, row = (a >= low[:, None]).nonzero(as_tuple=True)
+    av = a[pos, row]
+    keep = av + hn[pos] * s["slack"][row] + hq[pos] * s["norm"][row] + ARITH * av.abs() >= t[pos]
+    screened_in = torch.zeros_like(a, dtype=torch.bool)
+    screened_in[pos[keep], row[keep]] = True
+    return a, screened_in
 
 
-def ridge(p: dict, target: str):
-    import torch
-
-    x = torch.cat([features(p), torch.ones(len(p["hidden"]), 1)], 1).double()
-    y = target_of(p, target).double()
-    a = x.T @ x + RIDGE * len(x) * torch.eye(x.shape[1], dtype=torch.float64)
-    sol = torch.linalg.solve(a, x.T @ y)
-    return sol[:-1].float(), sol[-1:].float()
-
-
-def gaps(p: dict, weight, bias, target: str):
-    x = features(p)
-    return gap(x @ weight + bias, p["max_kept"], p["lse_kept"], target)
-
-
-def features(p: dict):
-    import torch
-
-    return torch.cat([p["hidden"], p["max_kept"][:, None], p["lse_kept"][:, None]], 1)
-
-
-def flag_rate(p: dict, weight, bias, target: str, margin: float) -> dict:
-    """How often the full row is read, and whether every dropped-argmax position is among them."""
-    flagged = gaps(p, weight, bias, target) <= margin
-    wins = p["max_dropped"] > p["max_kept"]
-    n, w, fw = len(flagged), int(wins.sum()), int((flagged & wins).sum())
-    return {"positions": n, "argmax_dropped": w, "argmax_coverage": round(1 - w / n, 6),
-            "full_row_reads": int(flagged.sum()), "full_row_rate": round(int(flagged.sum()) / n, 6),
-            "dropped_argmax_flagged": fw, "recall": round(fw / w, 6) if w else None}
-
-
-def estimator_path(base: str, parent: str, n: int) -> Path:
-    """Where a fitted estimator is kept (committed, like the keep lists): per base, parent checkpoint and N."""
-    return vocab_dir(base) / f"tail-{parent}-{n}.safetensors"
-
-
-def estimator(parent_dir: Path, base: str, parent: str, kept: list[int], keep_list_sha256: str, rows_name: str,
-              rows, refit: bool = False) -> tuple[dict, dict]:
-    """The committed estimator for this parent and keep list (checked: same keep list, same output rows), or a new
-    fit written there (with its report beside it) when there is none, it is stale, or refit is asked."""
-    from safetensors.torch import save_file
-
-    path = estimator_path(base, parent, len(kept))
-    report_path = path.with_suffix(".json")
-    if path.exists() and report_path.exists() and not refit:
-        tensors, meta = read(path)
-        if meta.get("keep_list_sha256") == keep_list_sha256 and meta.get("rows_sha256") == rows_sha256(rows):
-            return {"tensors": tensors, "metadata": meta}, json.loads(report_path.read_text())
-        print(f"{paths.shown(path)} was fitted for another keep list or checkpoint: refitting")
-    file, report = fit(parent_dir, base, kept, keep_list_sha256, rows_name)
-    report = {"parent": parent, "estimator": paths.shown(path), **report}
-    for out, write in ((path, lambda t: save_file(file["tensors"], t, metadata=file["metadata"])),
-                       (report_path, lambda t: t.write_text(json.dumps(report, indent=1) + "\n"))):
-        tmp = out.with_name(f".{out.name}.tmp")
-        write(tmp)
-        tmp.rename(out)
-    return file, report
-
-
-def fit(parent_dir: Path, base: str, kept: list[int], keep_list_sha256: str, rows_name: str,
-        max_positions: int = 40_000) -> tuple[dict, dict]:
-    """(tensors and metadata for TAIL_FILE, report). Reads the parent (never written) with transformers."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    t0 = time.monotonic()
-    tok = AutoTokenizer.from_pretrained(parent_dir)
-    model = AutoModelForCausalLM.from_pretrained(parent_dir, dtype=torch.bfloat16).eval()
-    rows = model.get_output_embeddings().weight.detach()
-    vocab = rows.shape[0]
-    kept_mask = torch.zeros(vocab, dtype=torch.bool)
-    kept_mask[torch.tensor(kept)] = True
-    budget = {"text/calibration": max_positions // 2, "answers/calibration": max_positions // 2,
-              "text/held_out": max_positions // 4, "answers/held_out": max_positions // 4}
-    sets = {name: positions(model, rows, kept_mask, seqs) for name, seqs in sequences(tok, base, budget).items()}
-    cat = {k: torch.cat([sets["text/calibration"][k], sets["answers/calibration"][k]]) for k in sets["text/calibration"]}
-    held = {k: torch.cat([sets["text/held_out"][k], sets["answers/held_out"][k]]) for k in cat}
-    candidates = {}
-    for target in TARGETS:
-        weight, bias = ridge(cat, target)
-        need = gaps(held, weight, bias, target)[held["max_dropped"] > held["max_kept"]]
-        margin = (float(need.max()) if len(need) else 0.0) + SAFETY_NATS
-        candidates[target] = {
-            "weight": weight, "bias": bias, "margin": margin,
-            "per_set": {name: flag_rate(p, weight, bias, target, margin) for name, p in sets.items()}}
-    best = min(TARGETS, key=lambda t: candidates[t]["per_set"]["text/held_out"]["full_row_rate"]
-               + candidates[t]["per_set"]["answers/held_out"]["full_row_rate"])
-    c = candidates[best]
-    meta = {"target": best, "margin": f"{c['margin']:.6f}", "keep_list_sha256": keep_list_sha256,
-            "rows_sha256": rows_sha256(rows), "rows_from": rows_name, "safety_nats": str(SAFETY_NATS)}
-    report = {"target": best, "margin": round(c["margin"], 4), "safety_nats": SAFETY_NATS, "ridge": RIDGE,
-              "rows_sha256": meta["rows_sha256"], "threads": torch.get_num_threads(),
-              "candidates": {t: {"margin": round(v["margin"], 4), "per_set": v["per_set"]}
-                             for t, v in candidates.items()},
-              "sets": {"fit": ["text/calibration", "answers/calibration"],
-                       "margin": ["text/held_out", "answers/held_out"], "check": ["generations/held_out"]},
-              "seconds": round(time.monotonic() - t0, 1)}
-    return {"tensors": {"weight": c["weight"].contiguous(), "bias": c["bias"].contiguous()}, "metadata": meta}, report
+def fill(h, kept_logits, kept_idx, s, matrix, vocab: int):
+    """The full row of logits for these hidden states: kept ones as given, dropped ones screened and recomputed where
+    they could win. Returns (logits [positions, vocab] in kept_logits' dtype, counters of this step)."""
+    mx = kept_logits.float().max(-1).values
+    full = kept_logits.new_empty(kept_logits.shape[0], vocab)
+    full.index_copy_(1, kept_idx, kept_logits)
+    if h.shape[0] > SCREEN_MAX_POSITIONS:
+        screened_in, rows, whole = None, s["dropped"], True
+    else:
+        a, screened_in = screen(h, s, mx)
+        full.index_copy_(1, s["dropped"], a.to(full.dtype))
+        rows = screened_in.any(0).nonzero().squeeze(1)
+        whole = rows.numel() > FULL_FRACTION * len(s["dropped"])
+    if whole:
+        exact = (h.to(matrix.dtype) @ matrix[:vocab].T)[:, s["dropped"]]
+        ids = s["dropped"]
+    elif rows.numel():
+        ids = s["dropped"][rows]
+        exact = h.to(matrix.dtype) @ matrix.index_select(0, ids).T
+    else:
+        ids, exact = None, None
+    if ids is not None:
+        full.index_copy_(1, ids, exact.to(full.dtype))
+    wins = 0 if exact is None else int((exact.float().max(-1).values > mx).sum())
+    counts = {"positions": int(h.shape[0]), "rows_recomputed": 0 if whole else int(rows.numel()),
+              "positions_screened_in": int(h.shape[0]) if screened_in is None else int(screened_in.any(1).sum()),
+              "whole_matrix_reads": int(whole), "dropped_argmax": wins}
+    return full, counts

@@ -1,110 +1,121 @@
-"""The tail fallback's estimator (scripts.levers.vocab.tail): its decision rule, its fit on synthetic hidden states,
-and the refusals at load (pure logic; the served fallback is tested with the real server in test_vocab.py)."""
+"""The exact tail fallback's screen (scripts.levers.vocab.tail) on synthetic output matrices, with torch's real CPU int4
+kernel: the bound holds on every row, the served row's argmax is the full product's at every position (dropped
+winners included), and the refusals (the served fallback is tested with the real server in test_vocab.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from scripts.levers.vocab import tail
+from scripts.levers.vocab import plugin, tail
 
 
-def synthetic(n: int, seed: int, vocab: int = 400, hidden: int = 16, kept: int = 300):
+def head(vocab: int = 2000, hidden: int = 64, kept: int = 301, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    rows = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0))
-    h = torch.randn(n, hidden, generator=g) * 1.5
-    z = h @ rows.T
-    mask = torch.zeros(vocab, dtype=torch.bool)
-    mask[:kept] = True
-    k, d = z[:, mask], z[:, ~mask]
-    return {"hidden": h, "max_kept": k.max(-1).values, "lse_kept": k.logsumexp(-1),
-            "max_dropped": d.max(-1).values, "lse_dropped": d.logsumexp(-1)}, z, mask
+    rows = (torch.randn(vocab, hidden, generator=g) * 0.05).to(torch.bfloat16)
+    kept_ids = torch.randperm(vocab, generator=g)[:kept].sort().values
+    return rows, kept_ids
 
 
-def test_gap_is_the_margin_that_flags_a_position():
-    est, mx, lse = torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0]), torch.tensor([2.5, 2.5])
-    assert tail.gap(est, mx, lse, "max_dropped").tolist() == [1.0, -1.0]
-    # tail_mass: log p(best kept) - log tail mass, with p(best kept) = exp(mx - lse) * (1 - tail mass)
-    q = torch.tensor([-0.5])
-    want = (2.0 - 2.5) + torch.log1p(-torch.exp(q)) - q
-    assert torch.allclose(tail.gap(q, torch.tensor([2.0]), torch.tensor([2.5]), "tail_mass"), want)
+def hidden_states(rows, kept_ids, n: int, seed: int):
+    """Random states pointed at a row each, as a confident model's are: a dropped one for half of them (a held-out
+    task's word), a kept one for the rest."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, rows.shape[1], generator=g) * 4
+    mask = torch.ones(rows.shape[0], dtype=torch.bool)
+    mask[kept_ids] = False
+    dropped = mask.nonzero().squeeze(1)
+    pick = torch.cat([dropped[torch.randint(len(dropped), (n // 2,), generator=g)],
+                      kept_ids[torch.randint(len(kept_ids), (n - n // 2,), generator=g)]])
+    h += rows[pick].float() * 400
+    return h.to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("target", tail.TARGETS)
-def test_fitted_margin_flags_every_dropped_argmax_of_the_margin_set(target):
-    fit_set, _, _ = synthetic(4000, 1)
-    held, z, mask = synthetic(2000, 2)
-    weight, bias = tail.ridge(fit_set, target)
-    need = tail.gaps(held, weight, bias, target)[held["max_dropped"] > held["max_kept"]]
-    assert len(need) > 10  # the synthetic head does drop some argmaxes
-    margin = float(need.max())
-    r = tail.flag_rate(held, weight, bias, target, margin)
-    assert r["recall"] == 1.0 and r["argmax_dropped"] == len(need)
-    assert r["full_row_rate"] < 1.0
-    # the serving rule (flags, from kept logits) decides exactly as the fit's table did
-    served = tail.flags(held["hidden"], z[:, mask], weight, bias, target, margin)
-    assert int(served.sum()) == r["full_row_reads"]
-    smaller = tail.flag_rate(held, weight, bias, target, margin - 1e-3)
-    assert smaller["recall"] < 1.0
+def served(rows, kept_ids, h, batch: int = 8):
+    """The served rows of these states, `batch` positions a step (as the engine's decode steps are), summed counts."""
+    s = tail.build(rows, kept_ids)
+    out, counts = [], {}
+    for part in h.split(batch):
+        full, c = tail.fill(part, part @ rows[kept_ids].T, kept_ids, s, rows, rows.shape[0])
+        out.append(full)
+        counts = {k: counts.get(k, 0) + v for k, v in c.items()}
+    return torch.cat(out), counts
 
 
-def write(path, keep_sha="k" * 64, rows_sha="r" * 64, **extra):
-    meta = {"target": "max_dropped", "margin": "1.5", "keep_list_sha256": keep_sha, "rows_sha256": rows_sha, **extra}
-    (path / tail.TAIL_FILE).parent.mkdir(exist_ok=True)
-    save_file({"weight": torch.zeros(18), "bias": torch.zeros(1)}, path / tail.TAIL_FILE, metadata=meta)
+def test_bound_holds_on_every_row_for_bf16_and_float32_states():
+    rows, kept_ids = head()
+    s = tail.build(rows, kept_ids)
+    for h in (hidden_states(rows, kept_ids, 64, 1), torch.randn(64, rows.shape[1]) * 3):
+        a, bound = tail.approx_and_bound(h, s)
+        exact = h.float() @ rows[s["dropped"]].float().T
+        assert ((exact - a).abs() <= bound).all()
+        assert float(bound.mean()) < float(exact.std())  # and it is a screen, not everything
+        # the two-pass screen passes exactly the rows the dense rule passes
+        best = (h.to(torch.bfloat16) @ rows[kept_ids].T).float().max(-1).values
+        dense = a + bound >= (best - tail.ARITH * best.abs())[:, None]
+        assert torch.equal(tail.screen(h, s, best)[1], dense) and dense.any()
 
 
-def test_load_refuses_another_keep_list_naming_both_hashes(tmp_path):
-    write(tmp_path, keep_sha="a" * 64)
-    with pytest.raises(tail.TailError, match="keep list aaaaaaaaaaaa.*keeps bbbbbbbbbbbb"):
-        tail.load(tmp_path, "b" * 64)
-    assert tail.load(tmp_path, "a" * 64)["margin"] == 1.5
+def test_served_argmax_is_the_full_products_including_dropped_winners():
+    rows, kept_ids = head()
+    h = hidden_states(rows, kept_ids, 64, 2)
+    full, counts = served(rows, kept_ids, h)
+    exact = (h @ rows.T).float()
+    assert torch.equal(full.float().argmax(-1), exact.argmax(-1))
+    kept_set = set(kept_ids.tolist())
+    winners = sum(int(i) not in kept_set for i in exact.argmax(-1))
+    assert winners >= 16 and counts["dropped_argmax"] == winners
+    assert counts["positions"] == 64 and counts["rows_recomputed"] > 0
+    assert counts["whole_matrix_reads"] == 0
+    # kept logits are the kept product's; every dropped logit is within its bound (none is -inf)
+    assert torch.equal(full[:, kept_ids], h @ rows[kept_ids].T)
+    assert torch.isfinite(full).all()
 
 
-def test_load_names_a_missing_file(tmp_path):
-    with pytest.raises(tail.TailError, match=f"{tail.TAIL_FILE} is missing.*pruned-only"):
-        tail.load(tmp_path, "k" * 64)
+def test_many_rows_screened_in_read_the_whole_matrix_and_stay_exact(monkeypatch):
+    monkeypatch.setattr(tail, "FULL_FRACTION", 0.0)
+    rows, kept_ids = head()
+    h = hidden_states(rows, kept_ids, 8, 3)
+    full, counts = served(rows, kept_ids, h)
+    assert counts["whole_matrix_reads"] == 1
+    assert torch.equal(full.float().argmax(-1), (h @ rows.T).float().argmax(-1))
 
 
-def test_rows_of_another_checkpoint_are_refused_with_both_hashes(tmp_path):
-    rows = torch.randn(8, 4).to(torch.bfloat16)
-    write(tmp_path, rows_sha=tail.rows_sha256(rows))
-    t = tail.load(tmp_path, "k" * 64)
-    tail.check_rows(t, rows)
-    other = rows.clone()
-    other[0, 0] += 1
-    with pytest.raises(tail.TailError, match=f"rows {tail.rows_sha256(rows)[:12]}.*is {tail.rows_sha256(other)[:12]}"):
-        tail.check_rows(t, other)
+def test_a_step_of_many_positions_reads_the_whole_matrix_and_is_exact():
+    rows, kept_ids = head()
+    h = hidden_states(rows, kept_ids, 32, 4)
+    full, counts = served(rows, kept_ids, h, batch=tail.SCREEN_MAX_POSITIONS + 8)
+    assert counts["whole_matrix_reads"] == 2 and counts["rows_recomputed"] == 0
+    assert torch.equal(full.float().argmax(-1), (h @ rows.T).float().argmax(-1))
 
 
-def test_committed_estimator_is_reused_only_for_its_keep_list_and_rows(tmp_path, monkeypatch):
-    monkeypatch.setattr(tail, "vocab_dir", lambda base: tmp_path)
-    rows = torch.randn(8, 4).to(torch.bfloat16)
-    fits = []
+def test_a_kernel_that_breaks_the_bound_is_refused(monkeypatch):
+    real = tail.quantize
 
-    def fake_fit(parent_dir, base, kept, keep_sha, rows_name):
-        fits.append(keep_sha)
-        meta = {"target": "max_dropped", "margin": "1.0", "keep_list_sha256": keep_sha,
-                "rows_sha256": tail.rows_sha256(rows)}
-        return {"tensors": {"weight": torch.zeros(6), "bias": torch.zeros(1)}, "metadata": meta}, {"target": "max_dropped"}
+    def shifted_zero(rows):  # a layout whose zero point differs from the one the bound assumes
+        packed, scales_zeros, deq = real(rows)
+        return packed, scales_zeros + torch.tensor([0.0, 0.05], dtype=scales_zeros.dtype), deq
 
-    monkeypatch.setattr(tail, "fit", fake_fit)
-    args = (tmp_path, "b", "p", [0, 1, 2])
-    _, report = tail.estimator(*args, "a" * 64, "tied", rows)
-    assert fits == ["a" * 64] and (tmp_path / "tail-p-3.safetensors").exists()
-    assert report["estimator"].endswith("tail-p-3.safetensors") and json_of(tmp_path / "tail-p-3.json") == report
-    tail.estimator(*args, "a" * 64, "tied", rows)
-    assert fits == ["a" * 64]  # reused
-    tail.estimator(*args, "b" * 64, "tied", rows)  # another keep list: refitted
-    other = rows.clone()
-    other[0, 0] += 1
-    tail.estimator(*args, "b" * 64, "tied", other)  # another checkpoint: refitted
-    tail.estimator(*args, "b" * 64, "tied", other, refit=True)
-    assert fits == ["a" * 64, "b" * 64, "b" * 64, "b" * 64]
+    monkeypatch.setattr(tail, "quantize", shifted_zero)
+    rows, kept_ids = head()
+    with pytest.raises(tail.TailError, match="bound fails on exact products"):
+        tail.build(rows, kept_ids)
 
 
-def json_of(path):
-    import json
+def test_hidden_size_off_the_group_is_refused():
+    rows, kept_ids = head(hidden=48)
+    with pytest.raises(tail.TailError, match="not a multiple of the screen's group of 32"):
+        tail.build(rows, kept_ids)
 
-    return json.loads(path.read_text())
+
+def test_checkpoint_asking_for_another_tail_method_fails_to_load(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"vocab_pruning": {"tail": "vocab_tail/estimator.safetensors"}}))
+    with pytest.raises(tail.TailError, match="estimator.safetensors.*rebuild with `make prune-vocab`"):
+        plugin.tail_of(str(tmp_path))
+    cfg.write_text(json.dumps({"vocab_pruning": {"tail": tail.config()}}))
+    assert plugin.tail_of(str(tmp_path)) == {"where": str(cfg)}
+    cfg.write_text(json.dumps({"vocab_pruning": {}}))
+    assert plugin.tail_of(str(tmp_path)) is None
