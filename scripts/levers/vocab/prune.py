@@ -13,7 +13,8 @@ kept, ids in range), and writes MODEL (a temp directory, verified, renamed into 
     kept rows, scattered to their original ids (-inf elsewhere). Tokenizer files are copied unchanged.
 With PRUNE_TAIL=1 (a tied parent only) config.json's vocab_pruning also asks for the exact tail fallback
 (scripts.levers.vocab.tail): the plugin screens the dropped rows with a 4-bit copy it derives at load; nothing is
-fitted or stored, and the screen is built and its bound checked here once, timed beside the head.
+fitted or stored. Here the screen is built and its bound checked once, timed beside the head, and (for an unquantized
+parent, which transformers runs on a CPU) run on the parent's own held-out positions (scripts.levers.vocab.tail.report).
 It also times, on this machine, the output layer a decode step runs: the full head vs the kept rows plus the scatter,
 at batch 1 and 8 (the scatter's cost per step), and writes it with the provenance to PROVENANCE.json and to
 experiments/<variant>/prune_<timestamp>.json.
@@ -106,7 +107,8 @@ def time_screen(rows, kept_ids, repeat: int) -> dict:
             "screen": _median_us(lambda: tail.screen(h, screen, mx), repeat)}
 
 
-def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = None, timing_repeat: int = 200) -> Path:
+def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = None, timing_repeat: int = 200,
+          tail_positions: int = 2_000) -> Path:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
@@ -150,8 +152,15 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
         raise VocabError(f"{parent.name}'s output layer is untied: the tail fallback reads full rows from the input "
                          f"embedding, which then is not the output matrix")
     timing = time_head(rows, kept, repeat=timing_repeat)
+    tail_report = None
     if with_tail:
         timing["tail_screen"] = time_screen(rows, kept, repeat=timing_repeat)
+        if "quantization_config" in cfg:
+            tail_report = {"skipped": f"{parent.name} is quantized ({cfg['quantization_config'].get('format', '?')}): "
+                                      f"transformers cannot run its forward on a CPU; the served engine's counters "
+                                      f"report the screen"}
+        else:
+            tail_report = tail.report(src, s["BASE"], kept, tail_positions)
     tensors["lm_head.weight"] = rows[kept].contiguous()
 
     with paths.staged(dest) as tmp:
@@ -173,7 +182,8 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
                       "keep_list": keep["path"], "keep_list_sha256": keep["sha256"], "output_rows_from": rows_name,
                       "output_layer_bytes": {"parent": rows.numel() * rows.element_size(),
                                              "pruned": n * rows.shape[1] * rows.element_size()},
-                      "head_timing_this_machine": timing, "tail_fallback": tail.config() if with_tail else None,
+                      "head_timing_this_machine": timing,
+                      "tail_fallback": {**tail.config(), "held_out": tail_report} if with_tail else None,
                       "seconds": round(time.monotonic() - t0, 1)}
         (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
         verify(tmp, shapes=False)
@@ -191,6 +201,11 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
         t = timing["tail_screen"]
         print(f"  tail screen, batch 1: {t['screen']} us for {t['dropped_rows']:,} dropped rows (built and its bound "
               f"checked in {t['build_seconds']} s)")
+        for name, r in (tail_report.get("sets") or {}).items():
+            print(f"  {name}: argmax dropped at {r['argmax_dropped']} of {r['positions']:,} positions (all screened "
+                  f"in: {r['argmax_dropped_screened_in'] == r['argmax_dropped']}); a row screened in at "
+                  f"{r['positions_screened_in_rate']:.1%}, {r['rows_screened_in_per_position']['mean']} rows a "
+                  f"position; largest error {r['max_error_over_bound']:.2f} of its bound")
     return dest
 
 

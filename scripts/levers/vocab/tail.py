@@ -1,4 +1,4 @@
-"""The exact tail fallback of a pruned output vocabulary: a 4-bit screen of the dropped rows with a proven error bound.
+"""The exact tail fallback of a pruned output vocabulary: an 8-bit screen of the dropped rows with a proven error bound.
 
     make prune-vocab VARIANT=gemma3-270m-v32k-tail      # PRUNE_TAIL=1 in config.env; nothing is fitted
 
@@ -6,41 +6,43 @@ A pruned head (scripts.levers.vocab.prune) computes logits for the kept rows onl
 chosen, even where the parent would choose it. With PRUNE_TAIL=1 the serving plugin also screens every dropped token
 on every step, cheaply and without ever missing one that could win:
 
-  1. at load, the dropped rows of the full output matrix (the tied input embedding, which the model keeps anyway) are
-     quantized to 4 bits in groups of GROUP columns (asymmetric, BF16 scale and zero point: the layout of torch's CPU
-     int4 kernel), and each row's quantization error e_j = w_j - deq(w_j) is measured as a norm;
-  2. per step, one int4 product gives every dropped logit approximately: a_j = h . deq(w_j);
-  3. by Cauchy-Schwarz the exact logit h . w_j lies within
-         bound_j = |h_b| (|e_j| + ARITH |w_j|) + |h - h_b| |w_j| + ARITH |a_j|
-     of a_j (h_b: the hidden state in BF16 as the kernel reads it; ARITH covers BF16 rounding of the kernel's output
-     and its dequantized weights; |e_j| + ARITH |w_j| is kept per row as its slack);
+  1. at load, the dropped rows w_j of the full output matrix (the tied input embedding, which the model keeps anyway)
+     are quantized to int8, one scale per row, and handed to vLLM's oneDNN int8 GEMM (the CPU kernel its W8A8 layers
+     use: AMX or VNNI where the CPU has them); each row's error |e_j| = |w_j - deq(w_j)| and |deq(w_j)| are kept;
+  2. per step, the hidden state h is quantized to int8 per position (vLLM's own quantizer, so its h^ is known
+     exactly) and one int8 product gives every dropped logit approximately: a_j = h^ . deq(w_j);
+  3. since h . w_j - h^ . deq(w_j) = h . e_j + (h - h^) . deq(w_j), Cauchy-Schwarz puts the exact logit within
+         bound_j = |h| |e_j| + |h - h^| |deq(w_j)| + ARITH |a_j|
+     of a_j (ARITH covers the BF16 rounding of the kernel's output; int8 products accumulate exactly);
   4. a dropped row with a_j + bound_j below the best kept logit cannot be the argmax; every other one ("screened in")
      gets its exact logit from its BF16 row. Where more than FULL_FRACTION of the dropped rows are screened in at one
      step, or the step has more than SCREEN_MAX_POSITIONS positions, it reads the whole matrix instead.
 
 The served row is then: kept logits exact, screened-in dropped logits exact, every other dropped logit within its
-bound of the parent's (not -inf: sampling sees the tail as the parent does, up to 4-bit error). The greedy choice is
+bound of the parent's (not -inf: sampling sees the tail as the parent does, up to int8 error). The greedy choice is
 the parent's at every position by construction, not by a margin fitted on data; what remains is the BF16 rounding any
 change of kernel has (near-ties, scripts/measure/identity.py). Nothing is fitted or stored: the screen is derived at
 load from the very rows the model serves, so it cannot belong to another checkpoint or keep list; build() checks the
 bound against exact products before the model serves, and refuses to serve if it does not hold.
 
 This replaces the one-row estimator of the best dropped logit (measured 2026-11-24 at commit cf09158: its error spanned
-~10 nats, so to miss no dropped argmax it read the full row at 70-96 % of positions, 0.76x BF16 on Gemma 3 270M).
+~10 nats, so to miss no dropped argmax it read the full row at 70-96 % of positions, 0.76x BF16 on Gemma 3 270M). A
+4-bit screen on torch's CPU int4 kernel was tried first (commit 37c5bd4): exact too, but that kernel's time grows with
+every position of a step (17 ms at 8 positions against 4 ms at one), so it lost to BF16 at 8 concurrent requests.
 """
 
 from __future__ import annotations
 
+import time
+
 from scripts.levers.vocab.keep import VocabError
 
-METHOD = "int4-screen"
-GROUP = 32  # columns per quantization group (the hidden size must be a multiple)
-ARITH = 2.0 ** -7  # relative slack for BF16 rounding in the kernel (its output and its dequantized weights)
+METHOD = "int8-screen"
+ARITH = 2.0 ** -7  # relative slack for the BF16 rounding of the kernel's output
 FULL_FRACTION = 0.25  # more dropped rows than this share screened in at one step: one product with the whole matrix
-# more positions than this in one step (a prefill asking for prompt log-probabilities, a large batch): the whole matrix
-# at once, which costs less there (the CPU int4 kernel's time grows with every position; a BF16 product's hardly does)
+# more positions than this in one step (a prefill asking for prompt log-probabilities): the whole matrix at once,
+# where the per-position bound arithmetic would cost more than it saves
 SCREEN_MAX_POSITIONS = 8
-PACK_ROWS = 64  # the kernel's packing wants a row count that is a multiple of this: zero rows pad it
 CHECK_VECTORS = 8  # random hidden states build() checks the bound on
 
 
@@ -50,30 +52,34 @@ class TailError(VocabError):
 
 def config() -> dict:
     """The `tail` entry of a pruned checkpoint's vocab_pruning block."""
-    return {"method": METHOD, "group_size": GROUP}
+    return {"method": METHOD}
 
 
 def check_config(entry, where: str) -> None:
-    if not isinstance(entry, dict) or entry.get("method") != METHOD or entry.get("group_size") != GROUP:
+    if not isinstance(entry, dict) or entry.get("method") != METHOD:
         raise TailError(f"{where}: vocab_pruning.tail is {entry!r}; this plugin serves {config()} (rebuild with "
                         f"`make prune-vocab`)")
 
 
 def quantize(rows):
-    """(packed int4 rows for the CPU kernel, [groups, rows, 2] BF16 scale and zero, dequantized rows float32)."""
+    """(int8 rows, float32 scale per row, dequantized rows float32): symmetric, the scale the row's largest value."""
     import torch
 
-    n, k = rows.shape
-    g = rows.float().view(n, k // GROUP, GROUP)
-    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-    scale = ((hi - lo) / 15).clamp(min=1e-8)
-    q = torch.round((g - lo) / scale).clamp(0, 15)
-    # the kernel dequantizes (q - 8) * scale + zero with BF16 scale and zero: the error is measured against that
-    scale_b, zero_b = scale.bfloat16(), (lo + 8 * scale).bfloat16()
-    deq = ((q - 8) * scale_b.float() + zero_b.float()).view(n, k)
-    packed = torch._convert_weight_to_int4pack_for_cpu(q.view(n, k).to(torch.int32), 1)
-    scales_zeros = torch.stack([scale_b.squeeze(-1).T, zero_b.squeeze(-1).T], -1).contiguous()
-    return packed, scales_zeros, deq
+    scale = (rows.abs().amax(1) / 127).clamp(min=1e-12).float().contiguous()
+    q = torch.round(rows / scale[:, None]).clamp(-127, 127)
+    return q.to(torch.int8), scale, q * scale[:, None]
+
+
+def kernel(q, scale):
+    """vLLM's oneDNN int8 GEMM over these rows. The handler reads q and scale again whenever it builds a primitive for
+    a new batch size, so the caller keeps both referenced as long as the handler."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    if not getattr(ops, "_supports_onednn", False):
+        raise TailError("this vLLM build has no oneDNN kernels (torch.ops._C.create_onednn_scaled_mm_handler): the "
+                        "int8 screen runs on vLLM's CPU build")
+    return ops.create_onednn_scaled_mm(q.t(), scale, torch.bfloat16, True, False, 32)
 
 
 def build(matrix, kept_ids) -> dict:
@@ -81,39 +87,36 @@ def build(matrix, kept_ids) -> dict:
     import torch
 
     if matrix.device.type != "cpu":
-        raise TailError(f"the int4 screen runs on the CPU only (torch's _weight_int4pack_mm_for_cpu); the output "
-                        f"matrix is on {matrix.device}")
-    vocab, hidden = matrix.shape
-    if hidden % GROUP:
-        raise TailError(f"hidden size {hidden} is not a multiple of the screen's group of {GROUP}")
-    mask = torch.ones(vocab, dtype=torch.bool)
+        raise TailError(f"the int8 screen runs on the CPU only (vLLM's oneDNN int8 GEMM); the output matrix is on "
+                        f"{matrix.device}")
+    mask = torch.ones(matrix.shape[0], dtype=torch.bool)
     mask[torch.as_tensor(kept_ids, dtype=torch.long)] = False
     dropped = mask.nonzero().squeeze(1)
     rows = matrix[dropped].float()
-    pad = -len(dropped) % PACK_ROWS
-    packed, scales_zeros, deq = quantize(torch.cat([rows, rows.new_zeros(pad, hidden)]))
-    norm = rows.norm(dim=1)
-    slack = (rows - deq[:len(dropped)]).norm(dim=1) + ARITH * norm  # the bound per unit of |h_b|
-    s = {"dropped": dropped, "packed": packed, "scales_zeros": scales_zeros, "slack": slack, "norm": norm,
-         "max_slack": float(slack.max()), "max_norm": float(norm.max())}
+    q, scale, deq = quantize(rows)
+    err, qnorm = (rows - deq).norm(dim=1), deq.norm(dim=1)
+    s = {"dropped": dropped, "handler": kernel(q, scale), "q": q, "scale": scale, "err": err, "qnorm": qnorm,
+         "max_err": float(err.max()), "max_qnorm": float(qnorm.max())}
     check_bound(s, matrix)
     return s
 
 
 def products(h, s):
-    """(every dropped row's approximate logit, float32 [positions, dropped]; |h_b| and |h - h_b| per position)."""
+    """(every dropped row's approximate logit, float32 [positions, dropped]; |h| and |h - h^| per position)."""
     import torch
+    from vllm import _custom_ops as ops
 
-    hb = h.to(torch.bfloat16)
-    a = torch._weight_int4pack_mm_for_cpu(hb, s["packed"], GROUP, s["scales_zeros"])[:, :len(s["dropped"])].float()
-    hbf = hb.float()
-    return a, hbf.norm(dim=1), (h.float() - hbf).norm(dim=1)
+    hf = h.float()
+    xq, xs, _ = ops.onednn_scaled_int8_quant(h.to(torch.bfloat16).contiguous(), None, None, True)
+    out = torch.empty((h.shape[0], len(s["dropped"])), dtype=torch.bfloat16)
+    ops.onednn_scaled_mm(s["handler"], xq, out, xs, None, None, None)
+    return out.float(), hf.norm(dim=1), (hf - xq.float() * xs).norm(dim=1)
 
 
 def approx_and_bound(h, s):
     """Every dropped row's approximate logit and the bound on its error, float32 [positions, dropped]."""
     a, hn, hq = products(h, s)
-    return a, hn[:, None] * s["slack"] + hq[:, None] * s["norm"] + ARITH * a.abs()
+    return a, hn[:, None] * s["err"] + hq[:, None] * s["qnorm"] + ARITH * a.abs()
 
 
 def check_bound(s, matrix, h=None) -> None:
@@ -129,25 +132,25 @@ def check_bound(s, matrix, h=None) -> None:
     exact = h.float() @ matrix[s["dropped"]].float().T
     worst = float(((exact - a).abs() / bound).max())
     if worst > 1:
-        raise TailError(f"the int4 screen's error bound fails on exact products (error {worst:.2f}x the bound): this "
-                        f"torch's int4 kernel is not the one the screen assumes")
+        raise TailError(f"the int8 screen's error bound fails on exact products (error {worst:.2f}x the bound): this "
+                        f"vLLM's int8 kernel is not the one the screen assumes")
 
 
 def screen(h, s, max_kept):
     """(approximate dropped logits, bool [positions, dropped]: rows that could beat the best kept logit).
 
     A row passes where a + bound >= T (T: the best kept logit less its BF16 rounding). Two passes keep that cheap:
-    the largest slack and norm over all rows give one threshold L per position that every passing row's a must reach
+    the largest |e_j| and |deq(w_j)| over all rows give one threshold L per position that every passing row's a must reach
     (a + ARITH |a| is increasing in a), and only rows at or above it get their own bound."""
     import torch
 
     a, hn, hq = products(h, s)
     t = max_kept.float() - ARITH * max_kept.float().abs()
-    r = t - hn * s["max_slack"] - hq * s["max_norm"]
+    r = t - hn * s["max_err"] - hq * s["max_qnorm"]
     low = torch.where(r >= 0, r / (1 + ARITH), r / (1 - ARITH))
     pos, row = (a >= low[:, None]).nonzero(as_tuple=True)
     av = a[pos, row]
-    keep = av + hn[pos] * s["slack"][row] + hq[pos] * s["norm"][row] + ARITH * av.abs() >= t[pos]
+    keep = av + hn[pos] * s["err"][row] + hq[pos] * s["qnorm"][row] + ARITH * av.abs() >= t[pos]
     screened_in = torch.zeros_like(a, dtype=torch.bool)
     screened_in[pos[keep], row[keep]] = True
     return a, screened_in
@@ -181,3 +184,80 @@ def fill(h, kept_logits, kept_idx, s, matrix, vocab: int):
               "positions_screened_in": int(h.shape[0]) if screened_in is None else int(screened_in.any(1).sum()),
               "whole_matrix_reads": int(whole), "dropped_argmax": wins}
     return full, counts
+
+
+# ------------------------------------------------------------------------------------------------------- report
+# held-out sets the report teacher-forces: BIG-bench tasks the keep list never saw (their text, and the parent's
+# answers to their prompts), and the parent's answers to spec-v1-eval (results/vocab/<base>/answers/)
+REPORT_SETS = {"text/held_out": None, "answers/held_out": "bigbench-held_out-*",
+               "generations/held_out": "spec-v1-eval.jsonl-*"}
+
+
+def held_out_sequences(tok, base: str, max_positions: int, chunk: int = 256) -> dict[str, list[tuple[list, int]]]:
+    """Per set, (token ids, first scored position) pairs, up to max_positions scored positions each."""
+    from scripts.common import paths
+    from scripts.data import bigbench_corpus
+    from scripts.levers.vocab.analyze import read_answers
+    from scripts.levers.vocab.keep import vocab_dir
+
+    out: dict[str, list[tuple[list, int]]] = {}
+    for name, glob in REPORT_SETS.items():
+        if glob is None:
+            pairs, _ = bigbench_corpus.texts("held_out", 2_000)
+            rows = [(ids[:chunk], 1) for ids in tok([t for _, t in pairs], add_special_tokens=False)["input_ids"]
+                    if len(ids) >= 8]
+        else:
+            files = sorted((vocab_dir(base) / "answers").glob(glob + ".json.gz"))
+            if not files:
+                raise TailError(f"no {paths.shown(vocab_dir(base) / 'answers')}/{glob}.json.gz: run "
+                                f"`make analyze-vocab` first")
+            rows = [(a["prompt_ids"] + a["ids"], len(a["prompt_ids"])) for a in read_answers(files[-1]) if a["ids"]]
+        seqs, n = [], 0
+        for ids, start in rows:
+            if n >= max_positions:
+                break
+            seqs.append((ids, start))
+            n += len(ids) - start
+        out[name] = seqs
+    return out
+
+
+def report(parent_dir, base: str, kept_ids, max_positions: int = 2_000) -> dict:
+    """The screen on the parent's own held-out positions, teacher-forced with transformers (the parent is read, never
+    written): how often a dropped token is the argmax, how often any row is screened in and how many, and the
+    largest error seen as a share of its bound (at most 1, or build() would have refused)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.monotonic()
+    tok = AutoTokenizer.from_pretrained(parent_dir)
+    model = AutoModelForCausalLM.from_pretrained(parent_dir, dtype=torch.bfloat16).eval()
+    rows = model.get_output_embeddings().weight.detach()
+    s = build(rows, kept_ids)
+    kept_idx = torch.as_tensor(kept_ids, dtype=torch.long)
+    out = {"positions_per_set": max_positions, "sets": {}}
+    with torch.inference_mode():
+        for name, seqs in held_out_sequences(tok, base, max_positions).items():
+            counts, worst, wins, caught = [], 0.0, 0, 0
+            for ids, start in seqs:
+                h = model.model(torch.tensor([ids])).last_hidden_state[0, start - 1:-1]
+                exact = h.float() @ rows.float().T
+                mx = (h @ rows[kept_idx].T).float().max(-1).values
+                a, screened_in = screen(h, s, mx)
+                _, bound = approx_and_bound(h, s)
+                worst = max(worst, float(((exact[:, s["dropped"]] - a).abs() / bound).max()))
+                win = exact[:, s["dropped"]].max(-1)
+                won = win.values > mx
+                wins += int(won.sum())
+                caught += int(screened_in[won, win.indices[won]].sum())
+                counts.append(screened_in.sum(1))
+            c = torch.cat(counts).float()
+            out["sets"][name] = {
+                "positions": len(c), "argmax_dropped": wins, "argmax_dropped_screened_in": caught,
+                "positions_screened_in": int((c > 0).sum()),
+                "positions_screened_in_rate": round(float((c > 0).float().mean()), 4),
+                "rows_screened_in_per_position": {"mean": round(float(c.mean()), 2), "p99": float(c.quantile(0.99)),
+                                                  "max": int(c.max())},
+                "max_error_over_bound": round(worst, 4)}
+    out["seconds"] = round(time.monotonic() - t0, 1)
+    return out

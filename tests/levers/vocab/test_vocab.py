@@ -219,13 +219,13 @@ TAIL = "smollm2-v16k-tail"
 
 @pytest.fixture(scope="module")
 def tail_server(embedded_weights, tmp_path_factory):
-    """The tail-fallback variant, built and served (the plugin derives its int4 screen at load); its counters are
+    """The tail-fallback variant, built and served (the plugin derives its int8 screen at load); its counters are
     written to tail.json (set like any server setting: the variant's config.env names its own path)."""
     from scripts.levers.vocab.plugin import STATS_ENV
     from scripts.levers.vocab.prune import prune
     from tests.conftest import serve
 
-    prune(TAIL, record_dir=tmp_path_factory.mktemp("prune-tail-record"))
+    prune(TAIL, record_dir=tmp_path_factory.mktemp("prune-tail-record"), tail_positions=128)
     d = tmp_path_factory.mktemp("serve-tail")
     with serve(TAIL, d, [f"ENV_{STATS_ENV}={d / 'tail.json'}"]) as s:
         yield s, d / "tail.json"
@@ -276,8 +276,11 @@ def test_tail_fallback_greedy_output_is_the_parents(tail_server, hf_reference):
         for pos, t in enumerate(out):
             gap = float(lp[pos].max() - lp[pos, t])
             assert gap <= TIE_NATS, f"token {pos}: {tok.decode([t])!r} is {gap:.3f} nats below the parent's pick"
+    held_out = json.loads((paths.WEIGHTS / TAIL / "PROVENANCE.json").read_text())["tail_fallback"]["held_out"]
+    for name, r in held_out["sets"].items():  # the build's own check on the parent's held-out positions
+        assert r["argmax_dropped_screened_in"] == r["argmax_dropped"] and r["max_error_over_bound"] <= 1, name
     counts = json.loads(stats.read_text())
-    assert counts["method"] == "int4-screen" and counts["positions"] > 0 and counts["dropped_argmax"] >= 1
+    assert counts["method"] == "int8-screen" and counts["positions"] > 0 and counts["dropped_argmax"] >= 1
     assert counts["rows_recomputed"] > 0 and counts["whole_matrix_reads"] < counts["calls"]
 
 
