@@ -22,13 +22,15 @@ bound; per step, every dropped token that could beat the best kept logit gets it
 the greedy choice is the parent's at every position. A screen whose bound fails on exact products, or a checkpoint
 whose tail entry is another method, fails the load. With LAB_VOCAB_TAIL_STATS=<path> in the server's environment
 (relative: to the repository), the engine writes its counters (positions, positions with a row screened in, rows
-recomputed, whole-matrix reads, positions whose argmax was a dropped id) there every STATS_EVERY steps.
+recomputed, whole-matrix reads, positions whose argmax was a dropped id, seconds spent screening) there every
+STATS_EVERY steps.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from scripts.common import paths
@@ -108,10 +110,12 @@ def _wrap(base_name: str):
             """Dropped tokens screened on every position; the ones that could win get their exact logits."""
             from scripts.levers.vocab import tail
 
+            t0 = time.perf_counter()
             full, step = tail.fill(hidden_states, kept, self.kept_ids, self.tail["screen"], self._rows_of[0].weight,
                                    self.full_vocab)
             c = self.tail_counts
             c["calls"] += 1
+            c["seconds"] = c.get("seconds", 0.0) + time.perf_counter() - t0  # the screen's own cost on this engine
             for k, v in step.items():
                 c[k] = c.get(k, 0) + v
             if c["calls"] % STATS_EVERY == 1 and os.environ.get(STATS_ENV):

@@ -102,7 +102,8 @@ def build(matrix, kept_ids) -> dict:
 
 
 def products(h, s):
-    """(every dropped row's approximate logit, float32 [positions, dropped]; |h| and |h - h^| per position)."""
+    """(every dropped row's approximate logit, BF16 [positions, dropped] as the kernel writes it; |h| and |h - h^| per
+    position, float32)."""
     import torch
     from vllm import _custom_ops as ops
 
@@ -110,12 +111,13 @@ def products(h, s):
     xq, xs, _ = ops.onednn_scaled_int8_quant(h.to(torch.bfloat16).contiguous(), None, None, True)
     out = torch.empty((h.shape[0], len(s["dropped"])), dtype=torch.bfloat16)
     ops.onednn_scaled_mm(s["handler"], xq, out, xs, None, None, None)
-    return out.float(), hf.norm(dim=1), (hf - xq.float() * xs).norm(dim=1)
+    return out, hf.norm(dim=1), (hf - xq.float() * xs).norm(dim=1)
 
 
 def approx_and_bound(h, s):
     """Every dropped row's approximate logit and the bound on its error, float32 [positions, dropped]."""
     a, hn, hq = products(h, s)
+    a = a.float()
     return a, hn[:, None] * s["err"] + hq[:, None] * s["qnorm"] + ARITH * a.abs()
 
 
@@ -137,7 +139,7 @@ def check_bound(s, matrix, h=None) -> None:
 
 
 def screen(h, s, max_kept):
-    """(approximate dropped logits, bool [positions, dropped]: rows that could beat the best kept logit).
+    """(approximate dropped logits (BF16), bool [positions, dropped]: rows that could beat the best kept logit).
 
     A row passes where a + bound >= T (T: the best kept logit less its BF16 rounding). Two passes keep that cheap:
     the largest |e_j| and |deq(w_j)| over all rows give one threshold L per position that every passing row's a must reach
@@ -149,7 +151,7 @@ def screen(h, s, max_kept):
     r = t - hn * s["max_err"] - hq * s["max_qnorm"]
     low = torch.where(r >= 0, r / (1 + ARITH), r / (1 - ARITH))
     pos, row = (a >= low[:, None]).nonzero(as_tuple=True)
-    av = a[pos, row]
+    av = a[pos, row].float()
     keep = av + hn[pos] * s["err"][row] + hq[pos] * s["qnorm"][row] + ARITH * av.abs() >= t[pos]
     screened_in = torch.zeros_like(a, dtype=torch.bool)
     screened_in[pos[keep], row[keep]] = True
@@ -166,7 +168,7 @@ def fill(h, kept_logits, kept_idx, s, matrix, vocab: int):
         screened_in, rows, whole = None, s["dropped"], True
     else:
         a, screened_in = screen(h, s, mx)
-        full.index_copy_(1, s["dropped"], a.to(full.dtype))
+        full.index_copy_(1, s["dropped"], a if a.dtype == full.dtype else a.to(full.dtype))
         rows = screened_in.any(0).nonzero().squeeze(1)
         whole = rows.numel() > FULL_FRACTION * len(s["dropped"])
     if whole:
@@ -242,12 +244,12 @@ def report(parent_dir, base: str, kept_ids, max_positions: int = 2_000) -> dict:
             for ids, start in seqs:
                 h = model.model(torch.tensor([ids])).last_hidden_state[0, start - 1:-1]
                 exact = h.float() @ rows.float().T
-                mx = (h @ rows[kept_idx].T).float().max(-1).values
-                a, screened_in = screen(h, s, mx)
-                _, bound = approx_and_bound(h, s)
+                mx = (h @ rows[kept_idx].T).float().max(-1).values  # the best kept logit as served (BF16)
+                _, screened_in = screen(h, s, mx)
+                a, bound = approx_and_bound(h, s)
                 worst = max(worst, float(((exact[:, s["dropped"]] - a).abs() / bound).max()))
                 win = exact[:, s["dropped"]].max(-1)
-                won = win.values > mx
+                won = win.values > exact[:, kept_idx].max(-1).values  # the parent's argmax is dropped
                 wins += int(won.sum())
                 caught += int(screened_in[won, win.indices[won]].sum())
                 counts.append(screened_in.sum(1))
