@@ -122,7 +122,8 @@ def _wrap(base_name: str):
                 out = paths.ROOT / os.environ[STATS_ENV]  # (an absolute path stays itself)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps({**c, "method": tail.METHOD}) + "\n")
+                kernel = self.tail["screen"]["kernel"]
+                tmp.write_text(json.dumps({**c, "method": tail.METHOD, "kernel": kernel}) + "\n")
                 tmp.replace(out)
             return full
 

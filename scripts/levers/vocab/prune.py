@@ -103,7 +103,7 @@ def time_screen(rows, kept_ids, repeat: int) -> dict:
     built = round(time.monotonic() - t, 2)
     h = torch.randn(1, rows.shape[1], dtype=torch.bfloat16)
     mx = torch.full((1,), float("inf"))  # nothing screened in: the screen's own cost
-    return {"dropped_rows": len(screen["dropped"]), "build_seconds": built,
+    return {"kernel": screen["kernel"], "dropped_rows": len(screen["dropped"]), "build_seconds": built,
             "screen": _median_us(lambda: tail.screen(h, screen, mx), repeat)}
 
 

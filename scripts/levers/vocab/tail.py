@@ -7,13 +7,17 @@ chosen, even where the parent would choose it. With PRUNE_TAIL=1 the serving plu
 on every step, cheaply and without ever missing one that could win:
 
   1. at load, the dropped rows w_j of the full output matrix (the tied input embedding, which the model keeps anyway)
-     are quantized to int8, one scale per row, and handed to vLLM's oneDNN int8 GEMM (the CPU kernel its W8A8 layers
-     use: AMX or VNNI where the CPU has them); each row's error |e_j| = |w_j - deq(w_j)| and |deq(w_j)| are kept;
-  2. per step, the hidden state h is quantized to int8 per position (vLLM's own quantizer, so its h^ is known
-     exactly) and one int8 product gives every dropped logit approximately: a_j = h^ . deq(w_j);
+     are quantized to int8, one scale per row; each row's error |e_j| = |w_j - deq(w_j)| and |deq(w_j)| are kept;
+  2. per step, one product gives every dropped logit approximately: a_j = h^ . deq(w_j), on one of two kernels:
+     - "onednn-w8a8", where the CPU has 8-bit dot products (VNNI or AMX): vLLM's oneDNN int8 GEMM (the kernel of its
+       W8A8 layers), with h quantized to int8 per position by vLLM's own quantizer, so its h^ is known exactly;
+     - "torch-w8a16" elsewhere: torch's int8 weight-only kernel (rows dequantized in registers, h^ = h in BF16,
+       float32 sums). On AVX2 alone oneDNN multiplies u8 x s8 pairs into saturating 16-bit sums (vpmaddubsw): on
+       an AMD EPYC without VNNI its logits were off by 14 on values of ~110, and it ran 10x slower than BF16;
   3. since h . w_j - h^ . deq(w_j) = h . e_j + (h - h^) . deq(w_j), Cauchy-Schwarz puts the exact logit within
-         bound_j = |h| |e_j| + |h - h^| |deq(w_j)| + ARITH |a_j|
-     of a_j (ARITH covers the BF16 rounding of the kernel's output; int8 products accumulate exactly);
+         bound_j = |h| |e_j| + (|h - h^| + ACC |h|) |deq(w_j)| + ARITH |a_j|
+     of a_j (ARITH covers the BF16 rounding of the kernel's output, ACC the float32 sums of the weight-only kernel;
+     int8 products accumulate exactly, ACC = 0 there);
   4. a dropped row with a_j + bound_j below the best kept logit cannot be the argmax; every other one ("screened in")
      gets its exact logit from its BF16 row. Where more than FULL_FRACTION of the dropped rows are screened in at one
      step, or the step has more than SCREEN_MAX_POSITIONS positions, it reads the whole matrix instead.
@@ -44,6 +48,9 @@ FULL_FRACTION = 0.25  # more dropped rows than this share screened in at one ste
 # where the per-position bound arithmetic would cost more than it saves
 SCREEN_MAX_POSITIONS = 8
 CHECK_VECTORS = 8  # random hidden states build() checks the bound on
+# CPU flags with 8-bit dot products, under which oneDNN's int8 GEMM is exact (step 2 of the docstring)
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+ACC_PER_TERM = 2.0 ** -22  # float32 sums of the weight-only kernel: relative error per summed term, with slack
 
 
 class TailError(VocabError):
@@ -61,16 +68,33 @@ def check_config(entry, where: str) -> None:
                         f"`make prune-vocab`)")
 
 
-def quantize(rows):
-    """(int8 rows, float32 scale per row, dequantized rows float32): symmetric, the scale the row's largest value."""
+def kernel_name(cpu_flags=None) -> str:
+    """The screen's kernel on this CPU: oneDNN's W8A8 GEMM where it has 8-bit dot products, torch's int8 weight-only
+    kernel elsewhere (LAB_VOCAB_TAIL_KERNEL names one instead, to compare them on one machine)."""
+    import os
+
+    from scripts.common.records import hardware
+
+    forced = os.environ.get("LAB_VOCAB_TAIL_KERNEL")
+    if forced:
+        if forced not in KERNELS:
+            raise TailError(f"LAB_VOCAB_TAIL_KERNEL={forced!r}: the screen's kernels are {', '.join(KERNELS)}")
+        return forced
+    flags = hardware()["cpu_flags"] if cpu_flags is None else cpu_flags
+    return "onednn-w8a8" if any(f in flags for f in INT8_DOT_FLAGS) else "torch-w8a16"
+
+
+def quantize(rows, scale_dtype):
+    """(int8 rows, scale per row in scale_dtype, dequantized rows float32): symmetric, the scale the row's largest
+    value, rounded to the dtype the kernel reads it in so that deq is what the kernel multiplies by."""
     import torch
 
-    scale = (rows.abs().amax(1) / 127).clamp(min=1e-12).float().contiguous()
-    q = torch.round(rows / scale[:, None]).clamp(-127, 127)
-    return q.to(torch.int8), scale, q * scale[:, None]
+    scale = (rows.abs().amax(1) / 127).clamp(min=1e-12).to(scale_dtype).contiguous()
+    q = torch.round(rows / scale[:, None].float()).clamp(-127, 127)
+    return q.to(torch.int8), scale, q * scale[:, None].float()
 
 
-def kernel(q, scale):
+def onednn_handler(q, scale):
     """vLLM's oneDNN int8 GEMM over these rows. The handler reads q and scale again whenever it builds a primitive for
     a new batch size, so the caller keeps both referenced as long as the handler."""
     import torch
@@ -78,40 +102,61 @@ def kernel(q, scale):
 
     if not getattr(ops, "_supports_onednn", False):
         raise TailError("this vLLM build has no oneDNN kernels (torch.ops._C.create_onednn_scaled_mm_handler): the "
-                        "int8 screen runs on vLLM's CPU build")
+                        "onednn-w8a8 screen runs on vLLM's CPU build")
     return ops.create_onednn_scaled_mm(q.t(), scale, torch.bfloat16, True, False, 32)
 
 
-def build(matrix, kept_ids) -> dict:
+def onednn_products(h, s):
+    import torch
+    from vllm import _custom_ops as ops
+
+    xq, xs, _ = ops.onednn_scaled_int8_quant(h.to(torch.bfloat16).contiguous(), None, None, True)
+    out = torch.empty((h.shape[0], len(s["dropped"])), dtype=torch.bfloat16)
+    ops.onednn_scaled_mm(s["handler"], xq, out, xs, None, None, None)
+    return out, xq.float() * xs
+
+
+def weight_only_products(h, s):
+    import torch
+
+    hb = h.to(torch.bfloat16).contiguous()
+    return torch._weight_int8pack_mm(hb, s["q"], s["scale"]), hb.float()
+
+
+# name: (dtype of the row scales, handler built at load or None, products(h, s) -> (BF16 logits, h^ float32),
+# relative error per summed term of the kernel's sums)
+KERNELS = {"onednn-w8a8": ("float32", onednn_handler, onednn_products, 0.0),
+           "torch-w8a16": ("bfloat16", None, weight_only_products, ACC_PER_TERM)}
+
+
+def build(matrix, kept_ids, kernel: str | None = None) -> dict:
     """The screen of every row of `matrix` ([vocab, hidden], the full output matrix) not in kept_ids, checked."""
     import torch
 
     if matrix.device.type != "cpu":
-        raise TailError(f"the int8 screen runs on the CPU only (vLLM's oneDNN int8 GEMM); the output matrix is on "
-                        f"{matrix.device}")
+        raise TailError(f"the int8 screen runs on the CPU only; the output matrix is on {matrix.device}")
+    kernel = kernel or kernel_name()
+    scale_dtype, handler, _, acc = KERNELS[kernel]
     mask = torch.ones(matrix.shape[0], dtype=torch.bool)
     mask[torch.as_tensor(kept_ids, dtype=torch.long)] = False
     dropped = mask.nonzero().squeeze(1)
     rows = matrix[dropped].float()
-    q, scale, deq = quantize(rows)
+    q, scale, deq = quantize(rows, getattr(torch, scale_dtype))
     err, qnorm = (rows - deq).norm(dim=1), deq.norm(dim=1)
-    s = {"dropped": dropped, "handler": kernel(q, scale), "q": q, "scale": scale, "err": err, "qnorm": qnorm,
-         "max_err": float(err.max()), "max_qnorm": float(qnorm.max())}
+    s = {"kernel": kernel, "dropped": dropped, "q": q, "scale": scale, "err": err, "qnorm": qnorm,
+         "acc": acc * matrix.shape[1], "max_err": float(err.max()), "max_qnorm": float(qnorm.max())}
+    s["handler"] = handler(q, scale) if handler else None
     check_bound(s, matrix)
     return s
 
 
 def products(h, s):
-    """(every dropped row's approximate logit, BF16 [positions, dropped] as the kernel writes it; |h| and |h - h^| per
-    position, float32)."""
-    import torch
-    from vllm import _custom_ops as ops
-
+    """(every dropped row's approximate logit, BF16 [positions, dropped] as the kernel writes it; |h| and
+    |h - h^| + ACC |h| per position, float32)."""
     hf = h.float()
-    xq, xs, _ = ops.onednn_scaled_int8_quant(h.to(torch.bfloat16).contiguous(), None, None, True)
-    out = torch.empty((h.shape[0], len(s["dropped"])), dtype=torch.bfloat16)
-    ops.onednn_scaled_mm(s["handler"], xq, out, xs, None, None, None)
-    return out, hf.norm(dim=1), (hf - xq.float() * xs).norm(dim=1)
+    out, hq = KERNELS[s["kernel"]][2](h, s)
+    hn = hf.norm(dim=1)
+    return out, hn, (hf - hq).norm(dim=1) + s["acc"] * hn
 
 
 def approx_and_bound(h, s):
@@ -134,8 +179,8 @@ def check_bound(s, matrix, h=None) -> None:
     exact = h.float() @ matrix[s["dropped"]].float().T
     worst = float(((exact - a).abs() / bound).max())
     if worst > 1:
-        raise TailError(f"the int8 screen's error bound fails on exact products (error {worst:.2f}x the bound): this "
-                        f"vLLM's int8 kernel is not the one the screen assumes")
+        raise TailError(f"the int8 screen's error bound fails on exact products (error {worst:.2f}x the bound): the "
+                        f"{s['kernel']} kernel does not compute what the screen assumes")
 
 
 def screen(h, s, max_kept):
@@ -237,7 +282,7 @@ def report(parent_dir, base: str, kept_ids, max_positions: int = 2_000) -> dict:
     rows = model.get_output_embeddings().weight.detach()
     s = build(rows, kept_ids)
     kept_idx = torch.as_tensor(kept_ids, dtype=torch.long)
-    out = {"positions_per_set": max_positions, "sets": {}}
+    out = {"kernel": s["kernel"], "positions_per_set": max_positions, "sets": {}}
     with torch.inference_mode():
         for name, seqs in held_out_sequences(tok, base, max_positions).items():
             counts, worst, wins, caught = [], 0.0, 0, 0

@@ -1,6 +1,7 @@
-"""The exact tail fallback's screen (scripts.levers.vocab.tail) on synthetic output matrices, with vLLM's real oneDNN
-int8 kernel: the bound holds on every row, the served row's argmax is the full product's at every position (dropped
-winners included), and the refusals (the served fallback is tested with the real server in test_vocab.py)."""
+"""The exact tail fallback's screen (scripts.levers.vocab.tail) on synthetic output matrices, with the real kernels
+(vLLM's oneDNN int8 GEMM where this CPU has 8-bit dot products, torch's int8 weight-only kernel everywhere): the
+bound holds on every row, the served row's argmax is the full product's at every position (dropped winners
+included), and the refusals (the served fallback is tested with the real server in test_vocab.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,20 @@ import json
 import pytest
 import torch
 
+from scripts.common.records import hardware
 from scripts.levers.vocab import plugin, tail
+
+INT8_DOT_HERE = any(f in hardware()["cpu_flags"] for f in tail.INT8_DOT_FLAGS)
+EXACT_HERE = {"torch-w8a16", "onednn-w8a8"} if INT8_DOT_HERE else {"torch-w8a16"}
+
+
+@pytest.fixture(params=list(tail.KERNELS))
+def kernel(request, monkeypatch):
+    """Each kernel this CPU computes exactly (oneDNN's int8 GEMM saturates without VNNI or AMX)."""
+    if request.param not in EXACT_HERE:
+        pytest.skip(f"{request.param}: this CPU has none of {', '.join(tail.INT8_DOT_FLAGS)}")
+    monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", request.param)
+    return request.param
 
 
 def head(vocab: int = 2000, hidden: int = 64, kept: int = 301, seed: int = 0):
@@ -44,9 +58,10 @@ def served(rows, kept_ids, h, batch: int = 8):
     return torch.cat(out), counts
 
 
-def test_bound_holds_on_every_row_for_bf16_and_float32_states():
+def test_bound_holds_on_every_row_for_bf16_and_float32_states(kernel):
     rows, kept_ids = head()
     s = tail.build(rows, kept_ids)
+    assert s["kernel"] == kernel
     for h in (hidden_states(rows, kept_ids, 64, 1), torch.randn(64, rows.shape[1]) * 3):
         a, bound = tail.approx_and_bound(h, s)
         exact = h.float() @ rows[s["dropped"]].float().T
@@ -58,7 +73,7 @@ def test_bound_holds_on_every_row_for_bf16_and_float32_states():
         assert torch.equal(tail.screen(h, s, best)[1], dense) and dense.any()
 
 
-def test_served_argmax_is_the_full_products_including_dropped_winners():
+def test_served_argmax_is_the_full_products_including_dropped_winners(kernel):
     rows, kept_ids = head()
     h = hidden_states(rows, kept_ids, 64, 2)
     full, counts = served(rows, kept_ids, h)
@@ -74,7 +89,7 @@ def test_served_argmax_is_the_full_products_including_dropped_winners():
     assert torch.isfinite(full).all()
 
 
-def test_many_rows_screened_in_read_the_whole_matrix_and_stay_exact(monkeypatch):
+def test_many_rows_screened_in_read_the_whole_matrix_and_stay_exact(kernel, monkeypatch):
     monkeypatch.setattr(tail, "FULL_FRACTION", 0.0)
     rows, kept_ids = head()
     h = hidden_states(rows, kept_ids, 8, 3)
@@ -83,7 +98,7 @@ def test_many_rows_screened_in_read_the_whole_matrix_and_stay_exact(monkeypatch)
     assert torch.equal(full.float().argmax(-1), (h @ rows.T).float().argmax(-1))
 
 
-def test_a_step_of_many_positions_reads_the_whole_matrix_and_is_exact():
+def test_a_step_of_many_positions_reads_the_whole_matrix_and_is_exact(kernel):
     rows, kept_ids = head()
     h = hidden_states(rows, kept_ids, 32, 4)
     full, counts = served(rows, kept_ids, h, batch=tail.SCREEN_MAX_POSITIONS + 8)
@@ -91,16 +106,37 @@ def test_a_step_of_many_positions_reads_the_whole_matrix_and_is_exact():
     assert torch.equal(full.float().argmax(-1), (h @ rows.T).float().argmax(-1))
 
 
-def test_a_kernel_that_breaks_the_bound_is_refused(monkeypatch):
-    real = tail.kernel
+def test_a_kernel_that_breaks_the_bound_is_refused(kernel, monkeypatch):
+    scale_dtype, handler, products, acc = tail.KERNELS[kernel]
 
-    def other_scales(q, scale):  # a kernel that computes with other scales than the bound assumes
-        return real(q, scale * 1.05)
+    def other_scales(h, s):  # a kernel that computes with other scales than the bound assumes
+        out, hq = products(h, s)
+        return out * 1.05, hq
 
-    monkeypatch.setattr(tail, "kernel", other_scales)
+    monkeypatch.setitem(tail.KERNELS, kernel, (scale_dtype, handler, other_scales, acc))
     rows, kept_ids = head()
-    with pytest.raises(tail.TailError, match="bound fails on exact products"):
+    with pytest.raises(tail.TailError, match=f"bound fails on exact products.*the {kernel} kernel"):
         tail.build(rows, kept_ids)
+
+
+@pytest.mark.skipif(INT8_DOT_HERE, reason="this CPU has 8-bit dot products: oneDNN's int8 GEMM is exact here")
+def test_onednn_without_int8_dot_products_breaks_the_bound_and_is_refused():
+    """Why the screen does not use oneDNN everywhere: on AVX2 alone its u8 x s8 pair sums saturate at 16 bits."""
+    rows, kept_ids = head()
+    with pytest.raises(tail.TailError, match="bound fails on exact products.*the onednn-w8a8 kernel"):
+        tail.build(rows, kept_ids, kernel="onednn-w8a8")
+
+
+def test_the_kernel_follows_the_cpus_int8_dot_products(monkeypatch):
+    monkeypatch.delenv("LAB_VOCAB_TAIL_KERNEL", raising=False)
+    assert tail.kernel_name(["avx2", "avx512f", "avx512_vnni"]) == "onednn-w8a8"
+    assert tail.kernel_name(["avx2", "amx_int8"]) == "onednn-w8a8"
+    assert tail.kernel_name(["avx2"]) == "torch-w8a16"
+    monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", "torch-w8a16")
+    assert tail.kernel_name(["avx512_vnni"]) == "torch-w8a16"
+    monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", "int4")
+    with pytest.raises(tail.TailError, match="LAB_VOCAB_TAIL_KERNEL='int4'.*onednn-w8a8, torch-w8a16"):
+        tail.kernel_name()
 
 
 def test_checkpoint_asking_for_another_tail_method_fails_to_load(tmp_path):
