@@ -94,17 +94,29 @@ def time_head(rows, kept_ids, batches=(1, 8), repeat: int = 200) -> dict:
     return out
 
 
-def time_screen(rows, kept_ids, repeat: int) -> dict:
-    """The tail screen built from these rows (its bound checked), and one decode step's screen timed at batch 1."""
+def time_screen(rows, kept_ids, repeat: int, batches=(1, 8)) -> dict:
+    """The tail screen on every kernel (tail.KERNELS) built from these rows, whether its bound holds on this CPU, and
+    one decode step's screen timed per batch size (the kernel the plugin serves with is `kernel`)."""
     import torch
 
-    t = time.monotonic()
-    screen = tail.build(rows.to(torch.bfloat16), kept_ids)
-    built = round(time.monotonic() - t, 2)
-    h = torch.randn(1, rows.shape[1], dtype=torch.bfloat16)
-    mx = torch.full((1,), float("inf"))  # nothing screened in: the screen's own cost
-    return {"kernel": screen["kernel"], "dropped_rows": len(screen["dropped"]), "build_seconds": built,
-            "screen": _median_us(lambda: tail.screen(h, screen, mx), repeat)}
+    out = {"kernel": tail.kernel_name(), "dropped_rows": rows.shape[0] - len(kept_ids)}
+    for name in tail.KERNELS:
+        t = time.monotonic()
+        try:
+            screen = tail.build(rows.to(torch.bfloat16), kept_ids, kernel=name, check=False)
+        except tail.TailError as e:  # not in this vLLM build
+            out[name] = {"refused": str(e)}
+            continue
+        out[name] = {"build_seconds": round(time.monotonic() - t, 2), "bound": "holds"}
+        try:
+            tail.check_bound(screen, rows.to(torch.bfloat16))
+        except tail.TailError as e:  # timed all the same: what the refused kernel would cost
+            out[name]["bound"] = str(e)
+        for b in batches:
+            h = torch.randn(b, rows.shape[1], dtype=torch.bfloat16)
+            mx = torch.full((b,), float("inf"))  # nothing screened in: the screen's own cost
+            out[name][f"batch_{b}"] = _median_us(lambda h=h, mx=mx, screen=screen: tail.screen(h, screen, mx), repeat)
+    return out
 
 
 def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = None, timing_repeat: int = 200,
@@ -154,7 +166,7 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
     timing = time_head(rows, kept, repeat=timing_repeat)
     tail_report = None
     if with_tail:
-        timing["tail_screen"] = time_screen(rows, kept, repeat=timing_repeat)
+        timing["tail_screen"] = time_screen(rows, kept, repeat=min(timing_repeat, 20))
         if "quantization_config" in cfg:
             tail_report = {"skipped": f"{parent.name} is quantized ({cfg['quantization_config'].get('format', '?')}): "
                                       f"transformers cannot run its forward on a CPU; the served engine's counters "
@@ -199,8 +211,11 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
               f"{t['scatter_only']} us = {t['kept_head_and_scatter']} us")
     if with_tail:
         t = timing["tail_screen"]
-        print(f"  tail screen, batch 1: {t['screen']} us for {t['dropped_rows']:,} dropped rows (built and its bound "
-              f"checked in {t['build_seconds']} s)")
+        for name in tail.KERNELS:
+            k = t[name]
+            print(f"  tail screen on {name}{' (served)' if name == t['kernel'] else ''}: " + (
+                k["refused"] if "refused" in k else f"batch 1 {k['batch_1']} us, batch 8 {k['batch_8']} us for "
+                f"{t['dropped_rows']:,} dropped rows; bound {k['bound']}"))
         for name, r in (tail_report.get("sets") or {}).items():
             print(f"  {name}: argmax dropped at {r['argmax_dropped']} of {r['positions']:,} positions (all screened "
                   f"in: {r['argmax_dropped_screened_in'] == r['argmax_dropped']}); a row screened in at "
