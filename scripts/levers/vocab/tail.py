@@ -13,7 +13,9 @@ on every step, cheaply and without ever missing one that could win:
        W8A8 layers), with h quantized to int8 per position by vLLM's own quantizer, so its h^ is known exactly;
      - "torch-w8a16" elsewhere: torch's int8 weight-only kernel (rows dequantized in registers, h^ = h in BF16,
        float32 sums). On AVX2 alone oneDNN multiplies u8 x s8 pairs into saturating 16-bit sums (vpmaddubsw): on
-       an AMD EPYC without VNNI its logits were off by 14 on values of ~110, and it ran 10x slower than BF16;
+       an AMD EPYC without VNNI its screen of Gemma 3's dropped rows broke the bound (1.25x) and ran 10x slower than
+       the weight-only kernel (prune record of gemma3-270m-v32k-tail, 2026-11-25). Saturation depends on the data,
+       so the choice follows the CPU's flags, not the random check of build();
   3. since h . w_j - h^ . deq(w_j) = h . e_j + (h - h^) . deq(w_j), Cauchy-Schwarz puts the exact logit within
          bound_j = |h| |e_j| + (|h - h^| + ACC |h|) |deq(w_j)| + ARITH |a_j|
      of a_j (ARITH covers the BF16 rounding of the kernel's output, ACC the float32 sums of the weight-only kernel;
