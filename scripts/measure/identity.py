@@ -27,7 +27,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.loadgen import PromptSetError, greedy_ids, llama_server_call, load_prompts, openai_client
-from scripts.common.metrics import TIE_NATS
+from scripts.common.metrics import TIE_NATS, near_tie
 from scripts.common.records import envelope, read_counters, reset_counters, save_record
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, load_variant, reference_name
@@ -106,7 +106,7 @@ def compare(ref: dict, var: dict, gaps: list[float] | None) -> dict:
             raise IdentityError(f"{var['id']}: diverges at token {first} but was not teacher-forced")
         out["max_gap_nats"] = max(gaps, default=0.0)
         out["gap_at_divergence_nats"] = gaps[first] if first < len(gaps) else None
-        out["near_tie"] = out["max_gap_nats"] <= TIE_NATS
+        out["near_tie"] = near_tie(out["max_gap_nats"])
     return out
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from scripts.common.metrics import RequestSample, percentile, ratio, summarize
+from scripts.common.metrics import TIE_NATS, RequestSample, near_tie, percentile, ratio, summarize
 from scripts.measure.prom import parse, server_counters
 
 
@@ -94,3 +94,13 @@ def test_drift_warnings():
     w = drift_warnings({"output_throughput": 70.0, "median_tpot_ms": 13.0}, ref, 0.2)
     assert len(w) == 2 and "throughput 70.0" in w[0] and "TPOT 13.0" in w[1]
     assert drift_warnings({"output_throughput": 1.0}, None, 0.2) == []
+
+
+def test_near_tie_is_inclusive_up_to_float32_rounding():
+    import torch
+
+    # a gap of exactly TIE_NATS as float32 log-softmax arithmetic delivers it (seen: 0.5000000596)
+    gap = float(torch.tensor(100.5, dtype=torch.float32) - torch.tensor(100.0, dtype=torch.float32).nextafter(
+        torch.tensor(0.0)))
+    assert gap > TIE_NATS and near_tie(gap)
+    assert near_tie(0.25) and not near_tie(0.625) and not near_tie(TIE_NATS + 1e-3)
