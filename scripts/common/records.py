@@ -65,8 +65,8 @@ def versions() -> dict[str, str]:
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
 
 
-def hardware() -> dict[str, Any]:
-    """CPU model, cores and the CPU flags that matter always; GPU name, memory and driver where nvidia-smi answers."""
+def cpu_model_and_flags() -> tuple[str, list[str]]:
+    """The CPU's model name and which of CPU_FLAGS it has (from /proc/cpuinfo; "unknown", [] where unreadable)."""
     cpu, flags = "unknown", []
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -78,6 +78,12 @@ def hardware() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    return cpu, flags
+
+
+def hardware() -> dict[str, Any]:
+    """CPU model, cores and the CPU flags that matter always; GPU name, memory and driver where nvidia-smi answers."""
+    cpu, flags = cpu_model_and_flags()
     hw: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "cpu_flags": flags, "memory_gib": _mem_gib(),
                           "gpu": None}
     if shutil.which("nvidia-smi"):

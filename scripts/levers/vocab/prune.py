@@ -94,22 +94,27 @@ def time_head(rows, kept_ids, batches=(1, 8), repeat: int = 200) -> dict:
     return out
 
 
+# repeats of the screen's timing at most: a kernel this CPU runs in software takes ~0.3 s a call (oneDNN int8 on AVX2)
+SCREEN_REPEAT_MAX = 20
+
+
 def time_screen(rows, kept_ids, repeat: int, batches=(1, 8)) -> dict:
     """The tail screen on every kernel (tail.KERNELS) built from these rows, whether its bound holds on this CPU, and
     one decode step's screen timed per batch size (the kernel the plugin serves with is `kernel`)."""
     import torch
 
     out = {"kernel": tail.kernel_name(), "dropped_rows": rows.shape[0] - len(kept_ids)}
+    rows = rows.to(torch.bfloat16)
     for name in tail.KERNELS:
         t = time.monotonic()
         try:
-            screen = tail.build(rows.to(torch.bfloat16), kept_ids, kernel=name, check=False)
+            screen = tail.build(rows, kept_ids, kernel=name, check=False)
         except tail.TailError as e:  # not in this vLLM build
             out[name] = {"refused": str(e)}
             continue
         out[name] = {"build_seconds": round(time.monotonic() - t, 2), "bound": "holds"}
         try:
-            tail.check_bound(screen, rows.to(torch.bfloat16))
+            tail.check_bound(screen, rows)
         except tail.TailError as e:  # timed all the same: what the refused kernel would cost
             out[name]["bound"] = str(e)
         for b in batches:
@@ -166,7 +171,7 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
     timing = time_head(rows, kept, repeat=timing_repeat)
     tail_report = None
     if with_tail:
-        timing["tail_screen"] = time_screen(rows, kept, repeat=min(timing_repeat, 20))
+        timing["tail_screen"] = time_screen(rows, kept, repeat=min(timing_repeat, SCREEN_REPEAT_MAX))
         if "quantization_config" in cfg:
             tail_report = {"skipped": f"{parent.name} is quantized ({cfg['quantization_config'].get('format', '?')}): "
                                       f"transformers cannot run its forward on a CPU; the served engine's counters "

@@ -40,6 +40,8 @@ every position of a step (17 ms at 8 positions against 4 ms at one), so it lost 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 from scripts.levers.vocab.keep import VocabError
 
@@ -53,6 +55,7 @@ CHECK_VECTORS = 8  # random hidden states build() checks the bound on
 # CPU flags with 8-bit dot products, under which oneDNN's int8 GEMM is exact (step 2 of the docstring)
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 ACC_PER_TERM = 2.0 ** -22  # float32 sums of the weight-only kernel: relative error per summed term, with slack
+ONEDNN, WEIGHT_ONLY = "onednn-w8a8", "torch-w8a16"  # the screen's kernels (KERNELS)
 
 
 class TailError(VocabError):
@@ -75,15 +78,15 @@ def kernel_name(cpu_flags=None) -> str:
     kernel elsewhere (LAB_VOCAB_TAIL_KERNEL names one instead, to compare them on one machine)."""
     import os
 
-    from scripts.common.records import hardware
+    from scripts.common.records import cpu_model_and_flags
 
     forced = os.environ.get("LAB_VOCAB_TAIL_KERNEL")
     if forced:
         if forced not in KERNELS:
             raise TailError(f"LAB_VOCAB_TAIL_KERNEL={forced!r}: the screen's kernels are {', '.join(KERNELS)}")
         return forced
-    flags = hardware()["cpu_flags"] if cpu_flags is None else cpu_flags
-    return "onednn-w8a8" if any(f in flags for f in INT8_DOT_FLAGS) else "torch-w8a16"
+    flags = cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags
+    return ONEDNN if any(f in flags for f in INT8_DOT_FLAGS) else WEIGHT_ONLY
 
 
 def quantize(rows, scale_dtype):
@@ -125,10 +128,15 @@ def weight_only_products(h, s):
     return torch._weight_int8pack_mm(hb, s["q"], s["scale"]), hb.float()
 
 
-# name: (dtype of the row scales, handler built at load or None, products(h, s) -> (BF16 logits, h^ float32),
-# relative error per summed term of the kernel's sums)
-KERNELS = {"onednn-w8a8": ("float32", onednn_handler, onednn_products, 0.0),
-           "torch-w8a16": ("bfloat16", None, weight_only_products, ACC_PER_TERM)}
+class Kernel(NamedTuple):
+    scale_dtype: str  # the dtype the kernel reads the row scales in
+    handler: Callable | None  # built at load from (q, scale), or None
+    products: Callable  # (h, s) -> (BF16 logits, h^ float32)
+    acc_per_term: float  # relative error per summed term of the kernel's sums
+
+
+KERNELS = {ONEDNN: Kernel("float32", onednn_handler, onednn_products, 0.0),
+           WEIGHT_ONLY: Kernel("bfloat16", None, weight_only_products, ACC_PER_TERM)}
 
 
 def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> dict:
@@ -139,16 +147,16 @@ def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> di
     if matrix.device.type != "cpu":
         raise TailError(f"the int8 screen runs on the CPU only; the output matrix is on {matrix.device}")
     kernel = kernel or kernel_name()
-    scale_dtype, handler, _, acc = KERNELS[kernel]
+    k = KERNELS[kernel]
     mask = torch.ones(matrix.shape[0], dtype=torch.bool)
     mask[torch.as_tensor(kept_ids, dtype=torch.long)] = False
     dropped = mask.nonzero().squeeze(1)
     rows = matrix[dropped].float()
-    q, scale, deq = quantize(rows, getattr(torch, scale_dtype))
+    q, scale, deq = quantize(rows, getattr(torch, k.scale_dtype))
     err, qnorm = (rows - deq).norm(dim=1), deq.norm(dim=1)
     s = {"kernel": kernel, "dropped": dropped, "q": q, "scale": scale, "err": err, "qnorm": qnorm,
-         "acc": acc * matrix.shape[1], "max_err": float(err.max()), "max_qnorm": float(qnorm.max())}
-    s["handler"] = handler(q, scale) if handler else None
+         "acc": k.acc_per_term * matrix.shape[1], "max_err": float(err.max()), "max_qnorm": float(qnorm.max())}
+    s["handler"] = k.handler(q, scale) if k.handler else None
     if check:
         check_bound(s, matrix)
     return s
@@ -158,7 +166,7 @@ def products(h, s):
     """(every dropped row's approximate logit, BF16 [positions, dropped] as the kernel writes it; |h| and
     |h - h^| + ACC |h| per position, float32)."""
     hf = h.float()
-    out, hq = KERNELS[s["kernel"]][2](h, s)
+    out, hq = KERNELS[s["kernel"]].products(h, s)
     hn = hf.norm(dim=1)
     return out, hn, (hf - hq).norm(dim=1) + s["acc"] * hn
 

@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from scripts.common.records import hardware
+from scripts.common.records import cpu_model_and_flags
 from scripts.levers.vocab import plugin, tail
 
-INT8_DOT_HERE = any(f in hardware()["cpu_flags"] for f in tail.INT8_DOT_FLAGS)
+INT8_DOT_HERE = any(f in cpu_model_and_flags()[1] for f in tail.INT8_DOT_FLAGS)
 EXACT_HERE = {"torch-w8a16", "onednn-w8a8"} if INT8_DOT_HERE else {"torch-w8a16"}
 
 
@@ -107,13 +107,13 @@ def test_a_step_of_many_positions_reads_the_whole_matrix_and_is_exact(kernel):
 
 
 def test_a_kernel_that_breaks_the_bound_is_refused(kernel, monkeypatch):
-    scale_dtype, handler, products, acc = tail.KERNELS[kernel]
+    products = tail.KERNELS[kernel].products
 
     def other_scales(h, s):  # a kernel that computes with other scales than the bound assumes
         out, hq = products(h, s)
         return out * 1.05, hq
 
-    monkeypatch.setitem(tail.KERNELS, kernel, (scale_dtype, handler, other_scales, acc))
+    monkeypatch.setitem(tail.KERNELS, kernel, tail.KERNELS[kernel]._replace(products=other_scales))
     rows, kept_ids = head()
     with pytest.raises(tail.TailError, match=f"bound fails on exact products.*the {kernel} kernel"):
         tail.build(rows, kept_ids)
