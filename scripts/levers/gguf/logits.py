@@ -10,7 +10,7 @@ measure.parity scores.
 `score` is lm-eval's log-likelihood request: requests.json is a list of [context ids, continuation ids]; OUT.json gets
 [sum of the continuation's log-probabilities, whether every continuation token is the argmax] per request. Requests
 are evaluated in the order of their ids so that choices sharing a context reuse its KV cache (the shared prefix is not
-evaluated again). llama-cpp-python's server answers the same question (echo + logprobs) by sorting the whole vocabulary
+evaluated again, but for its last token where only one would be left). llama-cpp-python's server answers the same question (echo + logprobs) by sorting the whole vocabulary
 in Python for every prompt token (the suite's 6 longest requests took 4 min 22 s there), so lm-eval's log-likelihoods of a
 GGUF come from this path.
 
@@ -62,6 +62,10 @@ def score(model: str, requests_path: Path, out: Path, threads: int) -> None:
         seq = context + continuation
         shared = next((k for k, (a, b) in enumerate(zip(previous, seq, strict=False)) if a != b), min(len(previous), len(seq)))
         if shared < len(seq):
+            # never a one-token step after a reused prefix: on a two-core AVX2 EPYC (llama-cpp-python 0.3.36, Q4_1) a
+            # one-token decode reading a position another one-token decode wrote moved log-probabilities by up to
+            # 0.84 nats against one batch; steps of two or more tokens equal the one batch there
+            shared = max(0, min(shared, len(seq) - 2))
             llm.n_tokens = shared  # eval() drops the KV cache past it
             llm.eval(seq[shared:])
         logits = np.asarray(llm.scores[len(context) - 1:len(seq) - 1], dtype=np.float64)

@@ -47,12 +47,12 @@ from scripts.serve.launch import variant_server
 TRAIN_PROMPTS = paths.EVAL / "prompts" / "spec-v1-train.jsonl"
 # budget -> (prompts, max response tokens, optimizer steps); `full` is what the variant's REDISTILL_* keys say
 # (tiny also takes no sampled responses: REDISTILL_SAMPLES is for `full`)
-BUDGETS = {"tiny": (24, 48, 60), "full": (None, 128, None)}
+BUDGETS = {"tiny": (24, 48, 30), "full": (None, 128, None)}
 DEFAULTS = {"REDISTILL_DRAFT_VOCAB": "auto", "REDISTILL_STEPS": "400", "REDISTILL_TTT_STEPS": "3",
             "REDISTILL_LR": "1e-3", "REDISTILL_SEED": "0", "REDISTILL_SAMPLES": "0", "REDISTILL_TEMPERATURE": "0.8",
             "REDISTILL_PACK_TOKENS": "512", "REDISTILL_LAYERS": "1", "REDISTILL_MAX_TRAIN_TOKENS": "",
             "REDISTILL_MAX_SECONDS": "", "REDISTILL_ATTN": "", "REDISTILL_LOSS": "", "REDISTILL_EVAL_EVERY": "0",
-            "REDISTILL_EVAL_PACKS": "8", "REDISTILL_INIT": ""}
+            "REDISTILL_EVAL_PACKS": "8", "REDISTILL_INIT": "", "REDISTILL_FEATURE_CACHE_MB": "2048"}
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 # REDISTILL_DRAFT_VOCAB=auto: the smallest COVERAGE_SIZES entry covering this share of the target's response tokens
 # (a token outside the draft vocabulary can never be proposed, so this caps acceptance per position)
@@ -112,12 +112,12 @@ class Features:
     with three answers each would be ~80 GB of [seq, 4, hidden] states): three auxiliary layers and the last layer
     before the final norm, in the sample layout of speculators' datasets ([seq, 3*hidden] and [seq, hidden])."""
 
-    def __init__(self, model_dir: str, device: str):
+    def __init__(self, model_dir: str, device: str, dtype):
         import torch
         from transformers import AutoModelForCausalLM
 
         self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device, dtype).eval()
         self.layers = aux_layer_ids(self.model.config.num_hidden_layers)
         self.captured = {}
         self.model.model.layers[-1].register_forward_hook(
@@ -191,6 +191,36 @@ def sub_batches(lengths: list[int], budget: int) -> list[list[int]]:
     return groups + ([cur] if cur else [])
 
 
+def compute_dtype(device: str) -> str:
+    """BF16 (autocast for the head, the target's own dtype for its hidden states) on CUDA and on a CPU with native BF16
+    kernels; FP32 elsewhere: on a two-core AVX2 CPU a tiny-budget step took 47 s with BF16 and 12 s in FP32 (the
+    target's BF16 weights upcast, so its hidden states differ from the served model's by BF16 rounding only)."""
+    from scripts.common.records import cpu_model_and_flags
+    from scripts.common.variants import NATIVE_BF16_FLAGS
+
+    if device == "cuda" or any(f in cpu_model_and_flags()[1] for f in NATIVE_BF16_FLAGS):
+        return "bfloat16"
+    return "float32"
+
+
+class FeatureCache:
+    """Samples of the target's hidden states kept across passes (split, index) up to a byte budget; the rest are
+    computed again when drawn. A small budget's whole data fits, so the target runs once per answer."""
+
+    def __init__(self, feats: Features, sets: dict[str, list[dict]], max_len: int, budget_bytes: int):
+        self.feats, self.sets, self.max_len, self.left, self.kept = feats, sets, max_len, budget_bytes, {}
+
+    def samples(self, split: str, group: list[int]) -> list[dict]:
+        missing = [i for i in group if (split, i) not in self.kept]
+        fresh = dict(zip(missing, self.feats.samples([self.sets[split][i] for i in missing], self.max_len),
+                         strict=True)) if missing else {}
+        for i, sample in fresh.items():
+            size = sum(t.numel() * t.element_size() for t in sample.values())
+            if size <= self.left:
+                self.kept[(split, i)], self.left = sample, self.left - size
+        return [fresh[i] if i in fresh else self.kept[(split, i)] for i in group]
+
+
 def implementation(device: str, cfg: dict) -> tuple[str, str]:
     """(draft attention, loss implementation): flex attention with block masks (speculators' GPU path) on CUDA, dense
     SDPA masks on a CPU (no Triton there); the eager loss on both (speculators 0.9's fused Triton loss failed in
@@ -231,11 +261,15 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         cfg["warm_start"] = warm_start(model, Path(cfg["init"]))
     collate = CollateFn(max_len=max_len, hidden_size=hidden, num_target_layers=3, dtype=torch.float32,
                         preprocess=shift_batch)
+    cfg["compute_dtype"] = compute_dtype(device)  # PROVENANCE's settings say which
+    bf16 = cfg["compute_dtype"] == "bfloat16"
     keys = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids", "verifier_last_hidden_states")
     loss_cfg = resolve_loss_config("kl_div", loss_impl)
-    feats = Features(target_dir, device)
-    model.to(device)
-    print(f"training on {device}: draft attention {attn}, {loss_impl} loss, {max_len} tokens a pack", flush=True)
+    feats = Features(target_dir, device, torch.bfloat16 if bf16 else torch.float32)
+    cache = FeatureCache(feats, sets, max_len, cfg["feature_cache_mb"] << 20)
+    model.to(device) if bf16 else model.to(device, torch.float32)
+    print(f"training on {device} in {cfg['compute_dtype']}: draft attention {attn}, {loss_impl} loss, {max_len} "
+          f"tokens a pack", flush=True)
 
     def batches(split: str, rng: random.Random) -> list[list[int]]:
         lengths = [min(len(s["prompt_ids"]) + len(s["ids"]), max_len) for s in sets[split]]
@@ -244,10 +278,10 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         return pack(lengths, order, max_len)
 
     def run(split: str, group: list[int]):
-        b = collate(feats.samples([sets[split][i] for i in group], max_len))
-        # BF16 autocast on either device (speculators' own trainer autocasts on CUDA only; on a CPU with AMX or
-        # AVX512-BF16 it is several times faster than FP32)
-        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        b = collate(cache.samples(split, group))
+        # BF16 autocast where compute_dtype says so (speculators' own trainer autocasts on CUDA only; on a CPU with
+        # AMX or AVX512-BF16 it is several times faster than FP32)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
             return model(**{k: b[k].to(device) for k in keys}, ttt_steps=ttt, loss_config=loss_cfg)
 
     def accuracies(*metrics) -> list[float]:  # per draft position, pooled over the given batches' metrics
@@ -452,7 +486,8 @@ def settings_of(variant) -> dict:
                "layers": int(r["REDISTILL_LAYERS"]), "max_train_tokens": int(float(cap)) if cap else None,
                "max_seconds": float(r["REDISTILL_MAX_SECONDS"]) if r["REDISTILL_MAX_SECONDS"] else None,
                "attn": r["REDISTILL_ATTN"], "loss": r["REDISTILL_LOSS"], "eval_every": int(r["REDISTILL_EVAL_EVERY"]),
-               "eval_packs": int(r["REDISTILL_EVAL_PACKS"]), "init": r["REDISTILL_INIT"]}
+               "eval_packs": int(r["REDISTILL_EVAL_PACKS"]), "init": r["REDISTILL_INIT"],
+               "feature_cache_mb": int(r["REDISTILL_FEATURE_CACHE_MB"])}
     except ValueError as e:
         raise RedistillError(f"{variant.path / 'config.env'}: a REDISTILL_* value is not a number ({e})") from None
     if cfg["layers"] < 1 or cfg["pack_tokens"] < 64:

@@ -172,7 +172,9 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
     tail_report = None
     if with_tail:
         timing["tail_screen"] = time_screen(rows, kept, repeat=min(timing_repeat, SCREEN_REPEAT_MAX))
-        if "quantization_config" in cfg:
+        if not tail_positions:
+            tail_report = {"skipped": "no teacher-forced positions asked for (tail_positions=0)"}
+        elif "quantization_config" in cfg:
             tail_report = {"skipped": f"{parent.name} is quantized ({cfg['quantization_config'].get('format', '?')}): "
                                       f"transformers cannot run its forward on a CPU; the served engine's counters "
                                       f"report the screen"}

@@ -263,3 +263,24 @@ def test_truncated_draft_keeps_the_first_layers_and_refuses_bad_counts(tmp_path)
     for bad in (0, 3):
         with pytest.raises(make_draft_model.DraftError, match=r"must lie in 1\.\.2"):
             make_draft_model.truncate(parent, tmp_path, bad)
+
+
+def test_feature_cache_runs_the_target_once_per_answer_within_its_budget():
+    """FeatureCache: an answer drawn again is not recomputed while the byte budget holds it; past the budget the
+    target runs again, and samples come back in the group's order either way."""
+    import torch
+
+    calls = []
+
+    class Fake:
+        def samples(self, seqs, max_len):
+            calls.extend(s["id"] for s in seqs)
+            return [{"hidden_states": torch.full((4,), float(s["id"]))} for s in seqs]  # 16 bytes each
+
+    sets = {"train": [{"id": i} for i in range(3)]}
+    cache = redistill_mtp.FeatureCache(Fake(), sets, 512, budget_bytes=32)
+    assert [float(s["hidden_states"][0]) for s in cache.samples("train", [2, 0])] == [2.0, 0.0]
+    assert [float(s["hidden_states"][0]) for s in cache.samples("train", [0, 1, 2])] == [0.0, 1.0, 2.0]
+    assert calls == [2, 0, 1]  # 1 did not fit the 32 bytes
+    cache.samples("train", [1])
+    assert calls == [2, 0, 1, 1]
