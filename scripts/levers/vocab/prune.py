@@ -125,7 +125,7 @@ def time_screen(rows, kept_ids, repeat: int, batches=(1, 8)) -> dict:
 
 
 def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = None, timing_repeat: int = 200,
-          tail_positions: int = 2_000) -> Path:
+          tail_positions: int = 2_000, tail_sets=None) -> Path:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
@@ -172,14 +172,12 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
     tail_report = None
     if with_tail:
         timing["tail_screen"] = time_screen(rows, kept, repeat=min(timing_repeat, SCREEN_REPEAT_MAX))
-        if not tail_positions:
-            tail_report = {"skipped": "no teacher-forced positions asked for (tail_positions=0)"}
-        elif "quantization_config" in cfg:
+        if "quantization_config" in cfg:
             tail_report = {"skipped": f"{parent.name} is quantized ({cfg['quantization_config'].get('format', '?')}): "
                                       f"transformers cannot run its forward on a CPU; the served engine's counters "
                                       f"report the screen"}
         else:
-            tail_report = tail.report(src, s["BASE"], kept, tail_positions)
+            tail_report = tail.report(src, s["BASE"], kept, tail_positions, sets=tail_sets)
     tensors["lm_head.weight"] = rows[kept].contiguous()
 
     with paths.staged(dest) as tmp:

@@ -252,15 +252,22 @@ REPORT_SETS = {"text/held_out": None, "answers/held_out": "bigbench-held_out-*",
                "generations/held_out": "spec-v1-eval.jsonl-*"}
 
 
-def held_out_sequences(tok, base: str, max_positions: int, chunk: int = 256) -> dict[str, list[tuple[list, int]]]:
-    """Per set, (token ids, first scored position) pairs, up to max_positions scored positions each."""
+def held_out_sequences(tok, base: str, max_positions: int, chunk: int = 256,
+                       sets=None) -> dict[str, list[tuple[list, int]]]:
+    """Per set (REPORT_SETS, or the named ones), (token ids, first scored position) pairs, up to max_positions scored
+    positions each."""
     from scripts.common import paths
     from scripts.data import bigbench_corpus
     from scripts.levers.vocab.analyze import read_answers
     from scripts.levers.vocab.keep import vocab_dir
 
     out: dict[str, list[tuple[list, int]]] = {}
+    unknown = sorted(set(sets or ()) - set(REPORT_SETS))
+    if unknown:
+        raise TailError(f"no held-out set {', '.join(unknown)}: the sets are {', '.join(REPORT_SETS)}")
     for name, glob in REPORT_SETS.items():
+        if sets is not None and name not in sets:
+            continue
         if glob is None:
             pairs, _ = bigbench_corpus.texts("held_out", 2_000)
             rows = [(ids[:chunk], 1) for ids in tok([t for _, t in pairs], add_special_tokens=False)["input_ids"]
@@ -281,7 +288,7 @@ def held_out_sequences(tok, base: str, max_positions: int, chunk: int = 256) -> 
     return out
 
 
-def report(parent_dir, base: str, kept_ids, max_positions: int = 2_000) -> dict:
+def report(parent_dir, base: str, kept_ids, max_positions: int = 2_000, sets=None) -> dict:
     """The screen on the parent's own held-out positions, teacher-forced with transformers (the parent is read, never
     written): how often a dropped token is the argmax, how often any row is screened in and how many, and the
     largest error seen as a share of its bound (at most 1, or build() would have refused)."""
@@ -296,7 +303,7 @@ def report(parent_dir, base: str, kept_ids, max_positions: int = 2_000) -> dict:
     kept_idx = torch.as_tensor(kept_ids, dtype=torch.long)
     out = {"kernel": s["kernel"], "positions_per_set": max_positions, "sets": {}}
     with torch.inference_mode():
-        for name, seqs in held_out_sequences(tok, base, max_positions).items():
+        for name, seqs in held_out_sequences(tok, base, max_positions, sets=sets).items():
             counts, worst, wins, caught = [], 0.0, 0, 0
             for ids, start in seqs:
                 h = model.model(torch.tensor([ids])).last_hidden_state[0, start - 1:-1]

@@ -148,3 +148,8 @@ def test_checkpoint_asking_for_another_tail_method_fails_to_load(tmp_path):
     assert plugin.tail_of(str(tmp_path)) == {"where": str(cfg)}
     cfg.write_text(json.dumps({"vocab_pruning": {}}))
     assert plugin.tail_of(str(tmp_path)) is None
+
+
+def test_report_refuses_an_unknown_held_out_set():
+    with pytest.raises(tail.TailError, match="no held-out set nope: the sets are text/held_out"):
+        tail.held_out_sequences(None, "smollm2", 10, sets=("nope",))

@@ -226,9 +226,10 @@ def tail_server(embedded_weights, tmp_path_factory):
     from scripts.levers.vocab.prune import prune
     from tests.conftest import serve
 
-    # no teacher-forced report (it reads held-out BIG-bench, which `make test` does not fetch); the served greedy
-    # output is what this checks
-    prune(TAIL, record_dir=tmp_path_factory.mktemp("prune-tail-record"), tail_positions=0)
+    # the build's report on the committed held-out answers (held-out BIG-bench text needs `make datasets`, which
+    # `make test` does not run)
+    prune(TAIL, record_dir=tmp_path_factory.mktemp("prune-tail-record"), tail_positions=128,
+          tail_sets=("answers/held_out", "generations/held_out"))
     d = tmp_path_factory.mktemp("serve-tail")
     with serve(TAIL, d, [f"ENV_{STATS_ENV}={d / 'tail.json'}"]) as s:
         yield s, d / "tail.json"
