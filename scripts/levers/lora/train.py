@@ -32,7 +32,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.records import git_state, hardware, now_utc, versions, write_record
-from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
+from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides, training_dtype
 from scripts.levers.lora import adapters as lora
 
 PROMPTS = ("What is the capital of France?", "Explain what a Python list is in one sentence.",
@@ -43,12 +43,12 @@ def chunks(ids: list[int], seq_len: int) -> list[list[int]]:
     return [ids[i:i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len)]
 
 
-def perplexity(model, rows: list[list[int]], batch: int) -> float:
+def perplexity(model, rows: list[list[int]], batch: int, bf16: bool = True) -> float:
     import torch
 
     model.eval()
     nll, n = 0.0, 0
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         for i in range(0, len(rows), batch):
             x = torch.tensor(rows[i:i + batch])
             logits = model(input_ids=x).logits.float()
@@ -113,7 +113,12 @@ def train(name: str, overrides: dict[str, str] | None = None, record_dir: Path |
     if len(train_rows) < s.batch or not held:
         raise lora.LoraError(f"{data_name}: {len(ids)} tokens are too few for LORA_SEQ_LEN={s.seq_len} x "
                              f"LORA_BATCH={s.batch} with a held-out tail")
+    # BF16 autocast where the CPU has native BF16, else FP32 (the BF16 weights upcast): see training_dtype
+    dtype = training_dtype()
+    bf16 = dtype == "bfloat16"
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16)
+    if not bf16:
+        model = model.float()
     lora.check_targets(model, s.targets, s.rank)
     model = get_peft_model(model, LoraConfig(r=s.rank, lora_alpha=s.alpha, lora_dropout=s.dropout,
                                              target_modules=list(s.targets), task_type="CAUSAL_LM"))
@@ -124,8 +129,8 @@ def train(name: str, overrides: dict[str, str] | None = None, record_dir: Path |
                                               max(0.0, (s.steps - i) / max(1, s.steps - warmup)) ** 0.5)
 
     def measure(step: int, loss: float | None) -> dict:
-        point = {"step": step, "train_loss": loss, "heldout_ppl": round(perplexity(model, held, s.batch), 4),
-                 "general_ppl": round(perplexity(model, general, s.batch), 4)}
+        point = {"step": step, "train_loss": loss, "heldout_ppl": round(perplexity(model, held, s.batch, bf16), 4),
+                 "general_ppl": round(perplexity(model, general, s.batch, bf16), 4)}
         tqdm.write(f"  step {step}: held-out ppl {point['heldout_ppl']}, general ppl {point['general_ppl']}"
                    + (f", train loss {loss:.4f}" if loss is not None else ""))
         return point
@@ -141,7 +146,7 @@ def train(name: str, overrides: dict[str, str] | None = None, record_dir: Path |
             order = list(range(len(train_rows)))
             random.shuffle(order)
         x = torch.tensor([train_rows[order.pop()] for _ in range(min(s.batch, len(order) or s.batch))])
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = model(input_ids=x, labels=x).loss
         loss.backward()
         opt.step()
@@ -176,6 +181,7 @@ def train(name: str, overrides: dict[str, str] | None = None, record_dir: Path |
                      "train_tokens": cut, "train_chunks": len(train_rows), "heldout_tokens": len(held) * s.seq_len,
                      "general_tokens": len(general) * s.seq_len, "seq_len": s.seq_len},
             "optimizer": {"name": "AdamW", "lr": s.lr, "warmup_steps": warmup, "batch": s.batch, "seed": s.seed},
+            "compute_dtype": dtype,
             "steps_requested": s.steps, "steps_run": curve[-1]["step"], "kept_step": best[1], "stopped_early": stopped,
             "curve": curve, "heldout_ppl": {"base": curve[0]["heldout_ppl"], "adapted": best[0]},
             "general_ppl": {"base": curve[0]["general_ppl"],

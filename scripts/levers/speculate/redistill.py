@@ -41,7 +41,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts
 from scripts.common.server import ServerError
-from scripts.common.variants import VariantError, head_dir, load_variant, parse_overrides
+from scripts.common.variants import VariantError, head_dir, load_variant, parse_overrides, training_dtype
 from scripts.serve.launch import variant_server
 
 TRAIN_PROMPTS = paths.EVAL / "prompts" / "spec-v1-train.jsonl"
@@ -191,18 +191,6 @@ def sub_batches(lengths: list[int], budget: int) -> list[list[int]]:
     return groups + ([cur] if cur else [])
 
 
-def compute_dtype(device: str) -> str:
-    """BF16 (autocast for the head, the target's own dtype for its hidden states) on CUDA and on a CPU with native BF16
-    kernels; FP32 elsewhere: on a two-core AVX2 CPU a tiny-budget step took 47 s with BF16 and 12 s in FP32 (the
-    target's BF16 weights upcast, so its hidden states differ from the served model's by BF16 rounding only)."""
-    from scripts.common.records import cpu_model_and_flags
-    from scripts.common.variants import NATIVE_BF16_FLAGS
-
-    if device == "cuda" or any(f in cpu_model_and_flags()[1] for f in NATIVE_BF16_FLAGS):
-        return "bfloat16"
-    return "float32"
-
-
 class FeatureCache:
     """Samples of the target's hidden states kept across passes (split, index) up to a byte budget; the rest are
     computed again when drawn. A small budget's whole data fits, so the target runs once per answer."""
@@ -261,7 +249,10 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         cfg["warm_start"] = warm_start(model, Path(cfg["init"]))
     collate = CollateFn(max_len=max_len, hidden_size=hidden, num_target_layers=3, dtype=torch.float32,
                         preprocess=shift_batch)
-    cfg["compute_dtype"] = compute_dtype(device)  # PROVENANCE's settings say which
+    # BF16 on CUDA and where the CPU has native BF16, else FP32: on a two-core AVX2 CPU a tiny-budget step took 47 s
+    # with BF16 and 12 s in FP32 (the target's BF16 weights upcast, so its hidden states differ from the served
+    # model's by BF16 rounding only); PROVENANCE's settings say which
+    cfg["compute_dtype"] = training_dtype(device)
     bf16 = cfg["compute_dtype"] == "bfloat16"
     keys = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids", "verifier_last_hidden_states")
     loss_cfg = resolve_loss_config("kl_div", loss_impl)
