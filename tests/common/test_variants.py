@@ -169,3 +169,13 @@ def test_fuzz_findings_are_one_line_errors(tmp_path, data, message):
     path.write_bytes(data)
     with pytest.raises(VariantError, match=message):
         load_variant("fz", root=tmp_path, target="cpu")
+
+
+def test_training_dtype_is_bf16_only_where_it_is_native(monkeypatch):
+    from scripts.common import records
+    from scripts.common.variants import training_dtype
+
+    monkeypatch.setattr(records, "cpu_model_and_flags", lambda: ("x", ["avx2"]))
+    assert training_dtype() == "float32" and training_dtype("cuda") == "bfloat16"
+    monkeypatch.setattr(records, "cpu_model_and_flags", lambda: ("x", ["avx2", "avx512f", "avx512_bf16"]))
+    assert training_dtype() == "bfloat16"
