@@ -250,15 +250,15 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
     collate = CollateFn(max_len=max_len, hidden_size=hidden, num_target_layers=3, dtype=torch.float32,
                         preprocess=shift_batch)
     # BF16 on CUDA and where the CPU has native BF16, else FP32: on a two-core AVX2 CPU a tiny-budget step took 47 s
-    # with BF16 and 12 s in FP32 (the target's BF16 weights upcast, so its hidden states differ from the served
-    # model's by BF16 rounding only); PROVENANCE's settings say which
+    # with BF16 and 12 s in FP32, both while a compile shared the cores (the target's BF16 weights upcast, so its
+    # hidden states differ from the served model's by BF16 rounding only); PROVENANCE's settings say which
     cfg["compute_dtype"] = training_dtype(device)
     bf16 = cfg["compute_dtype"] == "bfloat16"
     keys = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids", "verifier_last_hidden_states")
     loss_cfg = resolve_loss_config("kl_div", loss_impl)
     feats = Features(target_dir, device, torch.bfloat16 if bf16 else torch.float32)
     cache = FeatureCache(feats, sets, max_len, cfg["feature_cache_mb"] << 20)
-    model.to(device) if bf16 else model.to(device, torch.float32)
+    model.to(device, None if bf16 else torch.float32)
     print(f"training on {device} in {cfg['compute_dtype']}: draft attention {attn}, {loss_impl} loss, {max_len} "
           f"tokens a pack", flush=True)
 
