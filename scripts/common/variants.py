@@ -122,20 +122,24 @@ PLATFORM_DEFAULTS: dict[str, dict[str, str]] = {
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
+def native_bf16(cpu_flags: list[str]) -> bool:
+    return any(f in cpu_flags for f in NATIVE_BF16_FLAGS)
+
+
 def training_dtype(device: str = "cpu") -> str:
     """The dtype to train in (a LoRA adapter, a draft head): BF16 on CUDA and on a CPU with native BF16 kernels, FP32
     elsewhere. On a two-core AVX2 EPYC one LoRA step of SmolLM2 (2 x 64 tokens) took 2.5 s forward and 25 s backward
     under BF16 autocast, 0.4 s and 0.4 s in FP32."""
     from scripts.common.records import cpu_model_and_flags
 
-    if device == "cuda" or any(f in cpu_model_and_flags()[1] for f in NATIVE_BF16_FLAGS):
+    if device == "cuda" or native_bf16(cpu_model_and_flags()[1]):
         return "bfloat16"
     return "float32"
 
 
 def cpu_dtype_note(dtype: str, cpu_flags: list[str]) -> str | None:
     """A line for `make serve` where BF16 runs without native kernels on this CPU; None where it has them."""
-    if dtype != "bfloat16" or any(f in cpu_flags for f in NATIVE_BF16_FLAGS):
+    if dtype != "bfloat16" or native_bf16(cpu_flags):
         return None
     return ("note: this CPU has no native BF16 (no avx512_bf16 / amx_bf16): measured on two such CPUs, FP32 served "
             "1.6-2.8x more tok/s at c=8 and BF16 up to 1.3x more at c=1 (results/peers-cpu-20261123); for throughput "

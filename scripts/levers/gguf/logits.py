@@ -10,9 +10,9 @@ measure.parity scores.
 `score` is lm-eval's log-likelihood request: requests.json is a list of [context ids, continuation ids]; OUT.json gets
 [sum of the continuation's log-probabilities, whether every continuation token is the argmax] per request. Requests
 are evaluated in the order of their ids so that choices sharing a context reuse its KV cache (the shared prefix is not
-evaluated again, but for its last token where only one would be left). llama-cpp-python's server answers the same question (echo + logprobs) by sorting the whole vocabulary
-in Python for every prompt token (the suite's 6 longest requests took 4 min 22 s there), so lm-eval's log-likelihoods of a
-GGUF come from this path.
+evaluated again, but for its last token where only one would be left). llama-cpp-python's server answers the same
+question (echo + logprobs) by sorting the whole vocabulary in Python for every prompt token (the suite's 6 longest
+requests took 4 min 22 s there), so lm-eval's log-likelihoods of a GGUF come from this path.
 
 The ids go in as they are (no BOS added), as the reference sees them. Imports only llama_cpp and numpy; `run` (the
 caller's side, in .venv) starts it in .venv-llamacpp.

@@ -43,7 +43,7 @@ def chunks(ids: list[int], seq_len: int) -> list[list[int]]:
     return [ids[i:i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len)]
 
 
-def perplexity(model, rows: list[list[int]], batch: int, bf16: bool = True) -> float:
+def perplexity(model, rows: list[list[int]], batch: int, bf16: bool) -> float:
     import torch
 
     model.eval()

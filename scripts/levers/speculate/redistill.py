@@ -11,8 +11,10 @@ REDISTILL_SAMPLES sampled answers per prompt (its own responses, not a dataset's
 cached in .cache/redistill/<hash>/responses.json, so a rerun with the same target and prompts reuses them and a
 failed training keeps them (`--generate-only` stops there). Training runs transformers on the target's checkpoint
 over each drawn batch to take the hidden states EAGLE-3 reads (three auxiliary layers, vLLM's default ids, and the
-last layer before the final norm): computed as batches are drawn, never written to disk, and no `datasets` object
-(its fingerprinting failed under the GPU machine's Python 3.12). The prompt set's split column keeps validation
+last layer before the final norm): computed as batches are drawn, kept in memory for later passes up to
+REDISTILL_FEATURE_CACHE_MB, never written to disk, and no `datasets` object (its fingerprinting failed under the GPU
+machine's Python 3.12). Training runs in BF16 on CUDA and on a CPU with native BF16, FP32 elsewhere
+(variants.training_dtype). The prompt set's split column keeps validation
 answers to source families never trained on (without one, one prompt in ten); REDISTILL_MAX_TRAIN_TOKENS keeps the
 first N training response tokens of a fixed order (nested subsets for a learning curve). The draft vocabulary is the
 REDISTILL_DRAFT_VOCAB most frequent tokens of the training answers (the coverage of several sizes is measured and
