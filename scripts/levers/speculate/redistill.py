@@ -154,7 +154,8 @@ class Features:
             mask[min(len(s["prompt_ids"]), n):] = 1
             out.append({"hidden_states": torch.cat([hs[layer][i, :n] for layer in self.layers], dim=-1),
                         "input_ids": torch.tensor(x, device=self.device),
-                        "verifier_last_hidden_states": self.captured["last"][i, :n],
+                        # a copy, not a view: a kept sample must not hold its whole padded batch alive
+                        "verifier_last_hidden_states": self.captured["last"][i, :n].clone(),
                         "loss_mask": mask.to(self.device),
                         "lengths": torch.tensor([n], dtype=torch.long),
                         "position_ids": torch.arange(n, dtype=torch.long, device=self.device)})
