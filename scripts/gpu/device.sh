@@ -255,8 +255,11 @@ PY
       echo "== train $(date +%T): ${HEADS:-full:} ${budget[*]}"
       for h in ${HEADS:-full:}; do tag=${h%%:*}; rest=${h#*:}; n=${rest%%:*}; xs=()
         [ "$rest" != "$n" ] && { e=${rest#*:}; for kv in ${e//,/ }; do xs+=(--set "$kv"); done; }
+        # a snapshot every SNAPSHOT_EVERY s (/root/heads/$tag.snapshot), which every `poll` returns: a lost machine
+        # loses the training since the last poll, not the run (2026-11-25: a lease lost two heads 24 min in)
         python3 -m scripts.levers.speculate.redistill "$v" ${STEPS:+--steps $STEPS} --out /root/heads/$tag \
-          --set REDISTILL_MAX_TRAIN_TOKENS=$n "${budget[@]}" "${xs[@]}" > /root/heads/train-$tag.log 2>&1 &
+          --set REDISTILL_MAX_TRAIN_TOKENS=$n --set REDISTILL_SNAPSHOT_EVERY=${SNAPSHOT_EVERY:-240} "${budget[@]}" \
+          "${xs[@]}" > /root/heads/train-$tag.log 2>&1 &
       done; wait
       echo "== done $(date +%T) after $(( $(date +%s) - t0 )) s"; touch /root/heads/DONE
     ' "$v" > $RUN/redistill.out 2>&1 < /dev/null &)
@@ -277,6 +280,10 @@ PY
     for _ in $(seq ${WAIT:-500}); do [ -f /root/heads/DONE ] && break; sleep 1; done
     tail -${LOG_TAIL:-30} $RUN/redistill.out; for f in /root/heads/train-*.log; do echo "--- $f"; tr '\r' '\n' < $f | grep -v "^\s*$" | tail -4; done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    if [ ! -f /root/heads/DONE ]; then  # the heads' latest snapshots and logs, each call (REDISTILL_INIT= goes on)
+      (cd /root/heads && ls -d *.snapshot >/dev/null 2>&1 && tar cf $OUT/snapshots.tar *.snapshot train-*.log \
+        && ls -la $OUT/snapshots.tar && grep -h '"steps"' *.snapshot/PROVENANCE.json | head -4)
+    fi
     if [ -f /root/heads/DONE ]; then  # a call returns at most 64 MiB: PIECES="04 05 …" fetches the rest
       ls /root/hp.* >/dev/null 2>&1 || tar cf - -C /root heads | split -b 15M -d -a 2 - /root/hp.
       ls -la /root/hp.*; for p in ${PIECES:-00 01 02 03}; do [ -f /root/hp.$p ] && cp /root/hp.$p $OUT/heads.tar.$p; done

@@ -20,7 +20,9 @@ first N training response tokens of a fixed order (nested subsets for a learning
 REDISTILL_DRAFT_VOCAB most frequent tokens of the training answers (the coverage of several sizes is measured and
 kept). REDISTILL_INIT=<head folder> goes on training an earlier head of the same answers (its weights, a fresh
 optimizer and schedule; refused when its shapes or draft vocabulary differ): a later GPU lease continues where one
-ended. The model, loss, vocabulary mapping, collation and checkpoint format are speculators' (Eagle3DraftModel, the
+ended. REDISTILL_SNAPSHOT_EVERY=<seconds> writes the head as it stands to <out>.snapshot that often while it trains
+(PROVENANCE says "snapshot": true and the steps so far; removed once the head is written): a run that fails or a
+machine that is lost keeps the last one, and REDISTILL_INIT goes on from it. The model, loss, vocabulary mapping, collation and checkpoint format are speculators' (Eagle3DraftModel, the
 format vLLM loads with {"method": "eagle3"}); the loop is this script's, because speculators' Trainer moves
 everything to an accelerator device and fails on a CPU-only torch. The head is written to a temp folder and renamed,
 with PROVENANCE.json: target variant and model, prompt set and its hash, answers' hash, token counts per split,
@@ -30,10 +32,12 @@ steps, passes, loss and accuracy curve, validation accuracy, draft-vocabulary co
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from collections import Counter
@@ -54,7 +58,8 @@ DEFAULTS = {"REDISTILL_DRAFT_VOCAB": "auto", "REDISTILL_STEPS": "400", "REDISTIL
             "REDISTILL_LR": "1e-3", "REDISTILL_SEED": "0", "REDISTILL_SAMPLES": "0", "REDISTILL_TEMPERATURE": "0.8",
             "REDISTILL_PACK_TOKENS": "512", "REDISTILL_LAYERS": "1", "REDISTILL_MAX_TRAIN_TOKENS": "",
             "REDISTILL_MAX_SECONDS": "", "REDISTILL_ATTN": "", "REDISTILL_LOSS": "", "REDISTILL_EVAL_EVERY": "0",
-            "REDISTILL_EVAL_PACKS": "8", "REDISTILL_INIT": "", "REDISTILL_FEATURE_CACHE_MB": "2048"}
+            "REDISTILL_EVAL_PACKS": "8", "REDISTILL_INIT": "", "REDISTILL_FEATURE_CACHE_MB": "2048",
+            "REDISTILL_SNAPSHOT_EVERY": ""}
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 # REDISTILL_DRAFT_VOCAB=auto: the smallest COVERAGE_SIZES entry covering this share of the target's response tokens
 # (a token outside the draft vocabulary can never be proposed, so this caps acceptance per position)
@@ -220,11 +225,13 @@ def implementation(device: str, cfg: dict) -> tuple[str, str]:
     return attn, cfg.get("loss") or "eager"
 
 
-def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Counter, cfg: dict, steps: int, seed: int):
+def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Counter, cfg: dict, steps: int, seed: int,
+          snapshot=None):
     """speculators' Eagle3DraftModel trained on the target's answers (sets: train, val) for `steps` optimizer steps or
     cfg["max_seconds"], whichever ends first (the cosine schedule follows whichever is further along). Every
     cfg["eval_every"] steps the accuracy on the first cfg["eval_packs"] validation packs joins the curve (with the
-    response tokens trained on so far): the curve shows whether the head is still learning. Returns (model, curve,
+    response tokens trained on so far): the curve shows whether the head is still learning. Every
+    cfg["snapshot_every"] seconds snapshot(model, curve, steps taken, passes started) is called. Returns (model, curve,
     validation accuracy per draft position on the whole validation split, passes started, steps taken)."""
     import torch
     from speculators.losses import resolve_loss_config
@@ -300,6 +307,7 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
     val_packs = batches("val", random.Random(seed))
     probe = val_packs[:cfg["eval_packs"]]
     rng, queue, curve, epochs, done, seen = random.Random(seed), [], [], 0, 0, 0
+    last_snapshot = time.monotonic()
     model.train()
     bar = tqdm(range(steps), desc="train", unit="step", mininterval=10)
     for step in bar:
@@ -329,6 +337,9 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
                 print(f"step {step}: {seen:,} response tokens, validation accuracy {point['val_acc']}", flush=True)
             curve.append(point)
             bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{acc[0]:.2f}")
+        if snapshot and cfg["snapshot_every"] and time.monotonic() - last_snapshot >= cfg["snapshot_every"]:
+            snapshot(model, curve, done, epochs)
+            last_snapshot = time.monotonic()
     return model, curve, validate(val_packs), epochs, done
 
 
@@ -454,6 +465,17 @@ def warm_start(model, head: Path) -> dict:
             "val_cond_acc": prior.get("val_cond_acc"), "data_sha256": prior.get("data_sha256")}
 
 
+def write_head(model, dest: Path, provenance: dict) -> None:
+    """The head in BF16 (the model is converted in place: pass a copy to go on training), without the frozen
+    input embedding, and its PROVENANCE.json, written all at once to dest."""
+    import torch
+
+    with paths.staged(dest) as tmp:
+        model.to(torch.bfloat16).save_pretrained(tmp)
+        drop_frozen_embedding(model, tmp)
+        (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=1))
+
+
 def drop_frozen_embedding(model, head: Path) -> None:
     """Remove the head's input embedding from the checkpoint when training kept it frozen: it is then the target's
     own, and vLLM shares the target's embedding with a head that has none (llm_base_proposer._maybe_share_embeddings),
@@ -481,7 +503,8 @@ def settings_of(variant) -> dict:
                "max_seconds": float(r["REDISTILL_MAX_SECONDS"]) if r["REDISTILL_MAX_SECONDS"] else None,
                "attn": r["REDISTILL_ATTN"], "loss": r["REDISTILL_LOSS"], "eval_every": int(r["REDISTILL_EVAL_EVERY"]),
                "eval_packs": int(r["REDISTILL_EVAL_PACKS"]), "init": r["REDISTILL_INIT"],
-               "feature_cache_mb": int(r["REDISTILL_FEATURE_CACHE_MB"])}
+               "feature_cache_mb": int(r["REDISTILL_FEATURE_CACHE_MB"]),
+               "snapshot_every": float(r["REDISTILL_SNAPSHOT_EVERY"]) if r["REDISTILL_SNAPSHOT_EVERY"] else None}
     except ValueError as e:
         raise RedistillError(f"{variant.path / 'config.env'}: a REDISTILL_* value is not a number ({e})") from None
     if cfg["layers"] < 1 or cfg["pack_tokens"] < 64:
@@ -536,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or head_dir(variant)
         if out is None:
             raise RedistillError(f"{variant.name}: SERVE_SPECULATIVE_CONFIG names no eagle3 head under weights/")
+        snap = Path(out).with_name(Path(out).name + ".snapshot")
         if not variant.resolved.get("PARENT"):
             raise RedistillError(f"{variant.name} has no PARENT: the target to distill from")
         target = load_variant(variant.resolved["PARENT"], overrides=parse_overrides(args.target_set))
@@ -573,37 +597,45 @@ def main(argv: list[str] | None = None) -> int:
             cfg["draft_vocab"] = min(auto, tcfg.vocab_size)
         if cfg["draft_vocab"] > tcfg.vocab_size or cfg["draft_vocab"] < 16:
             raise RedistillError(f"REDISTILL_DRAFT_VOCAB={cfg['draft_vocab']}: must lie in 16..{tcfg.vocab_size}")
-        model, curve, val_acc, epochs, steps = train(target.model, tcfg.hidden_size, sets, freq, cfg, steps, cfg["seed"])
-    except (RedistillError, VariantError, PromptSetError, ServerError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:  # a failure while training: the cached answers stay for a retry
-        if data is None:
-            raise
-        print(f"error: training failed ({type(e).__name__}: {e}); the target's answers stay cached in "
-              f"{paths.shown(data)} for a retry", file=sys.stderr)
-        raise
-    import torch
-
-    with paths.staged(out) as tmp:
-        model.to(torch.bfloat16).save_pretrained(tmp)
-        drop_frozen_embedding(model, tmp)
-        data_sha = hashlib.sha256((data / "responses.json").read_bytes()).hexdigest()
-        train_tokens = sum(freq.values())
-        (tmp / "PROVENANCE.json").write_text(json.dumps({
+        train_tokens, packed = sum(freq.values()), sum(len(s["prompt_ids"]) + len(s["ids"]) for s in sets["train"])
+        prov = {
             "lever": "redistill_mtp (EAGLE-3 via speculators)", "variant": variant.name, "target": target.name,
             "target_model": target.resolved["MODEL"], "target_hidden_size": tcfg.hidden_size,
             "target_vocab_size": tcfg.vocab_size, "aux_layer_ids": aux_layer_ids(tcfg.num_hidden_layers),
             "prompts": info, "budget": args.budget, "responses": len(cached["seqs"]), "max_tokens": max_tokens,
             "response_tokens": sum(len(s["ids"]) for s in seqs), "train_responses": len(sets["train"]),
             "train_response_tokens": train_tokens, "val_responses": len(sets["val"]),
-            "val_response_tokens": sum(len(s["ids"]) for s in sets["val"]), "data_sha256": data_sha,
-            "settings": cfg, "steps": steps,
-            "total_steps": steps + ((cfg.get("warm_start") or {}).get("total_steps") or 0), "epochs": round(steps * cfg["pack_tokens"] / max(
-                sum(len(s["prompt_ids"]) + len(s["ids"]) for s in sets["train"]), 1), 2),
-            "passes_started": epochs, "curve": curve, "val_cond_acc": [round(a, 4) for a in val_acc],
-            "draft_vocab_coverage": cov, "device": "cuda" if torch.cuda.is_available() else "cpu",
-            "seconds": round(time.monotonic() - t0, 1)}, indent=1))
+            "val_response_tokens": sum(len(s["ids"]) for s in sets["val"]),
+            "data_sha256": hashlib.sha256((data / "responses.json").read_bytes()).hexdigest(), "settings": cfg}
+
+        def progress(taken: int, curve: list, passes: int) -> dict:
+            return {"steps": taken, "total_steps": taken + ((cfg.get("warm_start") or {}).get("total_steps") or 0),
+                    "epochs": round(taken * cfg["pack_tokens"] / max(packed, 1), 2), "passes_started": passes,
+                    "curve": curve, "seconds": round(time.monotonic() - t0, 1)}
+
+        def snapshot(model, curve: list, taken: int, passes: int) -> None:
+            probe = next((p["val_acc"] for p in reversed(curve) if "val_acc" in p), None)
+            write_head(copy.deepcopy(model), snap, {**prov, "snapshot": True, **progress(taken, curve, passes),
+                                                    "probe_val_acc": probe})
+            print(f"snapshot at step {taken}: {paths.shown(snap)}", flush=True)
+
+        model, curve, val_acc, epochs, steps = train(target.model, tcfg.hidden_size, sets, freq, cfg, steps, cfg["seed"],
+                                                     snapshot)
+    except (RedistillError, VariantError, PromptSetError, ServerError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a failure while training: the cached answers (and the last snapshot) stay for a retry
+        if data is None:
+            raise
+        kept = f"; its last snapshot is {paths.shown(snap)} (REDISTILL_INIT=)" if snap.is_dir() else ""
+        print(f"error: training failed ({type(e).__name__}: {e}); the target's answers stay cached in "
+              f"{paths.shown(data)} for a retry{kept}", file=sys.stderr)
+        raise
+    import torch
+
+    write_head(model, out, {**prov, **progress(steps, curve, epochs), "val_cond_acc": [round(a, 4) for a in val_acc],
+                            "draft_vocab_coverage": cov, "device": "cuda" if torch.cuda.is_available() else "cpu"})
+    shutil.rmtree(snap, ignore_errors=True)
     print(f"validation accuracy per draft position {[round(a, 3) for a in val_acc]}; "
           f"draft vocab {cfg['draft_vocab']} covers {coverage(freq, (cfg['draft_vocab'],))[str(cfg['draft_vocab'])]:.1%}; "
           f"{train_tokens:,} training response tokens")

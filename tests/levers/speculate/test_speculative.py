@@ -238,6 +238,34 @@ def test_tiny_eagle_head_serves_and_is_lossless(embedded_server, tmp_path):
     assert rec["summary"]["identity"]["sequences"] == 8
 
 
+@pytest.mark.slow
+def test_a_failed_training_keeps_its_last_snapshot_and_goes_on_from_it(embedded_server, tmp_path, monkeypatch, capsys):
+    """REDISTILL_SNAPSHOT_EVERY: a training that fails at its third step keeps the snapshot of its second, says so,
+    and REDISTILL_INIT goes on from it; a finished head removes its snapshot."""
+    import torch
+
+    head, calls, real = tmp_path / "head", [], torch.nn.utils.clip_grad_norm_
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("injected failure")
+        return real(*a, **k)
+
+    args = ["smollm2-bf16-eagle4", "--budget", "tiny", "--base-url", embedded_server.base_url, "--out", str(head)]
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", failing)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        redistill_mtp.main([*args, "--steps", "5", "--set", "REDISTILL_SNAPSHOT_EVERY=0.001"])
+    snap = tmp_path / "head.snapshot"
+    prov = json.loads((snap / "PROVENANCE.json").read_text())
+    assert prov["snapshot"] and prov["steps"] == 2 and not head.exists()
+    assert f"its last snapshot is {snap}" in capsys.readouterr().err
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real)
+    assert redistill_mtp.main([*args, "--steps", "1", "--set", f"REDISTILL_INIT={snap}"]) == 0
+    prov = json.loads((head / "PROVENANCE.json").read_text())
+    assert prov["settings"]["warm_start"]["steps"] == 2 and prov["total_steps"] == 3 and not snap.exists()
+
+
 def test_truncated_draft_keeps_the_first_layers_and_refuses_bad_counts(tmp_path):
     """make_draft_model.truncate: layers < N, embedding, norm and tokenizer files kept; config says N; N outside
     1..layers-1 refused naming the limit."""
