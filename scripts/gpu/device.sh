@@ -257,7 +257,9 @@ PY
         [ "$rest" != "$n" ] && { e=${rest#*:}; for kv in ${e//,/ }; do xs+=(--set "$kv"); done; }
         # a snapshot every SNAPSHOT_EVERY s (/root/heads/$tag.snapshot), which every `poll` returns: a lost machine
         # loses the training since the last poll, not the run (2026-11-25: a lease lost two heads 24 min in)
-        python3 -m scripts.levers.speculate.redistill "$v" ${STEPS:+--steps $STEPS} --out /root/heads/$tag \
+        # RANKS=N: each head trains data-parallel in N processes on the GPU (redistill.ranks)
+        launch=(python3); [ "${RANKS:-1}" -gt 1 ] && launch=(python3 -m torch.distributed.run --standalone --nproc-per-node $RANKS)
+        "${launch[@]}" -m scripts.levers.speculate.redistill "$v" ${STEPS:+--steps $STEPS} --out /root/heads/$tag \
           --set REDISTILL_MAX_TRAIN_TOKENS=$n --set REDISTILL_SNAPSHOT_EVERY=${SNAPSHOT_EVERY:-240} "${budget[@]}" \
           "${xs[@]}" > /root/heads/train-$tag.log 2>&1 &
       done; wait

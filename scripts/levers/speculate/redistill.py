@@ -22,7 +22,9 @@ kept). REDISTILL_INIT=<head folder> goes on training an earlier head of the same
 optimizer and schedule; refused when its shapes or draft vocabulary differ): a later GPU lease continues where one
 ended. REDISTILL_SNAPSHOT_EVERY=<seconds> writes the head as it stands to <out>.snapshot that often while it trains
 (PROVENANCE says "snapshot": true and the steps so far; removed once the head is written): a run that fails or a
-machine that is lost keeps the last one, and REDISTILL_INIT goes on from it. The model, loss, vocabulary mapping, collation and checkpoint format are speculators' (Eagle3DraftModel, the
+machine that is lost keeps the last one, and REDISTILL_INIT goes on from it. Launched by `python -m torch.distributed.run --nproc-per-node N -m …` it trains one
+head data-parallel in N processes (gradients averaged through gloo, rank 0 writes), once the answers are cached.
+The model, loss, vocabulary mapping, collation and checkpoint format are speculators' (Eagle3DraftModel, the
 format vLLM loads with {"method": "eagle3"}); the loop is this script's, because speculators' Trainer moves
 everything to an accelerator device and fails on a CPU-only torch. The head is written to a temp folder and renamed,
 with PROVENANCE.json: target variant and model, prompt set and its hash, answers' hash, token counts per split,
@@ -298,10 +300,11 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"])
-    t0, limit = time.monotonic(), cfg.get("max_seconds") or math.inf
+    t0, limit, elapsed = time.monotonic(), cfg.get("max_seconds") or math.inf, 0.0
+    world, rank = cfg.get("ranks", 1), ranks()[1]
 
     def progress(s: int) -> float:  # of the step budget or of the time budget, whichever is further along
-        return min(1.0, max(s / steps, (time.monotonic() - t0) / limit))
+        return min(1.0, max(s / steps, elapsed / limit))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * progress(s))))
     val_packs = batches("val", random.Random(seed))
@@ -309,24 +312,26 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
     rng, queue, curve, epochs, done, seen = random.Random(seed), [], [], 0, 0, 0
     last_snapshot = time.monotonic()
     model.train()
-    bar = tqdm(range(steps), desc="train", unit="step", mininterval=10)
+    bar = tqdm(range(steps), desc="train", unit="step", mininterval=10, disable=rank > 0)
     for step in bar:
-        if time.monotonic() - t0 > limit:
+        if elapsed > limit:
             curve.append({"step": step, "stopped": f"time budget of {limit:.0f} s spent"})
             break
-        if not queue:
+        if len(queue) < world:  # every rank draws the same packs (one seed) and trains on its own one of each `world`
             queue, epochs = batches("train", rng), epochs + 1
-        group = queue.pop()
-        _, loss, metrics = run("train", group)
+        groups = [queue.pop() for _ in range(world)]
+        _, loss, metrics = run("train", groups[rank])
         if not torch.isfinite(loss):
             raise RedistillError(f"loss is {loss.item()} at step {step}: lower REDISTILL_LR")
         opt.zero_grad()
         loss.backward()
+        # the ranks' mean gradient; rank 0's clock is every rank's, so schedule and time budget agree
+        elapsed = average_gradients(params, time.monotonic() - t0, world) if world > 1 else time.monotonic() - t0
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         done += 1
-        seen += sum(len(sets["train"][i]["ids"]) for i in group)
+        seen += sum(len(sets["train"][i]["ids"]) for group in groups for i in group)
         evaluate = bool(cfg["eval_every"] and step and step % cfg["eval_every"] == 0)
         if step % 20 == 0 or step == steps - 1 or evaluate:
             acc = accuracies(metrics)
@@ -340,7 +345,51 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         if snapshot and cfg["snapshot_every"] and time.monotonic() - last_snapshot >= cfg["snapshot_every"]:
             snapshot(model, curve, done, epochs)
             last_snapshot = time.monotonic()
+    if world > 1:
+        same_weights(params)
+        if rank > 0:
+            return model, curve, None, epochs, done
     return model, curve, validate(val_packs), epochs, done
+
+
+def ranks() -> tuple[int, int]:
+    """(world size, rank) of a data-parallel run launched by `python -m torch.distributed.run --nproc-per-node N -m
+    scripts.levers.speculate.redistill …` (RANKS=N in scripts/gpu/device.sh); (1, 0) otherwise. The ranks share one
+    device: on the H100 two heads trained side by side at 5.1 and 4.9 steps/s each, as fast as one alone, the GPU
+    40-66 % busy (results/spec-scale-20261125d/lease.log), so the loop is bound by each process's host work."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+
+
+def average_gradients(params: list, seconds: float, world: int) -> float:
+    """All-reduce the gradients (their mean lands in every rank's .grad) through gloo on the host, since NCCL refuses
+    two ranks on one GPU; rank 0's `seconds` travels in the same buffer and is returned on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    rank = ranks()[1]
+    flat = torch.cat([p.grad.reshape(-1).float() for p in params]).cpu()
+    flat = torch.cat([flat / world, torch.tensor([seconds if rank == 0 else 0.0])])
+    dist.all_reduce(flat)
+    i = 0
+    for p in params:
+        p.grad.copy_(flat[i:i + p.numel()].view_as(p.grad))
+        i += p.numel()
+    return float(flat[-1])
+
+
+def same_weights(params: list) -> None:
+    """Refuse a data-parallel run whose ranks ended with different weights (a rank that skipped a reduction)."""
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([sum(float(p.detach().double().sum()) for p in params)], dtype=torch.float64)
+    low, high = total.clone(), total.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if float(low) != float(high):
+        raise RedistillError(f"the data-parallel ranks ended with different weights ({float(low)} vs {float(high)})")
 
 
 def sampling_of(cfg: dict) -> list:
@@ -572,6 +621,11 @@ def main(argv: list[str] | None = None) -> int:
         steps = args.steps or steps or cfg["steps"]
         rows, info = load_prompts(prompt_path(variant, args.prompts), n_prompts)
         check_prompt_hash(variant, info)
+        cfg["ranks"], rank = ranks()
+        if cfg["ranks"] > 1 and (args.answers or args.generate_only or args.export_answers or not (
+                answers_dir(target, info, len(rows), max_tokens, cfg) / "responses.json").exists()):
+            raise RedistillError(f"{cfg['ranks']} data-parallel ranks only train: cache the answers first "
+                                 "(--generate-only or --answers, in one process)")
         if args.answers:
             import_answers(args.answers, want=answers_dir(target, info, len(rows), max_tokens, cfg))
         data = cached_data(target, rows, info, max_tokens, cfg, args.base_url, args.port,
@@ -610,7 +664,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def progress(taken: int, curve: list, passes: int) -> dict:
             return {"steps": taken, "total_steps": taken + ((cfg.get("warm_start") or {}).get("total_steps") or 0),
-                    "epochs": round(taken * cfg["pack_tokens"] / max(packed, 1), 2), "passes_started": passes,
+                    "epochs": round(taken * cfg["pack_tokens"] * cfg["ranks"] / max(packed, 1), 2),
+                    "passes_started": passes,
                     "curve": curve, "seconds": round(time.monotonic() - t0, 1)}
 
         def snapshot(model, curve: list, taken: int, passes: int) -> None:
@@ -619,8 +674,14 @@ def main(argv: list[str] | None = None) -> int:
                                                     "probe_val_acc": probe})
             print(f"snapshot at step {taken}: {paths.shown(snap)}", flush=True)
 
+        if cfg["ranks"] > 1:
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo")
         model, curve, val_acc, epochs, steps = train(target.model, tcfg.hidden_size, sets, freq, cfg, steps, cfg["seed"],
-                                                     snapshot)
+                                                     snapshot if rank == 0 else None)
+        if rank > 0:  # rank 0 writes the head
+            return 0
     except (RedistillError, VariantError, PromptSetError, ServerError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

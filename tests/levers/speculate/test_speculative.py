@@ -266,6 +266,64 @@ def test_a_failed_training_keeps_its_last_snapshot_and_goes_on_from_it(embedded_
     assert prov["settings"]["warm_start"]["steps"] == 2 and prov["total_steps"] == 3 and not snap.exists()
 
 
+def _average_on_rank(rank: int, port: int, out: str) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": "2"})
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))]
+    for p in params:
+        p.grad = torch.full_like(p, float(rank + 1))
+    seconds = redistill_mtp.average_gradients(params, 10.0 + rank, 2)
+    torch.save({"grads": [p.grad for p in params], "seconds": seconds}, f"{out}/{rank}.pt")
+    redistill_mtp.same_weights(params)
+    if rank == 1:
+        params[0].data += 1
+    try:
+        redistill_mtp.same_weights(params)
+    except redistill_mtp.RedistillError as e:
+        torch.save(str(e), f"{out}/{rank}.err")
+    dist.destroy_process_group()
+
+
+def test_data_parallel_ranks_average_gradients_and_agree_on_time(tmp_path):
+    """average_gradients over two real gloo ranks: every rank gets the mean gradient and rank 0's clock; same_weights
+    passes on equal weights and refuses on both ranks once one rank's weights differ."""
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_average_on_rank, args=(port, str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"{rank}.pt")
+        assert got["seconds"] == 10.0 and all(bool((g == 1.5).all()) for g in got["grads"])
+        assert "ranks ended with different weights" in torch.load(tmp_path / f"{rank}.err")
+
+
+@pytest.mark.slow
+def test_two_data_parallel_ranks_train_one_head(embedded_server, tmp_path):
+    """`python -m torch.distributed.run --nproc-per-node 2 -m scripts.levers.speculate.redistill …`: the answers are
+    cached first in one process; the two ranks train one head (rank 0 writes it) and PROVENANCE says so."""
+    import subprocess
+    import sys
+
+    args = ["smollm2-bf16-eagle4", "--budget", "tiny", "--base-url", embedded_server.base_url]
+    assert redistill_mtp.main([*args, "--generate-only"]) == 0
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                          "scripts.levers.speculate.redistill", *args, "--steps", "3", "--out", str(tmp_path / "head")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    prov = json.loads((tmp_path / "head" / "PROVENANCE.json").read_text())
+    assert prov["settings"]["ranks"] == 2 and prov["steps"] == 3 and prov["val_cond_acc"]
+
+
 def test_truncated_draft_keeps_the_first_layers_and_refuses_bad_counts(tmp_path):
     """make_draft_model.truncate: layers < N, embedding, norm and tokenizer files kept; config says N; N outside
     1..layers-1 refused naming the limit."""
