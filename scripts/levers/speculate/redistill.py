@@ -22,13 +22,14 @@ kept). REDISTILL_INIT=<head folder> goes on training an earlier head of the same
 optimizer and schedule; refused when its shapes or draft vocabulary differ): a later GPU lease continues where one
 ended. REDISTILL_SNAPSHOT_EVERY=<seconds> writes the head as it stands to <out>.snapshot that often while it trains
 (PROVENANCE says "snapshot": true and the steps so far; removed once the head is written): a run that fails or a
-machine that is lost keeps the last one, and REDISTILL_INIT goes on from it. Launched by `python -m torch.distributed.run --nproc-per-node N -m …` it trains one
-head data-parallel in N processes (gradients averaged through gloo, rank 0 writes), once the answers are cached.
-The model, loss, vocabulary mapping, collation and checkpoint format are speculators' (Eagle3DraftModel, the
-format vLLM loads with {"method": "eagle3"}); the loop is this script's, because speculators' Trainer moves
-everything to an accelerator device and fails on a CPU-only torch. The head is written to a temp folder and renamed,
-with PROVENANCE.json: target variant and model, prompt set and its hash, answers' hash, token counts per split,
-steps, passes, loss and accuracy curve, validation accuracy, draft-vocabulary coverage, seconds.
+machine that is lost keeps the last one, and REDISTILL_INIT goes on from it. Launched by `python -m
+torch.distributed.run --nproc-per-node N -m …` it trains one head data-parallel in N processes (gradients averaged
+through gloo, rank 0 writes), once the answers are cached. The model, loss, vocabulary mapping, collation and
+checkpoint format are speculators' (Eagle3DraftModel, the format vLLM loads with {"method": "eagle3"}); the loop is
+this script's, because speculators' Trainer moves everything to an accelerator device and fails on a CPU-only
+torch. The head is written to a temp folder and renamed, with PROVENANCE.json: target variant and model, prompt set
+and its hash, answers' hash, token counts per split, steps, passes, loss and accuracy curve, validation accuracy,
+draft-vocabulary coverage, seconds.
 """
 
 from __future__ import annotations
@@ -665,8 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         def progress(taken: int, curve: list, passes: int) -> dict:
             return {"steps": taken, "total_steps": taken + ((cfg.get("warm_start") or {}).get("total_steps") or 0),
                     "epochs": round(taken * cfg["pack_tokens"] * cfg["ranks"] / max(packed, 1), 2),
-                    "passes_started": passes,
-                    "curve": curve, "seconds": round(time.monotonic() - t0, 1)}
+                    "passes_started": passes, "curve": curve, "seconds": round(time.monotonic() - t0, 1)}
 
         def snapshot(model, curve: list, taken: int, passes: int) -> None:
             probe = next((p["val_acc"] for p in reversed(curve) if "val_acc" in p), None)
@@ -678,8 +678,8 @@ def main(argv: list[str] | None = None) -> int:
             import torch.distributed as dist
 
             dist.init_process_group("gloo")
-        model, curve, val_acc, epochs, steps = train(target.model, tcfg.hidden_size, sets, freq, cfg, steps, cfg["seed"],
-                                                     snapshot if rank == 0 else None)
+        model, curve, val_acc, epochs, steps = train(target.model, tcfg.hidden_size, sets, freq, cfg, steps,
+                                                     cfg["seed"], snapshot if rank == 0 else None)
         if rank > 0:  # rank 0 writes the head
             return 0
     except (RedistillError, VariantError, PromptSetError, ServerError, CheckpointError) as e:
