@@ -220,6 +220,28 @@ class FeatureCache:
         return [fresh[i] if i in fresh else self.kept[(split, i)] for i in group]
 
 
+def draft_layer_config(vcfg, layers: int):
+    """The head's decoder layer as a Llama layer of the target's sizes. A Llama target's config is taken whole; of
+    another (Gemma 3) its sizes and the full-attention layers' rotary settings, with SiLU: the head is a Llama layer
+    (vLLM's EAGLE-3 Llama layer supports SiLU only), and the target's per-layer-type rope, sliding windows and
+    activation are not a Llama layer's."""
+    from transformers import LlamaConfig
+
+    if vcfg.model_type == "llama":
+        out = LlamaConfig(**{k: v for k, v in vcfg.to_dict().items()
+                             if k not in ("architectures", "dtype", "_name_or_path", "quantization_config")})
+    else:
+        rope = getattr(vcfg, "rope_parameters", None) or {}
+        out = LlamaConfig(hidden_size=vcfg.hidden_size, intermediate_size=vcfg.intermediate_size,
+                          num_attention_heads=vcfg.num_attention_heads, num_key_value_heads=vcfg.num_key_value_heads,
+                          head_dim=vcfg.head_dim, rms_norm_eps=vcfg.rms_norm_eps, vocab_size=vcfg.vocab_size,
+                          max_position_embeddings=vcfg.max_position_embeddings,
+                          hidden_act="silu",
+                          rope_parameters=dict(rope.get("full_attention", rope)) or None)
+    out.num_hidden_layers, out.tie_word_embeddings = layers, False
+    return out
+
+
 def implementation(device: str, cfg: dict) -> tuple[str, str]:
     """(draft attention, loss implementation): flex attention with block masks (speculators' GPU path) on CUDA, dense
     SDPA masks on a CPU (no Triton there); the eager loss on both (speculators 0.9's fused Triton loss failed in
@@ -240,24 +262,28 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.models.eagle3.data import shift_batch
+    from speculators.models.utils import GEMMA_STYLE_FINAL_NORM_MODEL_TYPES
     from speculators.train.data import CollateFn
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
     from tqdm import tqdm
-    from transformers import AutoConfig, LlamaConfig
+    from transformers import AutoConfig
 
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     attn, loss_impl = implementation(device, cfg)
     vcfg = AutoConfig.from_pretrained(target_dir)
     d2t, t2d = build_vocab_mappings_from_distribution(dict(freq), cfg["draft_vocab"], vcfg.vocab_size)
-    layer_cfg = LlamaConfig(**{k: v for k, v in vcfg.to_dict().items()
-                               if k not in ("architectures", "dtype", "_name_or_path", "quantization_config")})
-    layer_cfg.num_hidden_layers, layer_cfg.tie_word_embeddings = cfg["layers"], False
+    layer_cfg = draft_layer_config(vcfg, cfg["layers"])
     ttt, max_len = cfg["ttt_steps"], cfg["pack_tokens"]
     model = Eagle3DraftModel.from_training_args(
         verifier_config=layer_cfg, t2d=t2d, d2t=d2t, verifier_name_or_path=target_dir,
         target_layer_ids=aux_layer_ids(vcfg.num_hidden_layers), draft_vocab_size=cfg["draft_vocab"],
         norm_before_residual=True, norm_before_fc=True, norm_output=True, ttt_steps=ttt, draft_attn_impl=attn)
+    if vcfg.model_type in GEMMA_STYLE_FINAL_NORM_MODEL_TYPES:
+        # the frozen copy of the target's final norm is a Llama one (x * w) loaded with Gemma's weight, whose gain is
+        # 1 + w: the target logits the head is distilled against need the 1
+        with torch.no_grad():
+            model.verifier_norm.weight += 1
     if cfg.get("init"):  # PROVENANCE's settings keep what the head started from
         cfg["warm_start"] = warm_start(model, Path(cfg["init"]))
     collate = CollateFn(max_len=max_len, hidden_size=hidden, num_target_layers=3, dtype=torch.float32,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -264,6 +265,58 @@ def test_a_failed_training_keeps_its_last_snapshot_and_goes_on_from_it(embedded_
     assert redistill_mtp.main([*args, "--steps", "1", "--set", f"REDISTILL_INIT={snap}"]) == 0
     prov = json.loads((head / "PROVENANCE.json").read_text())
     assert prov["settings"]["warm_start"]["steps"] == 2 and prov["total_steps"] == 3 and not snap.exists()
+
+
+GEMMA_ANSWERS = Path(__file__).with_name("gemma3-270m-tiny-answers.npz")
+
+
+@pytest.mark.slow
+def test_tiny_gemma_eagle_head_serves_and_is_lossless(tmp_path):
+    """The second model: a tiny EAGLE-3 head for Gemma 3 270M trained from the committed tiny answers (gemma3-270m-bf16's
+    greedy answers to 24 spec-v1-train prompts, `redistill --export-answers`), served through the project's
+    Gemma3Eagle3ForCausalLM (vLLM's Gemma 3 has no EAGLE-3 interface); the server drafts and verifies, and its greedy
+    tokens are the parent's (transformers, teacher-forced) up to BF16 near-ties, alone and four at a time."""
+    import concurrent.futures as cf
+    import urllib.request
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from scripts.common.loadgen import openai_client
+    from scripts.common.metrics import near_tie
+    from scripts.weights.download import materialize
+    from tests.conftest import serve
+
+    parent = materialize("embedded:gemma3-270m", "gemma-3-270m")
+    head = tmp_path / "head"
+    assert redistill_mtp.main(["gemma3-270m-eagle4", "--budget", "tiny", "--answers", str(GEMMA_ANSWERS),
+                               "--out", str(head)]) == 0
+    assert json.loads((head / "config.json").read_text())["transformer_layer_config"]["hidden_act"] == "silu"
+    spec = json.dumps({"method": "eagle3", "model": str(head), "num_speculative_tokens": 4})
+    texts = ["The capital of France is", "def fibonacci(n):", "Water boils at", "Once upon a time, there was"]
+    with serve("gemma3-270m-eagle4", tmp_path, [f"SERVE_SPECULATIVE_CONFIG={spec}", "SERVE_ENFORCE_EAGER=1"]) as s:
+        client = openai_client(s.base_url)
+
+        def complete(text: str) -> tuple[list[int], list[int]]:
+            r = client.completions.create(model="gemma3-270m-eagle4", prompt=text, max_tokens=32, temperature=0,
+                                          extra_body={"return_token_ids": True}).model_dump()
+            return r["choices"][0]["prompt_token_ids"], r["choices"][0]["token_ids"]
+
+        cases = [complete(t) for t in texts]
+        with cf.ThreadPoolExecutor(4) as ex:
+            cases += list(ex.map(complete, texts))
+        with urllib.request.urlopen(s.base_url.removesuffix("/v1") + "/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+    drafted = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                  if line.startswith("vllm:spec_decode_num_draft_tokens_total"))
+    assert drafted > 0, "the server proposed no draft tokens"
+    model = AutoModelForCausalLM.from_pretrained(parent, dtype=torch.bfloat16).eval()
+    for prompt, out in cases:
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].float(), -1)
+        for pos, t in enumerate(out):
+            gap = float(lp[pos].max() - lp[pos, t])
+            assert near_tie(gap), f"token {pos} is {gap:.3f} nats below the parent's pick"
 
 
 def _average_on_rank(rank: int, port: int, out: str) -> None:
