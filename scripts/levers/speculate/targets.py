@@ -40,10 +40,10 @@ def __getattr__(name: str):
                 return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
             hidden_states = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
             residual, aux = None, []
-            self._maybe_add_hidden_state(aux, self.start_layer, hidden_states, residual)
+            aux = self._maybe_add_hidden_state(aux, self.start_layer, hidden_states, residual)
             for idx, layer in enumerate(islice(self.layers, self.start_layer, self.end_layer), start=self.start_layer):
                 hidden_states, residual = layer(positions, hidden_states, residual, **kwargs)
-                self._maybe_add_hidden_state(aux, idx + 1, hidden_states, residual)
+                aux = self._maybe_add_hidden_state(aux, idx + 1, hidden_states, residual)
             hidden_states, _ = self.norm(hidden_states, residual)
             return (hidden_states, aux) if aux else hidden_states
 
