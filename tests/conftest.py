@@ -112,6 +112,21 @@ def hf_reference(embedded_weights):
     return model, tok
 
 
+def assert_parents_greedy(model, tok, cases: list[tuple[list[int], list[int]]]) -> None:
+    """Each (prompt ids, served greedy ids): teacher-forced through the parent (transformers), every served token is
+    the parent's pick up to a BF16 near-tie (scripts.common.metrics.near_tie)."""
+    import torch
+
+    from scripts.common.metrics import near_tie
+
+    for prompt, out in cases:
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].float(), -1)
+        for pos, t in enumerate(out):
+            gap = float(lp[pos].max() - lp[pos, t])
+            assert near_tie(gap), f"token {pos}: {tok.decode([t])!r} is {gap:.3f} nats below the parent's pick"
+
+
 def assert_every_route_guarded(base_url: str, key: str) -> list[str]:
     """Every route a keyed vLLM server lists in its OpenAPI schema (path parameters filled with "x"): 401 without the
     key and with a wrong one, except /health; GET routes answer with the key (not 401; POST routes are not called

@@ -280,12 +280,11 @@ def test_tiny_gemma_eagle_head_serves_and_is_lossless(tmp_path):
     import urllib.request
 
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from scripts.common.loadgen import openai_client
-    from scripts.common.metrics import near_tie
     from scripts.weights.download import materialize
-    from tests.conftest import serve
+    from tests.conftest import assert_parents_greedy, serve
 
     parent = materialize("embedded:gemma3-270m", "gemma-3-270m")
     head = tmp_path / "head"
@@ -310,13 +309,8 @@ def test_tiny_gemma_eagle_head_serves_and_is_lossless(tmp_path):
     drafted = sum(float(line.split()[-1]) for line in metrics.splitlines()
                   if line.startswith("vllm:spec_decode_num_draft_tokens_total"))
     assert drafted > 0, "the server proposed no draft tokens"
-    model = AutoModelForCausalLM.from_pretrained(parent, dtype=torch.bfloat16).eval()
-    for prompt, out in cases:
-        with torch.no_grad():
-            lp = torch.log_softmax(model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].float(), -1)
-        for pos, t in enumerate(out):
-            gap = float(lp[pos].max() - lp[pos, t])
-            assert near_tie(gap), f"token {pos} is {gap:.3f} nats below the parent's pick"
+    assert_parents_greedy(AutoModelForCausalLM.from_pretrained(parent, dtype=torch.bfloat16).eval(),
+                          AutoTokenizer.from_pretrained(parent), cases)
 
 
 def _average_on_rank(rank: int, port: int, out: str) -> None:

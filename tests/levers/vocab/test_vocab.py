@@ -255,10 +255,9 @@ def test_tail_fallback_greedy_output_is_the_parents(tail_server, hf_reference):
     """Served through the plugin, the tail-fallback variant picks the parent's argmax at every position (up to a BF16
     near-tie), including a position whose argmax is a dropped id, and its counters show that position and a screen
     that recomputes a few rows, not the whole matrix."""
-    import torch
-
     from scripts.common import paths
     from scripts.common.loadgen import openai_client
+    from tests.conftest import assert_parents_greedy
 
     server, stats = tail_server
     model, tok = hf_reference
@@ -274,12 +273,7 @@ def test_tail_fallback_greedy_output_is_the_parents(tail_server, hf_reference):
         r = client.chat.completions.create(model=TAIL, messages=[{"role": "user", "content": p}], max_tokens=40,
                                            temperature=0, extra_body={"return_token_ids": True}).model_dump()
         cases.append((r["prompt_token_ids"], r["choices"][0]["token_ids"]))
-    for prompt, out in cases:
-        with torch.no_grad():
-            lp = torch.log_softmax(model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].float(), -1)
-        for pos, t in enumerate(out):
-            gap = float(lp[pos].max() - lp[pos, t])
-            assert near_tie(gap), f"token {pos}: {tok.decode([t])!r} is {gap:.3f} nats below the parent's pick"
+    assert_parents_greedy(model, tok, cases)
     held_out = json.loads((paths.WEIGHTS / TAIL / "PROVENANCE.json").read_text())["tail_fallback"]["held_out"]
     for name, r in held_out["sets"].items():  # the build's own check on the parent's held-out positions
         assert r["argmax_dropped_screened_in"] == r["argmax_dropped"] and r["max_error_over_bound"] <= 1, name
