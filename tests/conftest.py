@@ -112,18 +112,23 @@ def hf_reference(embedded_weights):
     return model, tok
 
 
+def teacher_forced_gaps(model, prompt_ids: list[int], got: list[int]) -> list[float]:
+    """Per generated token: transformers' best logprob minus its logprob of vLLM's token, given vLLM's prefix."""
+    import torch
+
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([prompt_ids + got])).logits[0, len(prompt_ids) - 1:-1].float(), -1)
+    return (lp.max(-1).values - lp.gather(-1, torch.tensor(got)[:, None])[:, 0]).tolist()
+
+
 def assert_parents_greedy(model, tok, cases: list[tuple[list[int], list[int]]]) -> None:
     """Each (prompt ids, served greedy ids): teacher-forced through the parent (transformers), every served token is
     the parent's pick up to a BF16 near-tie (scripts.common.metrics.near_tie)."""
-    import torch
-
     from scripts.common.metrics import near_tie
 
     for prompt, out in cases:
-        with torch.no_grad():
-            lp = torch.log_softmax(model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].float(), -1)
-        for pos, t in enumerate(out):
-            gap = float(lp[pos].max() - lp[pos, t])
+        assert out, "the server generated nothing"
+        for pos, (t, gap) in enumerate(zip(out, teacher_forced_gaps(model, prompt, out), strict=True)):
             assert near_tie(gap), f"token {pos}: {tok.decode([t])!r} is {gap:.3f} nats below the parent's pick"
 
 

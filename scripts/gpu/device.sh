@@ -283,10 +283,11 @@ PY
     tail -${LOG_TAIL:-30} $RUN/redistill.out; for f in /root/heads/train-*.log; do echo "--- $f"; tr '\r' '\n' < $f | grep -v "^\s*$" | tail -4; done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     if [ ! -f /root/heads/DONE ]; then  # the heads' latest snapshots and logs, each call (REDISTILL_INIT= goes on)
-      (cd /root/heads && ls -d *.snapshot >/dev/null 2>&1 && tar cf $OUT/snapshots.tar *.snapshot train-*.log \
-        && ls -la $OUT/snapshots.tar && grep -h '"steps"' *.snapshot/PROVENANCE.json | head -4)
-    fi
-    if [ -f /root/heads/DONE ]; then  # a call returns at most 64 MiB: PIECES="04 05 …" fetches the rest
+      # tarred to a temp name and kept only whole: a snapshot may be replaced while tar reads it
+      (cd /root/heads && ls -d *.snapshot >/dev/null 2>&1 && tar cf /root/snap.tmp *.snapshot train-*.log \
+        && mv /root/snap.tmp $OUT/snapshots.tar && ls -la $OUT/snapshots.tar \
+        && grep -H '^ "steps"' *.snapshot/PROVENANCE.json)
+    else  # a call returns at most 64 MiB: PIECES="04 05 …" fetches the rest
       ls /root/hp.* >/dev/null 2>&1 || tar cf - -C /root heads | split -b 15M -d -a 2 - /root/hp.
       ls -la /root/hp.*; for p in ${PIECES:-00 01 02 03}; do [ -f /root/hp.$p ] && cp /root/hp.$p $OUT/heads.tar.$p; done
     fi ;;

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from scripts.common.metrics import near_tie
 from scripts.common.server import http_get
+from tests.conftest import teacher_forced_gaps
 
 pytestmark = pytest.mark.slow
 
@@ -39,15 +40,6 @@ def chat_ids(server, prompt: str) -> tuple[list[int], list[int], str]:
     )
     d = r.model_dump()
     return d["prompt_token_ids"], d["choices"][0]["token_ids"], d["choices"][0]["message"]["content"]
-
-
-def teacher_forced_gaps(model, prompt_ids: list[int], got: list[int]) -> list[float]:
-    """Per generated token: transformers' best logprob minus its logprob of vLLM's token, given vLLM's prefix."""
-    import torch
-
-    with torch.no_grad():
-        lp = torch.log_softmax(model(torch.tensor([prompt_ids + got])).logits[0, len(prompt_ids) - 1:-1].float(), -1)
-    return (lp.max(-1).values - lp.gather(-1, torch.tensor(got)[:, None])[:, 0]).tolist()
 
 
 def test_greedy_parity_batched(embedded_server, hf_reference):

@@ -257,7 +257,9 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
     cfg["eval_every"] steps the accuracy on the first cfg["eval_packs"] validation packs joins the curve (with the
     response tokens trained on so far): the curve shows whether the head is still learning. Every
     cfg["snapshot_every"] seconds snapshot(model, curve, steps taken, passes started) is called. Returns (model, curve,
-    validation accuracy per draft position on the whole validation split, passes started, steps taken)."""
+    validation accuracy per draft position on the whole validation split, passes started, steps taken). With N
+    data-parallel ranks (cfg["ranks"]) each step trains on N packs; the curve's loss and accuracy are rank 0's pack,
+    and a rank above 0 returns no validation accuracy."""
     import torch
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3 import Eagle3DraftModel
@@ -344,8 +346,12 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         if elapsed > limit:
             curve.append({"step": step, "stopped": f"time budget of {limit:.0f} s spent"})
             break
-        if len(queue) < world:  # every rank draws the same packs (one seed) and trains on its own one of each `world`
+        if len(queue) < world:  # every rank draws the same packs (one seed) and trains on its own one of each `world`;
+            # a pass's last packs, fewer than `world`, are left out
             queue, epochs = batches("train", rng), epochs + 1
+            if len(queue) < world:
+                raise RedistillError(f"one pass makes {len(queue)} packs of {max_len} tokens, fewer than the {world} "
+                                     "data-parallel ranks: use fewer ranks or a smaller REDISTILL_PACK_TOKENS")
         groups = [queue.pop() for _ in range(world)]
         _, loss, metrics = run("train", groups[rank])
         if not torch.isfinite(loss):
@@ -359,7 +365,7 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
         sched.step()
         done += 1
         seen += sum(len(sets["train"][i]["ids"]) for group in groups for i in group)
-        evaluate = bool(cfg["eval_every"] and step and step % cfg["eval_every"] == 0)
+        evaluate = bool(cfg["eval_every"] and step and step % cfg["eval_every"] == 0 and rank == 0)
         if step % 20 == 0 or step == steps - 1 or evaluate:
             acc = accuracies(metrics)
             point = {"step": step, "seconds": round(time.monotonic() - t0, 1), "response_tokens": seen,
@@ -373,7 +379,10 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
             snapshot(model, curve, done, epochs)
             last_snapshot = time.monotonic()
     if world > 1:
+        import torch.distributed as dist
+
         same_weights(params)
+        dist.destroy_process_group()
         if rank > 0:
             return model, curve, None, epochs, done
     return model, curve, validate(val_packs), epochs, done
@@ -382,8 +391,7 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
 def ranks() -> tuple[int, int]:
     """(world size, rank) of a data-parallel run launched by `python -m torch.distributed.run --nproc-per-node N -m
     scripts.levers.speculate.redistill …` (RANKS=N in scripts/gpu/device.sh); (1, 0) otherwise. The ranks share one
-    device: on the H100 two heads trained side by side at 5.1 and 4.9 steps/s each, as fast as one alone, the GPU
-    40-66 % busy (results/spec-scale-20261125d/lease.log), so the loop is bound by each process's host work."""
+    device: the loop is bound by each process's host work, not by the GPU (results/spec-scale-20261125d/README.md)."""
     import os
 
     return int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
@@ -407,7 +415,8 @@ def average_gradients(params: list, seconds: float, world: int) -> float:
 
 
 def same_weights(params: list) -> None:
-    """Refuse a data-parallel run whose ranks ended with different weights (a rank that skipped a reduction)."""
+    """Refuse a data-parallel run whose ranks ended with different weights (different initial weights, or a step
+    that is not deterministic across processes)."""
     import torch
     import torch.distributed as dist
 
@@ -696,8 +705,12 @@ def main(argv: list[str] | None = None) -> int:
 
         def snapshot(model, curve: list, taken: int, passes: int) -> None:
             probe = next((p["val_acc"] for p in reversed(curve) if "val_acc" in p), None)
-            write_head(copy.deepcopy(model), snap, {**prov, "snapshot": True, **progress(taken, curve, passes),
-                                                    "probe_val_acc": probe})
+            try:
+                write_head(copy.deepcopy(model), snap, {**prov, "snapshot": True, **progress(taken, curve, passes),
+                                                        "probe_val_acc": probe})
+            except OSError as e:  # a snapshot is a safety net: training goes on without it
+                print(f"warning: no snapshot at step {taken} ({e})", file=sys.stderr, flush=True)
+                return
             print(f"snapshot at step {taken}: {paths.shown(snap)}", flush=True)
 
         if cfg["ranks"] > 1:
@@ -709,7 +722,8 @@ def main(argv: list[str] | None = None) -> int:
         if rank > 0:  # rank 0 writes the head
             return 0
     except (RedistillError, VariantError, PromptSetError, ServerError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        kept = f"; its last snapshot is {paths.shown(snap)} (REDISTILL_INIT=)" if data and snap.is_dir() else ""
+        print(f"error: {e}{kept}", file=sys.stderr)
         return 1
     except Exception as e:  # a failure while training: the cached answers (and the last snapshot) stay for a retry
         if data is None:

@@ -3,8 +3,9 @@
 vLLM's Gemma3ForCausalLM (0.26 on the GPU machine, 0.32 on CPU) does not implement SupportsEagle3: it cannot hand an
 EAGLE-3 head the hidden states of its auxiliary layers. `Gemma3Eagle3ForCausalLM` is that model with one change, the
 one vLLM's Llama makes: once the runner names auxiliary layers (set_aux_hidden_state_layers), forward also returns
-the residual stream after each of them (hidden_states + residual, EagleModelMixin._maybe_add_hidden_state). Without
-auxiliary layers it returns what Gemma3ForCausalLM returns, and the weights load the same way.
+the residual stream at each of them (hidden_states + residual, EagleModelMixin._maybe_add_hidden_state; id L is the
+output of decoder layer L-1, as in vLLM's Llama and in transformers' hidden_states[L]). Without auxiliary layers it
+returns what Gemma3ForCausalLM returns, and the weights load the same way. One pipeline stage only.
 
 A variant selects it with `SERVE_HF_OVERRIDES={"architectures": ["Gemma3Eagle3ForCausalLM"]}`; registered through
 this project's `vllm.general_plugins` entry point (pyproject.toml), lazily, like scripts.levers.vocab.plugin.
@@ -35,9 +36,6 @@ def __getattr__(name: str):
 
     class Gemma3AuxModel(Gemma3Model, EagleModelMixin):
         def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
-            if not self.aux_hidden_state_layers or not get_pp_group().is_first_rank \
-                    or not get_pp_group().is_last_rank:
-                return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
             hidden_states = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
             residual, aux = None, []
             aux = self._maybe_add_hidden_state(aux, self.start_layer, hidden_states, residual)
@@ -49,6 +47,8 @@ def __getattr__(name: str):
 
     class Gemma3Eagle3ForCausalLM(Gemma3ForCausalLM, SupportsEagle3):
         def __init__(self, *, vllm_config, prefix: str = ""):
+            if get_pp_group().world_size > 1:
+                raise NotImplementedError(f"{ARCH} runs as one pipeline stage")
             # Gemma3ForCausalLM builds its decoder by the module's name Gemma3Model: it is the subclass while this
             # __init__ runs. (Swapping the class of the built decoder is not enough: vLLM's compile wrapper has
             # already bound the original forward.)
