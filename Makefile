@@ -247,7 +247,7 @@ compare: $(STAMP) ## newest records -> results/compare_<date>.md and .png (speed
 check: $(STAMP) ## validate every record under experiments/ and results/ against schemas/
 	$(PY) -m scripts.report.schemas
 
-test: $(STAMP) $(QSTAMP) $(LSTAMP) $(SSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor, real llama.cpp servers (23 min on a two-core AVX2-only EPYC after the installs, 2026-11-25)
+test: $(STAMP) $(QSTAMP) $(LSTAMP) $(SSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor, real llama.cpp servers (36 min on a two-core AVX2-only EPYC after the installs, fresh clone, 2026-11-26)
 	$(PY) -m pytest -m "not image" $(PYTEST_ARGS)
 	$(QPY) -m pytest tests/levers/quantize/real $(PYTEST_ARGS)
 
