@@ -330,7 +330,7 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"])
     t0, limit, elapsed = time.monotonic(), cfg.get("max_seconds") or math.inf, 0.0
-    world, rank = cfg.get("ranks", 1), ranks()[1]
+    world, rank = ranks()
 
     def progress(s: int) -> float:  # of the step budget or of the time budget, whichever is further along
         return min(1.0, max(s / steps, elapsed / limit))
@@ -658,12 +658,13 @@ def main(argv: list[str] | None = None) -> int:
         rows, info = load_prompts(prompt_path(variant, args.prompts), n_prompts)
         check_prompt_hash(variant, info)
         cfg["ranks"], rank = ranks()
-        if cfg["ranks"] > 1 and (args.answers or args.generate_only or args.export_answers or not (
-                answers_dir(target, info, len(rows), max_tokens, cfg) / "responses.json").exists()):
+        want = answers_dir(target, info, len(rows), max_tokens, cfg)
+        if cfg["ranks"] > 1 and (args.answers or args.generate_only or args.export_answers
+                                 or not (want / "responses.json").exists()):
             raise RedistillError(f"{cfg['ranks']} data-parallel ranks only train: cache the answers first "
                                  "(--generate-only or --answers, in one process)")
         if args.answers:
-            import_answers(args.answers, want=answers_dir(target, info, len(rows), max_tokens, cfg))
+            import_answers(args.answers, want=want)
         data = cached_data(target, rows, info, max_tokens, cfg, args.base_url, args.port,
                            args.concurrency or target.max_num_seqs)
         if args.export_answers:
