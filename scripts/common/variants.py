@@ -43,6 +43,8 @@ KEYS: dict[str, str] = {
     "GGUF_SOURCE": "checkpoint directory a GGUF export converts instead of PARENT's MODEL (a draft model built by make draft)",
     "METRICS_PUBLIC": "1: /metrics of a server started with a key answers without it (a scraper on localhost)",
     "DRAFT_LAYERS": "decoder layers of PARENT a layer-truncated draft model keeps (scripts.levers.speculate.draft)",
+    "HEAD_SOURCE": "a committed draft head (results/…/<head>, SHA256SUMS beside it) that `make weights` copies to the "
+                   "speculative config's weights/ path when missing",
     "PROFILE_PEER": "the GGUF variant of the same weights that the CPU step profile times with llama.cpp beside vLLM",
 }
 # Key families: a prefix and what the rest of the key means.

@@ -15,6 +15,8 @@ Sources (config.env key SOURCE):
   <org>/<repo>  huggingface_hub.snapshot_download, resumable (partial files stay in weights/.partial-<name>/).
   shape-proxy:<config>   scripts.weights.shape_proxy (random weights, exact shapes).
   lever         built from PARENT by a lever script (make calibrate …): this script only says so.
+A variant whose speculative config names a draft head under weights/ and whose HEAD_SOURCE names a committed head
+(results/…/<head>, listed with its SHA-256s in the SHA256SUMS beside it) gets that head copied into place, checked.
 Everything is written to a temp directory, verified, then renamed into place: no half-written checkpoint.
 """
 
@@ -32,7 +34,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, embedded_gguf, package_file, sha256_file
-from scripts.common.variants import VariantError, build_target, load_variant
+from scripts.common.variants import Variant, VariantError, build_target, head_dir, load_variant
 from scripts.levers.lora.adapters import served_adapters
 
 EMBEDDED = "embedded"
@@ -163,8 +165,40 @@ def materialize(source: str, name: str, *, force: bool = False) -> Path:
     return dest
 
 
+def install_head(v: Variant) -> Path | None:
+    """The committed draft head HEAD_SOURCE names, copied to the speculative config's weights/ path if missing: every
+    file checked against the SHA256SUMS beside it, written to a temp folder, then renamed into place."""
+    head, source = head_dir(v), v.settings.get("HEAD_SOURCE")
+    if head is None or source is None or (head / "config.json").exists():
+        return head
+    src = paths.ROOT / source
+    sums = src.parent / "SHA256SUMS"
+    if not src.is_dir() or not sums.is_file():
+        raise DownloadError(f"{v.name}: HEAD_SOURCE={source} is not a folder with a SHA256SUMS beside it")
+    want = {name.removeprefix(src.name + "/"): digest for digest, name in
+            (line.split(maxsplit=1) for line in sums.read_text().splitlines() if line.strip())
+            if name.startswith(src.name + "/")}
+    files = sorted(f.name for f in src.iterdir() if f.is_file())
+    if sorted(want) != files:
+        raise DownloadError(f"{source}: its files {files} differ from those SHA256SUMS lists {sorted(want)}")
+    tmp = head.parent / f".partial-{head.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for name in files:
+            shutil.copyfile(src / name, tmp / name)
+            if (got := sha256_file(tmp / name)) != want[name]:
+                raise DownloadError(f"{source}/{name}: SHA-256 {got[:16]}…, SHA256SUMS says {want[name][:16]}…")
+        tmp.rename(head)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"copied the committed head {source} to {paths.shown(head)}")
+    return head
+
+
 def for_variant(variant_name: str, force: bool = False) -> Path | None:
     v = load_variant(variant_name)
+    install_head(v)
     model, source = v.settings["MODEL"], v.settings.get("SOURCE")
     if not model.startswith("weights/"):
         print(f"{variant_name}: MODEL={model} is a hub id; vLLM fetches it itself")

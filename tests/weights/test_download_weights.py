@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import shutil
@@ -151,3 +152,44 @@ def test_a_read_only_weights_folder_is_one_clear_error(tmp_path, monkeypatch, ca
     assert download_weights.main(["embedded", "--name", "x"]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "is read-only here" in err and not (ro / "x").exists()
+
+
+def _head_variant(root, source):
+    (root / "experiments/x-eagle").mkdir(parents=True)
+    (root / "experiments/x-eagle/config.env").write_text(
+        f"MODEL=weights/x\nSOURCE=embedded\nBASE=x\nHEAD_SOURCE={source}\n"
+        'SERVE_SPECULATIVE_CONFIG={"method": "eagle3", "model": "weights/x-head", "num_speculative_tokens": 2}\n')
+
+
+@pytest.fixture
+def head_root(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "ROOT", tmp_path)
+    monkeypatch.setattr(paths, "EXPERIMENTS", tmp_path / "experiments")
+    (tmp_path / "weights/x").mkdir(parents=True)  # the target is present: only the head is missing
+    return tmp_path
+
+
+def test_the_committed_head_installs_checked(head_root):
+    """The head in git (results/spec-scale-20261126) matches its SHA256SUMS and lands whole under weights/."""
+    (head_root / "results").symlink_to(paths.RESULTS)
+    _head_variant(head_root, "results/spec-scale-20261126/head-v8k")
+    download_weights.for_variant("x-eagle")
+    got = sorted(f.name for f in (head_root / "weights/x-head").iterdir())
+    assert got == ["PROVENANCE.json", "config.json", "config.py", "model.safetensors"]
+    assert not list((head_root / "weights").glob(".partial-*"))
+
+
+def test_a_damaged_committed_head_refuses_and_leaves_nothing(head_root):
+    src = head_root / "results/r/head"
+    src.mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"weights")
+    (src.parent / "SHA256SUMS").write_text(
+        "".join(f"{hashlib.sha256(b).hexdigest()}  head/{n}\n" for n, b in (("config.json", b"{}"), ("model.safetensors", b"w"))))
+    _head_variant(head_root, "results/r/head")
+    with pytest.raises(download_weights.DownloadError, match="model.safetensors: SHA-256"):
+        download_weights.for_variant("x-eagle")
+    assert sorted(p.name for p in (head_root / "weights").iterdir()) == ["x"]
+    (src / "extra.bin").write_bytes(b"")
+    with pytest.raises(download_weights.DownloadError, match="differ from those SHA256SUMS lists"):
+        download_weights.for_variant("x-eagle")
