@@ -33,8 +33,9 @@
 #                                               # (HEADS=-: answers only; a later call reuses them)
 #   [SETS="K=V,K=V …"] bash scripts/gpu/device.sh probe   # 60 training steps per SETS entry on the carried tiny
 #                                               # answers: step times of the training settings
-#   [PIECES="00 01 02 03"] bash scripts/gpu/device.sh poll   # the redistill log so far; when done, heads + logs
-#                                               # as 15 MiB pieces $OUT/heads.tar.NN (at most four a call)
+#   [PIECES="00 01 02 03"] bash scripts/gpu/device.sh poll   # the redistill log so far and the snapshots
+#                                               # ($OUT/snapshots.tar.NN); when done, heads + logs as 15 MiB
+#                                               # pieces $OUT/heads.tar.NN (at most four a call)
 #   [BAKE_ARGS="--device-name 'NVIDIA H200'"] bash scripts/gpu/device.sh bake V [V ...]   # build weights, then
 #                                               # scripts.levers.cache.bake V --measure-warm for each (cold start with empty
 #                                               # caches, warm-up, pack, warm start from the tarball); tarballs in
@@ -283,9 +284,10 @@ PY
     tail -${LOG_TAIL:-30} $RUN/redistill.out; for f in /root/heads/train-*.log; do echo "--- $f"; tr '\r' '\n' < $f | grep -v "^\s*$" | tail -4; done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     if [ ! -f /root/heads/DONE ]; then  # the heads' latest snapshots and logs, each call (REDISTILL_INIT= goes on)
-      # tarred to a temp name and kept only whole: a snapshot may be replaced while tar reads it
+      # tarred to a temp name and kept only whole: a snapshot may be replaced while tar reads it; 15 MiB pieces
+      # $OUT/snapshots.tar.NN (a 20 MB snapshots.tar did not come back: "size", 2026-11-26); cat them to untar
       (cd /root/heads && ls -d *.snapshot >/dev/null 2>&1 && tar cf /root/snap.tmp *.snapshot train-*.log \
-        && mv /root/snap.tmp $OUT/snapshots.tar && ls -la $OUT/snapshots.tar \
+        && split -b 15M -d -a 2 /root/snap.tmp $OUT/snapshots.tar. && rm /root/snap.tmp && ls -la $OUT/snapshots.tar.* \
         && grep -H '^ "steps"' *.snapshot/PROVENANCE.json)
     else  # a call returns at most 64 MiB: PIECES="04 05 …" fetches the rest
       ls /root/hp.* >/dev/null 2>&1 || tar cf - -C /root heads | split -b 15M -d -a 2 - /root/hp.

@@ -169,13 +169,16 @@ def head_root(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_the_committed_head_installs_checked(head_root):
-    """The head in git (results/spec-scale-20261126) matches its SHA256SUMS and lands whole under weights/."""
+@pytest.mark.parametrize("head,weights", [
+    ("head-v8k", ["model.safetensors"]),
+    ("head-l2v8k", ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"])])
+def test_the_committed_heads_install_checked(head_root, head, weights):
+    """The heads in git (results/spec-scale-20261126) match their SHA256SUMS and land whole under weights/."""
     (head_root / "results").symlink_to(paths.RESULTS)
-    _head_variant(head_root, "results/spec-scale-20261126/head-v8k")
+    _head_variant(head_root, f"results/spec-scale-20261126/{head}")
     download_weights.for_variant("x-eagle")
     got = sorted(f.name for f in (head_root / "weights/x-head").iterdir())
-    assert got == ["PROVENANCE.json", "config.json", "config.py", "model.safetensors"]
+    assert got == sorted(["PROVENANCE.json", "config.json", "config.py", *weights])
     assert not list((head_root / "weights").glob(".partial-*"))
 
 

@@ -68,6 +68,8 @@ COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 # (a token outside the draft vocabulary can never be proposed, so this caps acceptance per position)
 AUTO_COVERAGE = 0.98
 VAL_FRACTION = 0.1
+# a head's weights are written in shards of at most this size: files git takes (the before-stop check flags 20 MB)
+MAX_SHARD_BYTES = 19_000_000
 
 
 class RedistillError(RuntimeError):
@@ -529,9 +531,11 @@ def warm_start(model, head: Path) -> dict:
     out stays the target's. Returns what PROVENANCE records of it."""
     from safetensors.torch import load
 
-    try:
-        raw = (head / "model.safetensors").read_bytes()  # read once: loaded and hashed for PROVENANCE
-        weights = load(raw)
+    try:  # each shard read once: loaded and hashed (in name order) for PROVENANCE
+        raws = [f.read_bytes() for f in sorted(head.glob("*.safetensors"))]
+        if not raws:
+            raise OSError("no *.safetensors")
+        weights = {k: t for raw in raws for k, t in load(raw).items()}
         prior = json.loads((head / "PROVENANCE.json").read_text())
     except (OSError, ValueError) as e:
         raise RedistillError(f"REDISTILL_INIT={head}: not a head written by redistill ({e})") from None
@@ -545,7 +549,7 @@ def warm_start(model, head: Path) -> dict:
     if wrong or missing:
         raise RedistillError(f"REDISTILL_INIT={head}: tensors that do not fit this head: {(wrong + missing)[:4]}")
     model.load_state_dict({k: t.to(own[k].dtype) for k, t in weights.items()}, strict=False)
-    return {"head": str(head), "model_sha256": hashlib.sha256(raw).hexdigest(),
+    return {"head": str(head), "model_sha256": hashlib.sha256(b"".join(raws)).hexdigest(),
             "steps": prior.get("steps"), "total_steps": prior.get("total_steps", prior.get("steps")),
             "val_cond_acc": prior.get("val_cond_acc"), "data_sha256": prior.get("data_sha256")}
 
@@ -558,6 +562,7 @@ def write_head(model, dest: Path, provenance: dict) -> None:
     with paths.staged(dest) as tmp:
         model.to(torch.bfloat16).save_pretrained(tmp)
         drop_frozen_embedding(model, tmp)
+        shard_weights(tmp, MAX_SHARD_BYTES)
         (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=1))
 
 
@@ -573,6 +578,36 @@ def drop_frozen_embedding(model, head: Path) -> None:
         tensors = load_file(shard)
         if tensors.pop("embed_tokens.weight", None) is not None:
             save_file(tensors, str(shard), metadata={"format": "pt"})
+
+
+def shard_weights(head: Path, max_bytes: int) -> None:
+    """A model.safetensors over max_bytes split, whole tensors in name order, into model-0000i-of-0000n.safetensors
+    and model.safetensors.index.json: the Hugging Face layout that vLLM and transformers load, and files git takes
+    (a two-layer SmolLM2 head is 27 MB in one file)."""
+    from safetensors.torch import load_file, save_file
+
+    whole = head / "model.safetensors"
+    if not whole.exists() or whole.stat().st_size <= max_bytes:
+        return
+    tensors = load_file(whole)
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name in sorted(tensors):
+        n = tensors[name].numel() * tensors[name].element_size()
+        if groups[-1] and size + n > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += n
+    weight_map = {}
+    for i, names in enumerate(groups, start=1):
+        shard = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        save_file({k: tensors[k].contiguous() for k in names}, str(head / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(names, shard))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (head / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    whole.unlink()
 
 
 def settings_of(variant) -> dict:

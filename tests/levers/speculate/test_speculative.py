@@ -146,12 +146,37 @@ def test_warm_start_loads_an_earlier_head_and_refuses_another_vocabulary(tmp_pat
     earlier, fresh = Head([0, 1]), Head([0, 1])
     info = redistill_mtp.warm_start(fresh, written(earlier, "a"))
     assert torch.equal(fresh.fc.weight, earlier.fc.weight) and info["steps"] == 7 and info["total_steps"] == 12
+    redistill_mtp.shard_weights(sharded := written(earlier := Head([0, 1]), "s"), 64)  # a head in shards loads too
+    assert len(list(sharded.glob("*.safetensors"))) > 1
+    redistill_mtp.warm_start(fresh := Head([0, 1]), sharded)
+    assert torch.equal(fresh.fc.weight, earlier.fc.weight)
     with pytest.raises(redistill_mtp.RedistillError, match="draft vocabulary \\(d2t\\) differs"):
         redistill_mtp.warm_start(Head([0, 2]), written(Head([0, 1]), "b"))
     with pytest.raises(redistill_mtp.RedistillError, match="tensors that do not fit this head: \\['fc.weight'\\]"):
         redistill_mtp.warm_start(Head([0, 1], width=3), written(Head([0, 1]), "c"))
     with pytest.raises(redistill_mtp.RedistillError, match="not a head written by redistill"):
         redistill_mtp.warm_start(Head([0, 1]), tmp_path)
+
+
+def test_a_large_head_is_written_in_shards_that_load_back(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = {f"layers.{i}.w": torch.full((100,), float(i)) for i in range(5)}  # 400 bytes each
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    redistill_mtp.shard_weights(tmp_path, 1000)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    shards = sorted(tmp_path.glob("*.safetensors"))
+    assert not (tmp_path / "model.safetensors").exists() and len(shards) == 3
+    assert all(f.stat().st_size <= 1000 for f in shards) and index["metadata"]["total_size"] == 2000
+    back = {k: t for f in shards for k, t in load_file(f).items()}
+    assert sorted(back) == sorted(index["weight_map"]) == sorted(tensors)
+    assert all(torch.equal(back[k], tensors[k]) for k in tensors)
+    small = tmp_path / "small"
+    small.mkdir()
+    save_file({"w": torch.zeros(4)}, str(small / "model.safetensors"))
+    redistill_mtp.shard_weights(small, 1000)  # under the limit: one file, as before
+    assert sorted(f.name for f in small.iterdir()) == ["model.safetensors"]
 
 
 def test_redistill_splits_and_nested_subsets():
