@@ -39,8 +39,8 @@ def check_head(variant: Variant) -> None:
     if head is None:
         return
     if not (head / "config.json").exists():
-        make = "draft" if json.loads(variant.resolved["SERVE_SPECULATIVE_CONFIG"])["method"] == "draft_model" else "redistill"
-        make = "weights" if variant.resolved.get("HEAD_SOURCE") else make  # a committed head, copied into place
+        method = json.loads(variant.resolved["SERVE_SPECULATIVE_CONFIG"])["method"]  # a committed head: copied into place
+        make = "weights" if variant.resolved.get("HEAD_SOURCE") else "draft" if method == "draft_model" else "redistill"
         raise CheckpointError(f"{paths.shown(head)} does not exist: run `make {make} VARIANT={variant.name}`")
     cfg = json.loads((head / "config.json").read_text())
     layer = cfg.get("transformer_layer_config", cfg)  # an EAGLE head's layer config, else a draft model's own

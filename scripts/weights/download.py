@@ -181,17 +181,11 @@ def install_head(v: Variant) -> Path | None:
     files = sorted(f.name for f in src.iterdir() if f.is_file())
     if sorted(want) != files:
         raise DownloadError(f"{source}: its files {files} differ from those SHA256SUMS lists {sorted(want)}")
-    tmp = head.parent / f".partial-{head.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with paths.staged(head) as tmp:
         for name in files:
             shutil.copyfile(src / name, tmp / name)
             if (got := sha256_file(tmp / name)) != want[name]:
                 raise DownloadError(f"{source}/{name}: SHA-256 {got[:16]}…, SHA256SUMS says {want[name][:16]}…")
-        tmp.rename(head)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     print(f"copied the committed head {source} to {paths.shown(head)}")
     return head
 

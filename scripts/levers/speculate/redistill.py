@@ -590,23 +590,22 @@ def shard_weights(head: Path, max_bytes: int) -> None:
     if not whole.exists() or whole.stat().st_size <= max_bytes:
         return
     tensors = load_file(whole)
+    nbytes = {k: t.numel() * t.element_size() for k, t in tensors.items()}
     groups: list[list[str]] = [[]]
     size = 0
     for name in sorted(tensors):
-        n = tensors[name].numel() * tensors[name].element_size()
-        if groups[-1] and size + n > max_bytes:
+        if groups[-1] and size + nbytes[name] > max_bytes:
             groups.append([])
             size = 0
         groups[-1].append(name)
-        size += n
+        size += nbytes[name]
     weight_map = {}
     for i, names in enumerate(groups, start=1):
         shard = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
         save_file({k: tensors[k].contiguous() for k in names}, str(head / shard), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(names, shard))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
     (head / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        json.dumps({"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map}, indent=1))
     whole.unlink()
 
 
