@@ -72,7 +72,11 @@ cfg() { sed -n "s/^$2=//p" "experiments/$1/config.env"; }
 # is materialized by download_weights (shape proxy). The repo root is on PYTHONPATH: vLLM's processes import the
 # project's model plugin (scripts.levers.vocab.plugin) through the entry point written by `setup`.
 build() {
-  local v=$1 parent; [ -d "$(cfg $v MODEL)" ] && return 0
+  local v=$1 parent
+  # a committed head (HEAD_SOURCE) is copied into weights/ while the tree carries it (scripts.weights.download)
+  [ -z "$(cfg $v HEAD_SOURCE)" ] || python3 -c "import sys; from scripts.common.variants import load_variant; \
+from scripts.weights.download import install_head; print('head', install_head(load_variant(sys.argv[1])))" "$v" || return 1
+  [ -d "$(cfg $v MODEL)" ] && return 0
   parent=$(cfg $v PARENT); [ -n "$parent" ] && { build "$parent" || return 1; }
   local t=$(date +%s)
   if [ -n "$(cfg $v PRUNE_KEEP)" ]; then
