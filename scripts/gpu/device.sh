@@ -88,6 +88,14 @@ from scripts.weights.download import install_head; print('head', install_head(lo
   fi
   [ -d "$(cfg $v MODEL)" ] && echo "built $v in $(( $(date +%s) - t )) s" || { echo "weights for $v failed"; return 1; }
 }
+# SmolLM2's embedded GGUF, joined once from the payload's gguf/ pieces when it carries them (a payload without them, e.g.
+# Gemma's, builds from its own packages), named to scripts.weights.download through LAB_EMBEDDED_GGUF
+embedded_gguf() {
+  if ls $STAGE/gguf/smollm2.gguf.part* >/dev/null 2>&1 && [ ! -f $STAGE/smollm2.gguf ]; then
+    cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
+  fi
+  export LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
+}
 gone() { ! kill -0 "$1" 2>/dev/null; }
 stop_servers() {  # every server `start` left running: TERM, wait up to 60 s, retire the list
   while read -r tag v port pid extra; do kill -TERM $pid 2>/dev/null; done < $RUN/servers
@@ -137,16 +145,13 @@ PY
       vllm.__version__, [e.value for e in m.entry_points(group='vllm.general_plugins')])"
     echo "setup $(( $(date +%s) - t0 )) s" ;;
   build)
-    export PYTHONPATH=$SITE:$EXTRA:$PWD; t0=$(date +%s); since=$RUN/build-$t0; mkdir -p $RUN && touch $since
+    export PYTHONPATH=$SITE:$EXTRA:$PWD; embedded_gguf; t0=$(date +%s); since=$RUN/build-$t0; mkdir -p $RUN && touch $since
     for v in "$@"; do build "$v"; done
     find experiments -name 'prune_*.json' -newer $since | tar cf $OUT/build.tar -T - && tar tf $OUT/build.tar
     df -h . | tail -1; echo "build $(( $(date +%s) - t0 )) s" ;;
   bench)
     export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
-    if ls $STAGE/gguf/smollm2.gguf.part* >/dev/null 2>&1 && [ ! -f $STAGE/smollm2.gguf ]; then
-      cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
-    fi
-    export LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
+    embedded_gguf
     for v in "$@"; do
       echo "== $v $(date +%T)"
       build "$v" || continue
@@ -168,10 +173,7 @@ PY
     done ;;
   start)
     export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
-    if ls $STAGE/gguf/smollm2.gguf.part* >/dev/null 2>&1 && [ ! -f $STAGE/smollm2.gguf ]; then
-      cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
-    fi
-    export LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
+    embedded_gguf
     mkdir -p $RUN; t0=$(date +%s)
     for spec in "$@"; do build "${spec%%+*}"; done  # variants that share a checkpoint build it once
     echo "weights $(( $(date +%s) - t0 )) s"; n=$(cat $RUN/servers* 2>/dev/null | wc -l)
@@ -230,8 +232,7 @@ PY
     tar cf $OUT/${TAR:-results}.tar -C $res . && ls -lR $res | head -40
     nvidia-smi --query-gpu=memory.used --format=csv,noheader; echo "measure $(( $(date +%s) - t0 )) s" ;;
   redistill)
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1 LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
-    [ -f $STAGE/smollm2.gguf ] || cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
     v=$1; mkdir -p $RUN /root/heads .cache/prompts; rm -f /root/heads/DONE
     for f in $STAGE/prompts/*.jsonl.gz; do [ -f "$f" ] && gunzip -c "$f" > .cache/prompts/$(basename "$f" .gz); done
     build "$(cfg $v PARENT)" || exit 1
@@ -275,8 +276,7 @@ PY
     # [SETS="K=V …"] bash scripts/gpu/device.sh probe: training speed without generating: smollm2-bf16-eagle4's
     # head trained for 60 steps on the carried tiny answers ($STAGE/ans/tiny.npz), once per SETS entry
     # ("A=1,B=2 C=3": two runs), while a `redistill` generation may already run
-    export PYTHONPATH=$SITE:$EXTRA:$PWD LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
-    [ -f $STAGE/smollm2.gguf ] || cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
+    export PYTHONPATH=$SITE:$EXTRA:$PWD; embedded_gguf
     build smollm2-bf16 || exit 1
     for e in ${SETS:-REDISTILL_PACK_TOKENS=8192}; do xs=(); for kv in ${e//,/ }; do xs+=(--set "$kv"); done
       echo "== probe $e"; timeout 300 python3 -m scripts.levers.speculate.redistill smollm2-bf16-eagle4 --budget tiny \
@@ -330,10 +330,7 @@ PY
     du -sh /root/run/prof* 2>/dev/null; echo "profile $(( $(date +%s) - t0 )) s" ;;
   bake)
     export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
-    if ls $STAGE/gguf/smollm2.gguf.part* >/dev/null 2>&1 && [ ! -f $STAGE/smollm2.gguf ]; then
-      cat $STAGE/gguf/smollm2.gguf.part* > $STAGE/smollm2.gguf
-    fi
-    export LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
+    embedded_gguf
     mkdir -p /root/bake/results; t0=$(date +%s)
     for v in "$@"; do
       echo "== $v $(date +%T)"; build "$v" || continue
@@ -344,7 +341,7 @@ PY
     done
     ls -la /root/bake; tar cf $OUT/bake.tar -C /root/bake results 2>/dev/null; echo "bake $(( $(date +%s) - t0 )) s" ;;
   startc)
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1 LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
     mkdir -p /root/bake/results; build "$1" || exit 1
     python3 - "$1" "$2" <<'PY'
 import datetime as dt, json, os, subprocess, sys

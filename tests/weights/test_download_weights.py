@@ -171,7 +171,8 @@ def head_root(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("head,weights", [
     ("head-v8k", ["model.safetensors"]),
-    ("head-l2v8k", ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"])])
+    ("head-l2v8k", ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]),
+    ("head-gemma-g16k", [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)] + ["model.safetensors.index.json"])])
 def test_the_committed_heads_install_checked(head_root, head, weights):
     """The heads in git (results/spec-scale-20261126) match their SHA256SUMS and land whole under weights/."""
     (head_root / "results").symlink_to(paths.RESULTS)
