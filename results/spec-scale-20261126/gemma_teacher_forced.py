@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from scripts.common.variants import load_variant
 from scripts.levers.speculate import redistill as R
 
-head = Path("results/spec-scale-20261126/head-gemma-g16k")
+head = Path("weights/gemma3-270m-ceagle-head")  # make weights VARIANT=gemma3-270m-ceagle4 installs it
 target = "weights/gemma-3-270m"
 d = R.import_answers(Path("results/spec-scale-20261126/gemma-answers.npz"))
 cached = json.loads((d / "responses.json").read_text())

@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import importlib.metadata
 import json
+import lzma
 import os
 import shutil
 import sys
@@ -167,7 +168,8 @@ def materialize(source: str, name: str, *, force: bool = False) -> Path:
 
 def install_head(v: Variant) -> Path | None:
     """The committed draft head HEAD_SOURCE names, copied to the speculative config's weights/ path if missing: every
-    file checked against the SHA256SUMS beside it, written to a temp folder, then renamed into place."""
+    file checked against the SHA256SUMS beside it, a `*.xz` one decompressed, written to a temp folder, then renamed
+    into place."""
     head, source = head_dir(v), v.settings.get("HEAD_SOURCE")
     if head is None or source is None or (head / "config.json").exists():
         return head
@@ -183,9 +185,13 @@ def install_head(v: Variant) -> Path | None:
         raise DownloadError(f"{source}: its files {files} differ from those SHA256SUMS lists {sorted(want)}")
     with paths.staged(head) as tmp:
         for name in files:
-            shutil.copyfile(src / name, tmp / name)
-            if (got := sha256_file(tmp / name)) != want[name]:
+            if (got := sha256_file(src / name)) != want[name]:
                 raise DownloadError(f"{source}/{name}: SHA-256 {got[:16]}…, SHA256SUMS says {want[name][:16]}…")
+            if name.endswith(".xz"):  # a shard holding one tensor over the 20 MB a committed file may weigh
+                with lzma.open(src / name) as f, (tmp / name.removesuffix(".xz")).open("wb") as out:
+                    shutil.copyfileobj(f, out)
+            else:
+                shutil.copyfile(src / name, tmp / name)
     print(f"copied the committed head {source} to {paths.shown(head)}")
     return head
 
