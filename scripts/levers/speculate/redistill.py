@@ -20,7 +20,8 @@ first N training response tokens of a fixed order (nested subsets for a learning
 REDISTILL_DRAFT_VOCAB most frequent tokens of the training answers (the coverage of several sizes is measured and
 kept). REDISTILL_INIT=<head folder> goes on training an earlier head of the same answers (its weights, a fresh
 optimizer and schedule; refused when its shapes or draft vocabulary differ): a later GPU lease continues where one
-ended. REDISTILL_SNAPSHOT_EVERY=<seconds> writes the head as it stands to <out>.snapshot that often while it trains
+ended. With REDISTILL_DRAFT_VOCAB=init the head keeps REDISTILL_INIT's draft vocabulary instead, so a head goes on
+training against another target of the same tokenizer (a quantized sibling's own answers and hidden states). REDISTILL_SNAPSHOT_EVERY=<seconds> writes the head as it stands to <out>.snapshot that often while it trains
 (PROVENANCE says "snapshot": true and the steps so far; removed once the head is written): a run that fails or a
 machine that is lost keeps the last one, and REDISTILL_INIT goes on from it. Launched by `python -m
 torch.distributed.run --nproc-per-node N -m …` it trains one head data-parallel in N processes (gradients averaged
@@ -253,7 +254,7 @@ def implementation(device: str, cfg: dict) -> tuple[str, str]:
 
 
 def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Counter, cfg: dict, steps: int, seed: int,
-          snapshot=None):
+          snapshot=None, vocab_map=None):
     """speculators' Eagle3DraftModel trained on the target's answers (sets: train, val) for `steps` optimizer steps or
     cfg["max_seconds"], whichever ends first (the cosine schedule follows whichever is further along). Every
     cfg["eval_every"] steps the accuracy on the first cfg["eval_packs"] validation packs joins the curve (with the
@@ -276,7 +277,8 @@ def train(target_dir: str, hidden: int, sets: dict[str, list[dict]], freq: Count
     device = "cuda" if torch.cuda.is_available() else "cpu"
     attn, loss_impl = implementation(device, cfg)
     vcfg = AutoConfig.from_pretrained(target_dir)
-    d2t, t2d = build_vocab_mappings_from_distribution(dict(freq), cfg["draft_vocab"], vcfg.vocab_size)
+    # vocab_map: REDISTILL_DRAFT_VOCAB=init's (d2t, t2d), else the most frequent tokens of these answers
+    d2t, t2d = vocab_map or build_vocab_mappings_from_distribution(dict(freq), cfg["draft_vocab"], vcfg.vocab_size)
     layer_cfg = draft_layer_config(vcfg, cfg["layers"])
     ttt, max_len = cfg["ttt_steps"], cfg["pack_tokens"]
     model = Eagle3DraftModel.from_training_args(
@@ -524,6 +526,23 @@ def import_answers(path: Path, want: Path | None = None) -> Path:
     return data
 
 
+def init_vocab(head: Path, vocab_size: int) -> tuple:
+    """REDISTILL_DRAFT_VOCAB=init: the draft vocabulary (d2t, t2d) of the head REDISTILL_INIT names, checked against
+    the target's vocabulary size."""
+    from safetensors import safe_open
+
+    maps = {}
+    for shard in sorted(head.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            maps.update({k: f.get_tensor(k) for k in ("d2t", "t2d") if k in f.keys()})
+    if set(maps) != {"d2t", "t2d"}:
+        raise RedistillError(f"REDISTILL_INIT={head}: no draft vocabulary (d2t, t2d) in its *.safetensors")
+    if maps["t2d"].numel() != vocab_size:
+        raise RedistillError(f"REDISTILL_INIT={head}: its draft vocabulary maps {maps['t2d'].numel():,} target tokens, "
+                             f"this target has {vocab_size:,}")
+    return maps["d2t"], maps["t2d"]
+
+
 def warm_start(model, head: Path) -> dict:
     """Load an earlier head's weights into `model` (REDISTILL_INIT: training goes on from there, with a fresh
     optimizer and schedule). Refused unless it is a head of the same shapes and the same draft vocabulary (d2t, t2d:
@@ -614,7 +633,7 @@ def settings_of(variant) -> dict:
     try:
         vocab = r["REDISTILL_DRAFT_VOCAB"]
         cap = r["REDISTILL_MAX_TRAIN_TOKENS"]
-        cfg = {"draft_vocab": vocab if vocab == "auto" else int(vocab), "steps": int(r["REDISTILL_STEPS"]),
+        cfg = {"draft_vocab": vocab if vocab in ("auto", "init") else int(vocab), "steps": int(r["REDISTILL_STEPS"]),
                "ttt_steps": int(r["REDISTILL_TTT_STEPS"]), "lr": float(r["REDISTILL_LR"]),
                "seed": int(r["REDISTILL_SEED"]), "samples": int(r["REDISTILL_SAMPLES"]),
                "temperature": float(r["REDISTILL_TEMPERATURE"]), "pack_tokens": int(r["REDISTILL_PACK_TOKENS"]),
@@ -626,6 +645,8 @@ def settings_of(variant) -> dict:
                "snapshot_every": float(r["REDISTILL_SNAPSHOT_EVERY"]) if r["REDISTILL_SNAPSHOT_EVERY"] else None}
     except ValueError as e:
         raise RedistillError(f"{variant.path / 'config.env'}: a REDISTILL_* value is not a number ({e})") from None
+    if cfg["draft_vocab"] == "init" and not cfg["init"]:
+        raise RedistillError(f"{variant.name}: REDISTILL_DRAFT_VOCAB=init needs REDISTILL_INIT=<head folder>")
     if cfg["layers"] < 1 or cfg["pack_tokens"] < 64:
         raise RedistillError(f"{variant.name}: REDISTILL_LAYERS must be >= 1 and REDISTILL_PACK_TOKENS >= 64")
     return cfg
@@ -717,6 +738,12 @@ def main(argv: list[str] | None = None) -> int:
 
         tcfg = AutoConfig.from_pretrained(target.model)
         cov = coverage(freq)
+        vocab_map = None
+        if cfg["draft_vocab"] == "init":  # the earlier head's draft tokens: what they cover of these answers is kept
+            vocab_map = init_vocab(Path(cfg["init"]), tcfg.vocab_size)
+            cfg["draft_vocab"] = int(vocab_map[0].numel())
+            kept = vocab_map[1].nonzero().flatten().tolist()
+            cov["init"] = round(sum(freq[t] for t in kept) / max(sum(freq.values()), 1), 4)
         if cfg["draft_vocab"] == "auto":
             auto = next((n for n in COVERAGE_SIZES if cov[str(n)] >= AUTO_COVERAGE), COVERAGE_SIZES[-1])
             cfg["draft_vocab"] = min(auto, tcfg.vocab_size)
@@ -753,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
 
             dist.init_process_group("gloo")
         model, curve, val_acc, epochs, steps = train(target.model, tcfg.hidden_size, sets, freq, cfg, steps,
-                                                     cfg["seed"], snapshot if rank == 0 else None)
+                                                     cfg["seed"], snapshot if rank == 0 else None, vocab_map)
         if rank > 0:  # rank 0 writes the head
             return 0
     except (RedistillError, VariantError, PromptSetError, ServerError, CheckpointError) as e:
@@ -772,8 +799,9 @@ def main(argv: list[str] | None = None) -> int:
     write_head(model, out, {**prov, **progress(steps, curve, epochs), "val_cond_acc": [round(a, 4) for a in val_acc],
                             "draft_vocab_coverage": cov, "device": "cuda" if torch.cuda.is_available() else "cpu"})
     shutil.rmtree(snap, ignore_errors=True)
+    covered = cov.get("init", coverage(freq, (cfg["draft_vocab"],))[str(cfg["draft_vocab"])])
     print(f"validation accuracy per draft position {[round(a, 3) for a in val_acc]}; "
-          f"draft vocab {cfg['draft_vocab']} covers {coverage(freq, (cfg['draft_vocab'],))[str(cfg['draft_vocab'])]:.1%}; "
+          f"draft vocab {cfg['draft_vocab']} covers {covered:.1%}; "
           f"{train_tokens:,} training response tokens")
     print(f"wrote {paths.shown(out)}")
     return 0

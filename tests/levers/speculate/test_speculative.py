@@ -156,6 +156,12 @@ def test_warm_start_loads_an_earlier_head_and_refuses_another_vocabulary(tmp_pat
         redistill_mtp.warm_start(Head([0, 1], width=3), written(Head([0, 1]), "c"))
     with pytest.raises(redistill_mtp.RedistillError, match="not a head written by redistill"):
         redistill_mtp.warm_start(Head([0, 1]), tmp_path)
+    d2t, t2d = redistill_mtp.init_vocab(sharded, 8)  # REDISTILL_DRAFT_VOCAB=init: the earlier head's mapping
+    assert d2t.tolist() == [0, 1] and t2d.shape == (8,)
+    with pytest.raises(redistill_mtp.RedistillError, match="maps 8 target tokens, this target has 9"):
+        redistill_mtp.init_vocab(sharded, 9)
+    with pytest.raises(redistill_mtp.RedistillError, match="no draft vocabulary"):
+        redistill_mtp.init_vocab(tmp_path, 8)
 
 
 def test_a_large_head_is_written_in_shards_that_load_back(tmp_path):
@@ -197,6 +203,9 @@ def test_redistill_refusals(tmp_path):
     with pytest.raises(redistill_mtp.RedistillError, match="has sha256 bbbbbbbbbbbbbbbb, x's REDISTILL_PROMPT_SHA256 is aaaa"):
         redistill_mtp.check_prompt_hash(v, {"prompt_set": "p.jsonl", "prompt_set_sha256": "b" * 64})
     with pytest.raises(redistill_mtp.RedistillError, match="REDISTILL_LAYERS must be >= 1"):
+        redistill_mtp.settings_of(v)
+    v = variants.Variant("x", tmp_path, {}, {"REDISTILL_DRAFT_VOCAB": "init"})
+    with pytest.raises(redistill_mtp.RedistillError, match="REDISTILL_DRAFT_VOCAB=init needs REDISTILL_INIT"):
         redistill_mtp.settings_of(v)
 
 
@@ -287,9 +296,13 @@ def test_a_failed_training_keeps_its_last_snapshot_and_goes_on_from_it(embedded_
     assert prov["snapshot"] and prov["steps"] == 2 and not head.exists()
     assert f"its last snapshot is {snap}" in capsys.readouterr().err
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real)
-    assert redistill_mtp.main([*args, "--steps", "1", "--set", f"REDISTILL_INIT={snap}"]) == 0
+    # REDISTILL_DRAFT_VOCAB=init keeps the snapshot's draft vocabulary (here the same answers': it covers what auto does)
+    assert redistill_mtp.main([*args, "--steps", "1", "--set", f"REDISTILL_INIT={snap}",
+                               "--set", "REDISTILL_DRAFT_VOCAB=init"]) == 0
     prov = json.loads((head / "PROVENANCE.json").read_text())
     assert prov["settings"]["warm_start"]["steps"] == 2 and prov["total_steps"] == 3 and not snap.exists()
+    cov = prov["draft_vocab_coverage"]
+    assert prov["settings"]["draft_vocab"] in (1024, 2048) and cov["init"] == round(cov[str(prov["settings"]["draft_vocab"])], 4)
 
 
 GEMMA_ANSWERS = Path(__file__).with_name("gemma3-270m-tiny-answers.npz")
