@@ -534,7 +534,8 @@ def init_vocab(head: Path, vocab_size: int) -> tuple:
     maps = {}
     for shard in sorted(head.glob("*.safetensors")):
         with safe_open(str(shard), "pt") as f:
-            maps.update({k: f.get_tensor(k) for k in ("d2t", "t2d") if k in f.keys()})
+            names = set(f.keys())
+            maps.update({k: f.get_tensor(k) for k in ("d2t", "t2d") if k in names})
     if set(maps) != {"d2t", "t2d"}:
         raise RedistillError(f"REDISTILL_INIT={head}: no draft vocabulary (d2t, t2d) in its *.safetensors")
     if maps["t2d"].numel() != vocab_size:
