@@ -21,7 +21,8 @@ REDISTILL_DRAFT_VOCAB most frequent tokens of the training answers (the coverage
 kept). REDISTILL_INIT=<head folder> goes on training an earlier head of the same answers (its weights, a fresh
 optimizer and schedule; refused when its shapes or draft vocabulary differ): a later GPU lease continues where one
 ended. With REDISTILL_DRAFT_VOCAB=init the head keeps REDISTILL_INIT's draft vocabulary instead, so a head goes on
-training against another target of the same tokenizer (a quantized sibling's own answers and hidden states). REDISTILL_SNAPSHOT_EVERY=<seconds> writes the head as it stands to <out>.snapshot that often while it trains
+training against another target of the same tokenizer (a quantized sibling's own answers and hidden states).
+REDISTILL_SNAPSHOT_EVERY=<seconds> writes the head as it stands to <out>.snapshot that often while it trains
 (PROVENANCE says "snapshot": true and the steps so far; removed once the head is written): a run that fails or a
 machine that is lost keeps the last one, and REDISTILL_INIT goes on from it. Launched by `python -m
 torch.distributed.run --nproc-per-node N -m …` it trains one head data-parallel in N processes (gradients averaged
