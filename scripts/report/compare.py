@@ -28,8 +28,9 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.engines import ENGINES
 from scripts.common.gate import SUITE_KEY, Criterion, GateError, gate_for, scored, verdict
+from scripts.common.hardware import hardware_key
 from scripts.common.metrics import ratio
-from scripts.common.records import all_records, hardware_key, now_utc
+from scripts.common.records import all_records, now_utc
 from scripts.common.variants import VariantError, load_variant, reference_name
 
 MODE = "fixed"  # speed is compared at fixed output length (ignore_eos)

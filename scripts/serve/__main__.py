@@ -23,13 +23,11 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
-from scripts.common.engines import engine_of
-from scripts.common.records import hardware
 from scripts.common.server import ServerError, stop_on_signals
-from scripts.common.variants import VariantError, cpu_dtype_note, load_variant, parse_overrides
+from scripts.common.variants import VariantError, load_variant, parse_overrides
 from scripts.serve.command import DEFAULT_HOST, DEFAULT_PORT, printable
 from scripts.serve.compile_cache import CacheError, import_cache
-from scripts.serve.launch import make_server
+from scripts.serve.plan import serve_plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         variant = load_variant(args.variant, overrides=parse_overrides(args.set))
         api_key = read_api_key(args.api_key_file) if args.api_key_file else os.environ.get("API_KEY") or None
-        server = make_server(variant, host=args.host, port=args.port, api_key=api_key, log_path=args.log)
+        plan = serve_plan(variant, host=args.host, port=args.port, api_key=api_key)
+        server = plan.server(args.log)
         if args.cache:
             env, message = import_cache(args.cache, variant, shim=os.environ.get("LAB_CACHE_SHIM") == "1")
             print(message, flush=True)
@@ -78,13 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(printable(server.argv, server.env), flush=True)
+    for note in plan.notes:
+        print(note, file=sys.stderr if note.startswith("warning:") else sys.stdout, flush=True)
     if args.dry_run:
         return 0
-    if variant.is_shape_proxy:
-        print("note: shape proxy (random weights): its text is meaningless; measure speed only", flush=True)
-    if variant.target == "cpu" and engine_of(variant).name == "vllm" and (
-            note := cpu_dtype_note(variant.resolved.get("SERVE_DTYPE", ""), hardware()["cpu_flags"])):
-        print(note, flush=True)
 
     stopping = stop_on_signals(server.stop, lambda: f"server (pid {server.pid})")
     server.start()

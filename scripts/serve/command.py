@@ -1,7 +1,10 @@
 """The one place that turns a variant into the exact command of its engine's server.
 
-    serve_argv(load_variant("smollm2-bf16"), host="127.0.0.1", port=8000)   # ['…/vllm', 'serve', …]
-    serve_env(load_variant("smollm2-bf16"), api_key="…")                  # {…, 'VLLM_API_KEY': '…'}
+    v = load_variant("smollm2-bf16")
+    serve_argv(v, engine_of(v), host="127.0.0.1", port=8000)   # ['…/vllm', 'serve', …]
+    serve_env(v, engine_of(v), api_key="…")                    # {…, 'VLLM_API_KEY': '…'}
+
+scripts/serve/plan.py calls both once per start (the serve plan); nothing else should.
 
 vLLM: `vllm serve` with the variant's SERVE_* keys as flags, checked against vLLM's own argument parser.
 llama.cpp: llama-cpp-python's server with LLAMACPP_* flags; SGLang: its launcher with SGLANG_* flags. What an engine
@@ -22,7 +25,7 @@ import sys
 from pathlib import Path
 
 from scripts.common import engines, paths
-from scripts.common.engines import Engine, EngineError, engine_of, python_of, vllm_version
+from scripts.common.engines import Engine, EngineError, python_of, vllm_version
 from scripts.common.variants import Variant, VariantError
 from scripts.serve.guard import PUBLIC_METRICS_ENV
 
@@ -106,12 +109,12 @@ def build_serve_argv(variant: Variant, table: FlagTable, *, host: str = DEFAULT_
     return argv + serve_flags(variant, table)
 
 
-def serve_env(variant: Variant, api_key: str | None) -> dict[str, str]:
+def serve_env(variant: Variant, engine: Engine, api_key: str | None) -> dict[str, str]:
     """The server's environment: the variant's ENV_* keys, and the API key in the variable its engine reads (an
     argv is world-readable in /proc/<pid>/cmdline; an environment only to its user); METRICS_PUBLIC=1 opens /metrics
     of a keyed server (scripts.serve.guard)."""
     public = {PUBLIC_METRICS_ENV: "1"} if api_key and variant.resolved.get("METRICS_PUBLIC") == "1" else {}
-    return {**variant.env(), **({engine_of(variant).key_env: api_key} if api_key else {}), **public}
+    return {**variant.env(), **({engine.key_env: api_key} if api_key else {}), **public}
 
 
 SECRET_FLAGS = ("--api-key", "--api_key")
@@ -183,10 +186,9 @@ def llamaserver_defaults(settings: dict[str, str]) -> dict[str, str]:
     return {"threads": cores, "threads-batch": cores, "no-webui": "1", "metrics": "1", "ctx-size": str(8192 * slots)}
 
 
-def serve_argv(variant: Variant, *, host: str, port: int) -> list[str]:
+def serve_argv(variant: Variant, engine: Engine, *, host: str, port: int) -> list[str]:
     """The exact command that serves the variant with its engine (vLLM's flags checked against vLLM itself); the API
     key is not in it (serve_env)."""
-    engine = engine_of(variant)
     check_weights(variant, engine)
     if engine.name == "vllm":
         return build_serve_argv(variant, vllm_flag_table(), host=host, port=port)

@@ -67,7 +67,7 @@ def device_facts(target: str) -> dict[str, str]:
 
         major, minor = torch.cuda.get_device_capability(0)
         return {"target": "cuda", "name": torch.cuda.get_device_name(0), "arch": f"sm_{major}{minor}"}
-    from scripts.common.records import hardware
+    from scripts.common.hardware import hardware
 
     hw = hardware()
     return {"target": "cpu", "name": hw["cpu"], "arch": "x86_64:" + ",".join(sorted(hw["cpu_flags"]))}

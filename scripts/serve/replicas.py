@@ -34,7 +34,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of
-from scripts.common.records import hardware
+from scripts.common.hardware import hardware
 from scripts.common.server import Server, ServerError, local_base_url, port_in_use, stop_on_signals
 from scripts.common.variants import Variant, VariantError, load_variant, parse_overrides
 from scripts.serve.command import DEFAULT_HOST, DEFAULT_PORT, printable

@@ -110,7 +110,7 @@ def test_cpu_preload_auto_resolves_to_the_libraries_found(tmp_path, monkeypatch)
 
 
 def test_cpu_dtype_note_only_where_bf16_has_no_native_kernels():
-    from scripts.common.variants import cpu_dtype_note
+    from scripts.common.hardware import cpu_dtype_note
 
     assert "FP32" in cpu_dtype_note("bfloat16", ["avx2", "avx512f", "avx512_vnni"])
     assert cpu_dtype_note("bfloat16", ["avx2", "avx512f", "avx512_bf16"]) is None
@@ -172,10 +172,10 @@ def test_fuzz_findings_are_one_line_errors(tmp_path, data, message):
 
 
 def test_training_dtype_is_bf16_only_where_it_is_native(monkeypatch):
-    from scripts.common import records
-    from scripts.common.variants import training_dtype
+    from scripts.common import hardware
+    from scripts.common.hardware import training_dtype
 
-    monkeypatch.setattr(records, "cpu_model_and_flags", lambda: ("x", ["avx2"]))
+    monkeypatch.setattr(hardware, "cpu_model_and_flags", lambda: ("x", ["avx2"]))
     assert training_dtype() == "float32" and training_dtype("cuda") == "bfloat16"
-    monkeypatch.setattr(records, "cpu_model_and_flags", lambda: ("x", ["avx2", "avx512f", "avx512_bf16"]))
+    monkeypatch.setattr(hardware, "cpu_model_and_flags", lambda: ("x", ["avx2", "avx512f", "avx512_bf16"]))
     assert training_dtype() == "bfloat16"

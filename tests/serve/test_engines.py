@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from scripts.common import engines, paths
+from scripts.common.engines import engine_of
 from scripts.common.variants import VariantError, load_variant
 from scripts.serve import command
 
@@ -48,7 +49,7 @@ def test_llama_server_flags_switches_paths_and_defaults(monkeypatch):
     v = load_variant(SERVER_VARIANT, overrides={"LLAMASERVER_KV_UNIFIED": "1", "LLAMASERVER_NO_WARMUP": "0",
                                                 "LLAMASERVER_THREADS": "1",
                                                 "LLAMASERVER_SPEC_DRAFT_MODEL": "weights/d/model.gguf"})
-    argv = command.serve_argv(v, host="127.0.0.1", port=9)
+    argv = command.serve_argv(v, engine_of(v), host="127.0.0.1", port=9)
     assert argv[0].endswith("/.venv-llamaserver/bin/llama-server") and "--api-key" not in argv
     assert argv[argv.index("--alias") + 1] == SERVER_VARIANT and argv[argv.index("--parallel") + 1] == "8"
     assert "--kv-unified" in argv and "--no-warmup" not in argv  # 1 adds a switch, 0 leaves it out
@@ -87,7 +88,7 @@ def test_missing_engine_names_the_target_that_installs_it(monkeypatch, tmp_path)
 def test_flags_follow_each_engines_spelling(monkeypatch):
     v = load_variant(GGUF_VARIANT, overrides={"LLAMACPP_N_BATCH": "256", "LLAMACPP_N_THREADS": "1"})
     monkeypatch.setattr(engines, "version", lambda name: "0")
-    argv = command.serve_argv(v, host="127.0.0.1", port=9)
+    argv = command.serve_argv(v, engine_of(v), host="127.0.0.1", port=9)
     assert argv[1:3] == ["-m", "llama_cpp.server"] and "--api_key" not in argv
     assert argv[argv.index("--n_batch") + 1] == "256" and argv[argv.index("--model_alias") + 1] == GGUF_VARIANT
     assert argv.count("--n_threads") == 1 and argv[argv.index("--n_threads") + 1] == "1"  # the variant's, not the default
@@ -139,9 +140,9 @@ def test_the_key_goes_to_each_engines_environment_never_its_argv(tmp_path):
         (tmp_path / f"v-{name}").mkdir()
         (tmp_path / f"v-{name}" / "config.env").write_text(f"MODEL=weights/x\nBASE=smollm2\nENGINE={name}\n")
         v = load_variant(f"v-{name}", root=tmp_path)
-        env = command.serve_env(v, "k3y")
+        env = command.serve_env(v, engine_of(v), "k3y")
         assert env[var] == "k3y" and "k3y" not in command.printable(["x"], env)
-        assert command.serve_env(v, None) == v.env()
+        assert command.serve_env(v, engine_of(v), None) == v.env()
 
 
 def test_serve_reads_the_key_from_the_environment_or_a_private_file(tmp_path):

@@ -34,8 +34,9 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
+from scripts.common.hardware import hardware
 from scripts.common.loadgen import openai_client
-from scripts.common.records import git_state, hardware, versions
+from scripts.common.records import git_state, versions
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, load_variant, parse_overrides
 from scripts.serve.compile_cache import (

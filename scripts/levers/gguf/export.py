@@ -33,7 +33,8 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, embedded_gguf, read_checkpoint
 from scripts.common.engines import LLAMACPP_VENV, EngineError, version
-from scripts.common.records import git_state, hardware, now_utc, versions, write_record
+from scripts.common.hardware import hardware
+from scripts.common.records import git_state, now_utc, versions, write_record
 from scripts.common.variants import VariantError, load_variant
 
 PLAIN = {"F32": "F32", "F16": "F16", "BF16": "BF16"}

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, copy_side_files, verify
-from scripts.common.records import git_state, hardware, now_utc, versions, write_record
+from scripts.common.hardware import hardware
+from scripts.common.records import git_state, now_utc, versions, write_record
 from scripts.common.variants import VariantError, load_variant
 from scripts.levers.lora import adapters as lora
 

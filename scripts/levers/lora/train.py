@@ -31,8 +31,9 @@ import time
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.records import git_state, hardware, now_utc, versions, write_record
-from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides, training_dtype
+from scripts.common.hardware import hardware, training_dtype
+from scripts.common.records import git_state, now_utc, versions, write_record
+from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
 from scripts.levers.lora import adapters as lora
 
 PROMPTS = ("What is the capital of France?", "Explain what a Python list is in one sentence.",

@@ -14,7 +14,7 @@ over each drawn batch to take the hidden states EAGLE-3 reads (three auxiliary l
 last layer before the final norm): computed as batches are drawn, kept in memory for later passes up to
 REDISTILL_FEATURE_CACHE_MB, never written to disk, and no `datasets` object (its fingerprinting failed under the GPU
 machine's Python 3.12). Training runs in BF16 on CUDA and on a CPU with native BF16, FP32 elsewhere
-(variants.training_dtype). The prompt set's split column keeps validation
+(hardware.training_dtype). The prompt set's split column keeps validation
 answers to source families never trained on (without one, one prompt in ten); REDISTILL_MAX_TRAIN_TOKENS keeps the
 first N training response tokens of a fixed order (nested subsets for a learning curve). The draft vocabulary is the
 REDISTILL_DRAFT_VOCAB most frequent tokens of the training answers (the coverage of several sizes is measured and
@@ -50,9 +50,10 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
+from scripts.common.hardware import training_dtype
 from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts
 from scripts.common.server import ServerError
-from scripts.common.variants import VariantError, head_dir, load_variant, parse_overrides, training_dtype
+from scripts.common.variants import VariantError, head_dir, load_variant, parse_overrides
 from scripts.serve.launch import variant_server
 
 TRAIN_PROMPTS = paths.EVAL / "prompts" / "spec-v1-train.jsonl"

@@ -48,8 +48,9 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import tokenizer_fingerprint, write_qwen_tokenizer
+from scripts.common.hardware import hardware
 from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts
-from scripts.common.records import git_state, hardware, versions
+from scripts.common.records import git_state, versions
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, list_variants, load_variant
 from scripts.data import bigbench_corpus

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, copy_side_files, verify
-from scripts.common.records import git_state, hardware, now_utc, versions
+from scripts.common.hardware import hardware
+from scripts.common.records import git_state, now_utc, versions
 from scripts.common.variants import VariantError, load_variant
 from scripts.levers.vocab import tail
 from scripts.levers.vocab.keep import ID_MAP, PLUGIN_BASES, PLUGIN_PREFIX, VocabError, load_keep_list

@@ -78,7 +78,7 @@ def kernel_name(cpu_flags=None) -> str:
     kernel elsewhere (LAB_VOCAB_TAIL_KERNEL names one instead, to compare them on one machine)."""
     import os
 
-    from scripts.common.records import cpu_model_and_flags
+    from scripts.common.hardware import cpu_model_and_flags
 
     forced = os.environ.get("LAB_VOCAB_TAIL_KERNEL")
     if forced:

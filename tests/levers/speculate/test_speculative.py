@@ -12,7 +12,7 @@ from scripts.common.checkpoint import CheckpointError
 from scripts.levers.speculate import prompts as make_spec_prompts
 from scripts.levers.speculate import redistill as redistill_mtp
 from scripts.measure import identity as eval_identity
-from scripts.serve import launch
+from scripts.serve import plan
 
 
 def rows(split: str) -> list[dict]:
@@ -66,23 +66,23 @@ def test_missing_or_mismatched_head_is_refused(tmp_path, monkeypatch):
     (target / "config.json").write_text(json.dumps({"hidden_size": 576, "vocab_size": 49152}))
     v = variants.Variant("x-eagle4", tmp_path, {}, {"MODEL": str(target), "BASE": "x", "SERVE_SPECULATIVE_CONFIG":
                          json.dumps({"method": "eagle3", "model": "weights/h", "num_speculative_tokens": 4})})
-    monkeypatch.setattr(launch, "head_dir", lambda _v: head)
+    monkeypatch.setattr(plan, "head_dir", lambda _v: head)
     with pytest.raises(CheckpointError, match="make redistill VARIANT=x-eagle4"):
-        launch.check_head(v)
+        plan.check_head(v)
     head.mkdir()
     (head / "config.json").write_text(json.dumps({"transformer_layer_config": {"hidden_size": 960, "vocab_size": 49152}}))
     (head / "PROVENANCE.json").write_text(json.dumps({"target": "other-bf16"}))
     with pytest.raises(CheckpointError, match=r"built for other-bf16 \(hidden size 960\); x-eagle4 serves .* \(hidden size 576\)"):
-        launch.check_head(v)
+        plan.check_head(v)
     (head / "config.json").write_text(json.dumps({"transformer_layer_config": {"hidden_size": 576, "vocab_size": 49152}}))
-    launch.check_head(v)
+    plan.check_head(v)
     # a variant that pins its prompt set refuses a head trained on another one
     pinned = variants.Variant("x-eagle4", tmp_path, {}, {**v.resolved, "REDISTILL_PROMPT_SHA256": "a" * 64})
     (head / "PROVENANCE.json").write_text(json.dumps({"target": "x", "prompts": {"prompt_set_sha256": "b" * 64}}))
     with pytest.raises(CheckpointError, match="trained on prompt set bbbbbbbbbbbbbbbb; x-eagle4's REDISTILL_PROMPT_SHA256 says aaaa"):
-        launch.check_head(pinned)
+        plan.check_head(pinned)
     (head / "PROVENANCE.json").write_text(json.dumps({"target": "x", "prompts": {"prompt_set_sha256": "a" * 64}}))
-    launch.check_head(pinned)
+    plan.check_head(pinned)
 
 
 def test_redistill_pure_parts():

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from scripts.common.records import cpu_model_and_flags
+from scripts.common.hardware import cpu_model_and_flags
 from scripts.levers.vocab import plugin, tail
 
 INT8_DOT_HERE = any(f in cpu_model_and_flags()[1] for f in tail.INT8_DOT_FLAGS)

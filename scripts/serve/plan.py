@@ -1,0 +1,129 @@
+"""The serve plan: a variant resolved once into everything that decides how it is served.
+
+    plan = serve_plan(load_variant("smollm2-bf16"), host="127.0.0.1", port=8000, api_key=None)
+    plan.engine.name, plan.argv, plan.env, plan.health_path, plan.weights, plan.notes
+    server = plan.server(log_path=Path(".cache/serve.log")).start()
+
+One call checks the variant's engine and flags (vLLM's against vLLM itself), its weights (files, a draft head's shapes),
+writes the exact command and environment, and says what a person should know before it starts (`notes`). `make serve`,
+the measurements (through scripts.serve.launch) and the records (the server's argv) read this plan; nothing downstream
+asks the variant or the engine registry again how it is served.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError, read_checkpoint
+from scripts.common.engines import Engine, engine_of
+from scripts.common.hardware import cpu_dtype_note, hardware
+from scripts.common.server import Server, local_base_url
+from scripts.common.variants import Variant, build_target, cpu_preload, head_dir
+from scripts.serve import guard
+from scripts.serve.command import printable, serve_argv, serve_env
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    variant: Variant
+    engine: Engine
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    api_key: str | None = None
+    notes: tuple[str, ...] = field(default=())  # lines to show before the server starts ("warning: …", "note: …")
+
+    @property
+    def health_path(self) -> str:
+        return self.engine.health_path
+
+    @property
+    def weights(self) -> str:
+        """What the engine loads: a checkpoint directory or a GGUF file (absolute), or a hub id."""
+        return self.variant.model
+
+    @property
+    def base_url(self) -> str:
+        return local_base_url(self.host, self.port)
+
+    def printable(self) -> str:
+        """The command as a shell line, with its environment in front and every key masked."""
+        return printable(self.argv, self.env)
+
+    def server(self, log_path: Path | None = None) -> Server:
+        """A Server for this plan, not started (its own copies of argv and env: a caller may add to them)."""
+        return Server(argv=list(self.argv), base_url=self.base_url, env=dict(self.env), api_key=self.api_key,
+                      log_path=log_path, health_path=self.health_path)
+
+
+def serve_plan(variant: Variant, *, host: str, port: int, api_key: str | None = None) -> ServePlan:
+    """Resolve the variant's serving once: engine, flags, weights, command, environment, notes. Raises VariantError
+    (config.env), EngineError (engine missing or weights in the wrong format) or CheckpointError (weights absent or
+    broken), each one line naming the file or the command to run."""
+    engine = engine_of(variant)
+    check_model_present(variant)
+    argv = serve_argv(variant, engine, host=host, port=port)
+    if engine.name == "vllm":  # bodies vLLM would answer with a 500 get a 400 (scripts/serve/guard.py)
+        argv += ["--middleware", guard.REQUEST_MIDDLEWARE]
+    if api_key and engine.name == "vllm":  # vLLM guards /v1 only: every other route behind the key too
+        argv += ["--middleware", guard.MIDDLEWARE]
+    return ServePlan(variant=variant, engine=engine, argv=argv, env=serve_env(variant, engine, api_key), host=host,
+                     port=port, api_key=api_key, notes=tuple(plan_notes(variant, engine)))
+
+
+def plan_notes(variant: Variant, engine: Engine) -> list[str]:
+    """What to know before the server starts: a CPU preload library missing, BF16 without native kernels, random
+    weights."""
+    notes = []
+    if engine.name == "vllm" and variant.target == "cpu":
+        if variant.settings.get("ENV_LD_PRELOAD", "auto") == "auto":
+            notes += [f"warning: not preloaded, {hint}: vLLM on CPU runs slower without it" for hint in cpu_preload()[1]]
+        if note := cpu_dtype_note(variant.resolved.get("SERVE_DTYPE", ""), hardware()["cpu_flags"]):
+            notes.append(note)
+    if variant.is_shape_proxy:
+        notes.append("note: shape proxy (random weights): its text is meaningless; measure speed only")
+    return notes
+
+
+def check_model_present(variant: Variant) -> None:
+    model = variant.resolved["MODEL"]
+    if not model.startswith("weights/"):
+        return
+    path = paths.ROOT / model
+    if not path.exists():
+        raise CheckpointError(f"{model} does not exist: run `make weights VARIANT={variant.name}` "
+                              f"(or `make {build_target(variant.resolved)} VARIANT={variant.name}` for a lever-built variant)")
+    if path.is_file():  # a GGUF file (llama.cpp): its engine reads and checks it
+        return
+    read_checkpoint(path)  # files present, config parses, shards whole; full checks: scripts.weights.verify
+    check_head(variant)
+
+
+def check_head(variant: Variant) -> None:
+    """A draft head under weights/ exists, was built for this target's shapes and vocabulary, and (when the variant
+    pins REDISTILL_PROMPT_SHA256) was trained on that prompt set."""
+    head = head_dir(variant)
+    if head is None:
+        return
+    if not (head / "config.json").exists():
+        method = json.loads(variant.resolved["SERVE_SPECULATIVE_CONFIG"])["method"]  # a committed head: copied into place
+        make = "weights" if variant.resolved.get("HEAD_SOURCE") else "draft" if method == "draft_model" else "redistill"
+        raise CheckpointError(f"{paths.shown(head)} does not exist: run `make {make} VARIANT={variant.name}`")
+    cfg = json.loads((head / "config.json").read_text())
+    layer = cfg.get("transformer_layer_config", cfg)  # an EAGLE head's layer config, else a draft model's own
+    target = json.loads((Path(variant.model) / "config.json").read_text())
+    prov = json.loads((head / "PROVENANCE.json").read_text()) if (head / "PROVENANCE.json").exists() else {}
+    built = prov.get("target", "?")
+    pinned, trained = variant.resolved.get("REDISTILL_PROMPT_SHA256"), prov.get("prompts", {}).get("prompt_set_sha256")
+    if pinned and pinned != trained:
+        raise CheckpointError(f"{paths.shown(head)} was trained on prompt set {str(trained)[:16]}; {variant.name}'s "
+                              f"REDISTILL_PROMPT_SHA256 says {pinned[:16]}: redistill it or change the pin")
+    for what, mine, theirs in (("hidden size", layer.get("hidden_size"), target.get("hidden_size")),
+                               ("vocabulary", layer.get("vocab_size"), target.get("vocab_size"))):
+        if mine != theirs:
+            raise CheckpointError(f"{paths.shown(head)} was built for {built} ({what} {mine}); {variant.name} serves "
+                                  f"{variant.resolved['MODEL']} ({what} {theirs})")
