@@ -172,6 +172,8 @@ def head_root(tmp_path, monkeypatch):
 @pytest.mark.parametrize("head,weights", [
     ("head-v8k", ["model.safetensors"]),
     ("head-l2v8k", ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]),
+    ("head-int8sq-v8k", ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                         "model.safetensors.index.json"]),
     ("head-gemma-g16k", [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)] + ["model.safetensors.index.json"])])
 def test_the_committed_heads_install_checked(head_root, head, weights):
     """The heads in git (results/spec-scale-20261126) match their SHA256SUMS and land whole under weights/."""
@@ -179,7 +181,7 @@ def test_the_committed_heads_install_checked(head_root, head, weights):
     _head_variant(head_root, f"results/spec-scale-20261126/{head}")
     download_weights.for_variant("x-eagle")
     got = sorted(f.name for f in (head_root / "weights/x-head").iterdir())
-    assert got == sorted(["PROVENANCE.json", "config.json", "config.py", *weights])
+    assert got == sorted(["PROVENANCE.json", "config.json", *weights])
     assert not list((head_root / "weights").glob(".partial-*"))
 
 
