@@ -251,6 +251,29 @@ def suite_criterion(limit_points: float, var_rec: dict | None, ref_recs: list[di
     return c
 
 
+def is_sample(record: dict) -> bool:
+    """A record of a sample of the suite (`make eval-quality`), not every drawn item (`make eval-quality-full`)."""
+    return "sample" in record["inputs"].get("suite", {})
+
+
+def suite_evidence(limit_points: float, mine: list[dict], ref_recs: list[dict], variant: str,
+                   reference: str) -> Criterion:
+    """The suite criterion from the variant's newest record of every drawn item; a sample record counts only where
+    its items decide the criterion (pass or fail), never as an inconclusive stand-in for the whole suite. The
+    reference's whole-suite record is preferred to its sample (the pairs are the items both scored)."""
+    suite_recs = [r for r in mine if has_items(r) and "suite" in r["inputs"]]
+    full = newest([r for r in suite_recs if not is_sample(r)], kind="lm-eval")
+    sample = newest([r for r in suite_recs if is_sample(r)], kind="lm-eval")
+    refs = sorted(ref_recs, key=is_sample)  # stable: newest first within whole-suite records, then samples
+    if full is not None or sample is None:
+        return suite_criterion(limit_points, full, refs, variant, reference)
+    c = suite_criterion(limit_points, sample, refs, variant, reference)
+    c.detail = f"a {sample['inputs']['suite']['sample']['limit']:.0%} sample of the suite; " + c.detail
+    if c.status == "inconclusive":
+        c.decide = f"the sample does not decide it: `{ITEMS_COMMAND.format(v=variant)}` scores every drawn item"
+    return c
+
+
 def identity_criterion(summary: dict | None) -> Criterion:
     """Lossless speculation: every divergence from the reference's greedy ids is a teacher-forced near-tie."""
     c = Criterion(IDENTITY_KEY, 0, "max")
@@ -382,9 +405,8 @@ def gate_for(variant: str, settings: dict[str, str], root: Path | None = None) -
     mine = quality_records(variant, root)
     out = parity_criteria(settings, parity_record(mine, reference))
     if SUITE_KEY in settings:
-        var_rec = newest([r for r in mine if has_items(r) and "suite" in r["inputs"]], kind="lm-eval")
-        out.append(suite_criterion(float(settings[SUITE_KEY]), var_rec, quality_records(reference, root), variant,
-                                   reference))
+        out.append(suite_evidence(float(settings[SUITE_KEY]), mine, quality_records(reference, root), variant,
+                                  reference))
     if TASK_KEY in settings:
         var_rec = newest([r for r in mine if has_items(r) and "suite" not in r["inputs"]], kind="lm-eval")
         out += task_criteria(float(settings[TASK_KEY]), var_rec, quality_records(reference, root), variant, reference)
