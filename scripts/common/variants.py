@@ -207,6 +207,21 @@ def check_speculative_config(value: str, where: str) -> None:
         raise VariantError(f"{where}: num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {json.dumps(k)[:40]}")
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What a variant's config.env says about serving it, as plain values: scripts/serve/plan.py turns it into the
+    engine's command without asking the variant again."""
+    name: str
+    engine: str  # a key of ENGINE_KEYS
+    model: str  # what the engine loads: an absolute path under the repository, or a hub id
+    model_setting: str  # MODEL as config.env writes it
+    served_name: str
+    flags: dict[str, str]  # the engine's own flags: vLLM flag names (dashes), or the key family without its prefix
+    env: dict[str, str]  # the server's environment (ENV_* keys)
+    metrics_public: bool
+    where: str  # the config.env a wrong flag is reported against
+
+
 @dataclass
 class Variant:
     name: str
@@ -273,6 +288,13 @@ class Variant:
 
     def env(self) -> dict[str, str]:
         return {k[len("ENV_"):]: v for k, v in self.resolved.items() if k.startswith("ENV_")}
+
+    def serving(self) -> Serving:
+        """The variant's serving settings, resolved once (check_engine says whether its engine can take them)."""
+        flags = self.serve_settings() if self.engine == DEFAULT_ENGINE else self.engine_settings()
+        return Serving(name=self.name, engine=self.engine, model=self.model, model_setting=self.resolved["MODEL"],
+                       served_name=self.served_name, flags=flags, env=self.env(),
+                       metrics_public=self.resolved.get("METRICS_PUBLIC") == "1", where=f"{self.path}/config.env")
 
 
 def build_target(settings: dict[str, str]) -> str:

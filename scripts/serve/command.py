@@ -1,15 +1,16 @@
 """The one place that turns a variant into the exact command of its engine's server.
 
-    v = load_variant("smollm2-bf16")
-    serve_argv(v, engine_of(v), host="127.0.0.1", port=8000)   # ['…/vllm', 'serve', …]
-    serve_env(v, engine_of(v), api_key="…")                    # {…, 'VLLM_API_KEY': '…'}
+    s = load_variant("smollm2-bf16").serving()
+    serve_argv(s, ENGINES[s.engine], host="127.0.0.1", port=8000)   # ['…/vllm', 'serve', …]
+    serve_env(s, ENGINES[s.engine], api_key="…")                    # {…, 'VLLM_API_KEY': '…'}
 
-scripts/serve/plan.py calls both once per start (the serve plan); nothing else should.
+scripts/serve/plan.py calls both once per start (the serve plan); nothing else should. Both read the variant's
+serving settings as plain values (scripts.common.variants.Serving), never the variant itself.
 
 vLLM: `vllm serve` with the variant's SERVE_* keys as flags, checked against vLLM's own argument parser.
 llama.cpp: llama-cpp-python's server with LLAMACPP_* flags; SGLang: its launcher with SGLANG_* flags. What an engine
 is (its package, health path, install target) is the registry's (scripts/common/engines.py); what a variant serves
-and with which flags, the variant's (scripts/common/variants.py). Nothing here reads config.env.
+and with which flags, the variant's (scripts/common/variants.py, Serving). Nothing here reads config.env.
 
 The vLLM flag table (flag → switch | value | multi) is read from vLLM's parser once per installed vLLM version and cached
 under .cache/, because building the parser costs ~10 s on two cores.
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from scripts.common import engines, paths
 from scripts.common.engines import Engine, EngineError, python_of, vllm_version
-from scripts.common.variants import Variant, VariantError
+from scripts.common.variants import Serving, VariantError
 from scripts.serve.guard import PUBLIC_METRICS_ENV
 
 FlagTable = dict[str, str]  # "--max-num-seqs" -> "value" | "switch" | "multi"
@@ -78,19 +79,19 @@ def vllm_serve_prefix() -> list[str]:
     return [str(exe), "serve"] if exe.exists() else [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 
 
-def serve_flags(variant: Variant, table: FlagTable) -> list[str]:
+def serve_flags(serving: Serving, table: FlagTable) -> list[str]:
     """SERVE_* settings → vLLM flags. Raises VariantError for a flag vLLM does not know or a bad switch value."""
     argv: list[str] = []
-    for flag_name, value in variant.serve_settings().items():
+    for flag_name, value in serving.flags.items():
         flag = f"--{flag_name}"
         kind = table.get(flag)
         key = "SERVE_" + flag_name.upper().replace("-", "_")
         if kind is None:
             near = sorted(f for f in table if flag_name.split("-")[0] in f)[:8]
-            raise VariantError(f"{variant.path}/config.env: {key}: vLLM has no flag {flag}" + (f"; similar: {', '.join(near)}" if near else ""))
+            raise VariantError(f"{serving.where}: {key}: vLLM has no flag {flag}" + (f"; similar: {', '.join(near)}" if near else ""))
         if kind == "switch":
             if value not in ("0", "1"):
-                raise VariantError(f"{variant.path}/config.env: {key} is a switch: use 1 or 0, not {value!r}")
+                raise VariantError(f"{serving.where}: {key} is a switch: use 1 or 0, not {value!r}")
             if value == "1":
                 argv.append(flag)
             elif f"--no-{flag_name}" in table:
@@ -102,19 +103,19 @@ def serve_flags(variant: Variant, table: FlagTable) -> list[str]:
     return argv
 
 
-def build_serve_argv(variant: Variant, table: FlagTable, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> list[str]:
-    argv = [*vllm_serve_prefix(), variant.model, "--host", host, "--port", str(port)]
-    if "served-model-name" not in variant.serve_settings():
-        argv += ["--served-model-name", variant.name]
-    return argv + serve_flags(variant, table)
+def build_serve_argv(serving: Serving, table: FlagTable, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> list[str]:
+    argv = [*vllm_serve_prefix(), serving.model, "--host", host, "--port", str(port)]
+    if "served-model-name" not in serving.flags:
+        argv += ["--served-model-name", serving.name]
+    return argv + serve_flags(serving, table)
 
 
-def serve_env(variant: Variant, engine: Engine, api_key: str | None) -> dict[str, str]:
+def serve_env(serving: Serving, engine: Engine, api_key: str | None) -> dict[str, str]:
     """The server's environment: the variant's ENV_* keys, and the API key in the variable its engine reads (an
     argv is world-readable in /proc/<pid>/cmdline; an environment only to its user); METRICS_PUBLIC=1 opens /metrics
     of a keyed server (scripts.serve.guard)."""
-    public = {PUBLIC_METRICS_ENV: "1"} if api_key and variant.resolved.get("METRICS_PUBLIC") == "1" else {}
-    return {**variant.env(), **({engine.key_env: api_key} if api_key else {}), **public}
+    public = {PUBLIC_METRICS_ENV: "1"} if api_key and serving.metrics_public else {}
+    return {**serving.env, **({engine.key_env: api_key} if api_key else {}), **public}
 
 
 SECRET_FLAGS = ("--api-key", "--api_key")
@@ -128,16 +129,15 @@ def printable(argv: list[str], env: dict[str, str] | None = None) -> str:
     return (prefix + " " if prefix else "") + shlex.join(shown)
 
 
-def check_weights(variant: Variant, engine: Engine) -> None:
+def check_weights(serving: Serving, engine: Engine) -> None:
     """The engine can load MODEL's format (a GGUF file for llama.cpp's servers, a checkpoint directory for the
     others)."""
-    model = Path(variant.model)
-    is_gguf = model.suffix == ".gguf"
+    is_gguf = Path(serving.model).suffix == ".gguf"
     if engine.gguf and not is_gguf:
-        raise EngineError(f"ENGINE={engine.name} serves a {engine.weights}; {variant.resolved['MODEL']} is a safetensors "
+        raise EngineError(f"ENGINE={engine.name} serves a {engine.weights}; {serving.model_setting} is a safetensors "
                           f"checkpoint: serve a GGUF export of it (make export-gguf VARIANT=<a GGUF variant>)")
     if not engine.gguf and is_gguf:
-        raise EngineError(f"ENGINE={engine.name} serves a {engine.weights} here; {variant.resolved['MODEL']} is a "
+        raise EngineError(f"ENGINE={engine.name} serves a {engine.weights} here; {serving.model_setting} is a "
                           f"GGUF file: serve it with ENGINE=llamacpp or ENGINE=llamaserver")
 
 
@@ -147,22 +147,22 @@ LLAMASERVER_SWITCHES = frozenset({"kv-unified", "no-kv-unified", "metrics", "no-
                                   "no-mmap", "mlock", "spec-draft-backend-sampling"})
 
 
-def flags(variant: Variant) -> list[str]:
+def flags(serving: Serving) -> list[str]:
     """llama.cpp's and SGLang's flags from the variant's own keys: LLAMACPP_N_CTX=4096 -> --n_ctx 4096
     (llama-cpp-python's flags keep underscores); LLAMASERVER_PARALLEL=8 -> --parallel 8 and
     SGLANG_MEM_FRACTION_STATIC=0.2 -> --mem-fraction-static 0.2; 1/0 on a switch adds or leaves it out (SGLang's
     enable-/disable- flags, LLAMASERVER_SWITCHES). A llama-server value naming a file under the repository (a draft
     GGUF) is made absolute."""
     argv: list[str] = []
-    for key, value in variant.engine_settings().items():
+    for key, value in serving.flags.items():
         name = key.lower()
-        if variant.engine in ("sglang", "llamaserver"):
+        if serving.engine in ("sglang", "llamaserver"):
             name = name.replace("_", "-")
-            if value in ("0", "1") and (name.startswith(("enable-", "disable-")) if variant.engine == "sglang"
+            if value in ("0", "1") and (name.startswith(("enable-", "disable-")) if serving.engine == "sglang"
                                         else name in LLAMASERVER_SWITCHES):
                 argv += [f"--{name}"] if value == "1" else []
                 continue
-            if variant.engine == "llamaserver" and value.endswith(".gguf") and not Path(value).is_absolute():
+            if serving.engine == "llamaserver" and value.endswith(".gguf") and not Path(value).is_absolute():
                 value = str(paths.ROOT / value)
         argv += [f"--{name}", value]
     return argv
@@ -186,24 +186,23 @@ def llamaserver_defaults(settings: dict[str, str]) -> dict[str, str]:
     return {"threads": cores, "threads-batch": cores, "no-webui": "1", "metrics": "1", "ctx-size": str(8192 * slots)}
 
 
-def serve_argv(variant: Variant, engine: Engine, *, host: str, port: int) -> list[str]:
+def serve_argv(serving: Serving, engine: Engine, *, host: str, port: int) -> list[str]:
     """The exact command that serves the variant with its engine (vLLM's flags checked against vLLM itself); the API
     key is not in it (serve_env)."""
-    check_weights(variant, engine)
+    check_weights(serving, engine)
     if engine.name == "vllm":
-        return build_serve_argv(variant, vllm_flag_table(), host=host, port=port)
+        return build_serve_argv(serving, vllm_flag_table(), host=host, port=port)
     engines.version(engine.name)  # installed, else the install target
+    own = serving.flags
     if engine.name == "llamaserver":
-        own = variant.engine_settings()
         defaults = [a for k, v in llamaserver_defaults(own).items() if k.upper().replace("-", "_") not in own
                     for a in ((f"--{k}",) if k in LLAMASERVER_SWITCHES else (f"--{k}", v))]
-        return [str(engines.LLAMASERVER_BIN / "llama-server"), "--model", variant.model, "--alias",
-                variant.served_name, "--host", host, "--port", str(port), *defaults, *flags(variant)]
+        return [str(engines.LLAMASERVER_BIN / "llama-server"), "--model", serving.model, "--alias",
+                serving.served_name, "--host", host, "--port", str(port), *defaults, *flags(serving)]
     py = python_of(engine)
     if engine.name == "llamacpp":
-        defaults = [a for k, v in llamacpp_defaults().items() if k.upper() not in variant.engine_settings()
-                    for a in (f"--{k}", v)]
-        return [py, "-m", "llama_cpp.server", "--model", variant.model, "--model_alias", variant.served_name,
-                "--host", host, "--port", str(port), *defaults, *flags(variant)]
-    return [py, str(paths.ROOT / "scripts" / "gpu" / "sglang_text_only.py"), "--model-path", variant.model,
-            "--served-model-name", variant.served_name, "--host", host, "--port", str(port), *flags(variant)]
+        defaults = [a for k, v in llamacpp_defaults().items() if k.upper() not in own for a in (f"--{k}", v)]
+        return [py, "-m", "llama_cpp.server", "--model", serving.model, "--model_alias", serving.served_name,
+                "--host", host, "--port", str(port), *defaults, *flags(serving)]
+    return [py, str(paths.ROOT / "scripts" / "gpu" / "sglang_text_only.py"), "--model-path", serving.model,
+            "--served-model-name", serving.served_name, "--host", host, "--port", str(port), *flags(serving)]

@@ -64,14 +64,15 @@ def serve_plan(variant: Variant, *, host: str, port: int, api_key: str | None = 
     """Resolve the variant's serving once: engine, flags, weights, command, environment, notes. Raises VariantError
     (config.env), EngineError (engine missing or weights in the wrong format) or CheckpointError (weights absent or
     broken), each one line naming the file or the command to run."""
-    engine = engine_of(variant)
+    engine = engine_of(variant)  # a known engine, and no other engine's flags in config.env
+    serving = variant.serving()
     check_model_present(variant)
-    argv = serve_argv(variant, engine, host=host, port=port)
+    argv = serve_argv(serving, engine, host=host, port=port)
     if engine.name == "vllm":  # bodies vLLM would answer with a 500 get a 400 (scripts/serve/guard.py)
         argv += ["--middleware", guard.REQUEST_MIDDLEWARE]
     if api_key and engine.name == "vllm":  # vLLM guards /v1 only: every other route behind the key too
         argv += ["--middleware", guard.MIDDLEWARE]
-    return ServePlan(variant=variant, engine=engine, argv=argv, env=serve_env(variant, engine, api_key), host=host,
+    return ServePlan(variant=variant, engine=engine, argv=argv, env=serve_env(serving, engine, api_key), host=host,
                      port=port, api_key=api_key, notes=tuple(plan_notes(variant, engine)))
 
 

@@ -25,7 +25,7 @@ def test_flags_values_switches_multi_and_json():
     v = variant(SERVE_MAX_NUM_SEQS="8", SERVE_ENFORCE_EAGER="1", SERVE_ENABLE_PREFIX_CACHING="0",
                 SERVE_TRUST_REMOTE_CODE="0", SERVE_CUDAGRAPH_CAPTURE_SIZES="1 2 4 8",
                 SERVE_SPECULATIVE_CONFIG='{"method": "mtp", "num_speculative_tokens": 4}')
-    assert serve_flags(v, TABLE) == [
+    assert serve_flags(v.serving(), TABLE) == [
         "--max-num-seqs", "8", "--enforce-eager", "--no-enable-prefix-caching",
         "--cudagraph-capture-sizes", "1", "2", "4", "8",
         "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 4}',
@@ -34,16 +34,16 @@ def test_flags_values_switches_multi_and_json():
 
 def test_unknown_flag_is_refused_with_similar_flags():
     with pytest.raises(VariantError, match=r"SERVE_MAX_NUM_SEQ: vLLM has no flag --max-num-seq; similar: --max-num-seqs"):
-        serve_flags(variant(SERVE_MAX_NUM_SEQ="8"), TABLE)
+        serve_flags(variant(SERVE_MAX_NUM_SEQ="8").serving(), TABLE)
 
 
 def test_switch_needs_0_or_1():
     with pytest.raises(VariantError, match="SERVE_ENFORCE_EAGER is a switch: use 1 or 0"):
-        serve_flags(variant(SERVE_ENFORCE_EAGER="true"), TABLE)
+        serve_flags(variant(SERVE_ENFORCE_EAGER="true").serving(), TABLE)
 
 
 def test_full_command_binds_localhost_names_model_and_keeps_the_key_out_of_argv():
-    argv = build_serve_argv(variant(), TABLE)
+    argv = build_serve_argv(variant().serving(), TABLE)
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert argv[argv.index("--served-model-name") + 1] == "v-x"
     assert "org/model" in argv and "--api-key" not in argv
@@ -62,7 +62,9 @@ def test_real_vllm_flag_table_knows_every_committed_variant():
     assert table["--max-num-seqs"] == "value" and table["--enforce-eager"] == "switch"
     for name in list_variants():
         for target in PLATFORM_DEFAULTS:
-            serve_flags(load_variant(name, target=target), table)
+            v = load_variant(name, target=target)
+            if v.engine == "vllm":
+                serve_flags(v.serving(), table)
 
 
 def test_key_guard_closes_every_route_but_health():

@@ -33,12 +33,12 @@ def test_engine_of_defaults_to_vllm_and_refuses_unknown_and_foreign_flags(tmp_pa
 
 def test_weights_format_is_checked_per_engine():
     with pytest.raises(engines.EngineError, match="safetensors checkpoint: serve a GGUF export"):
-        command.check_weights(load_variant("smollm2-bf16", overrides={"ENGINE": "llamacpp"}),
+        command.check_weights(load_variant("smollm2-bf16", overrides={"ENGINE": "llamacpp"}).serving(),
                               engines.ENGINES["llamacpp"])
     with pytest.raises(engines.EngineError, match="GGUF file: serve it with ENGINE=llamacpp"):
-        command.check_weights(load_variant(GGUF_VARIANT, overrides={"ENGINE": "vllm"}), engines.ENGINES["vllm"])
+        command.check_weights(load_variant(GGUF_VARIANT, overrides={"ENGINE": "vllm"}).serving(), engines.ENGINES["vllm"])
     with pytest.raises(engines.EngineError, match="ENGINE=llamaserver serves a GGUF file"):
-        command.check_weights(load_variant("smollm2-bf16", overrides={"ENGINE": "llamaserver"}),
+        command.check_weights(load_variant("smollm2-bf16", overrides={"ENGINE": "llamaserver"}).serving(),
                               engines.ENGINES["llamaserver"])
     assert engines.ENGINES["llamaserver"].gguf and engines.ENGINES["llamacpp"].gguf
     assert not engines.ENGINES["vllm"].gguf
@@ -49,7 +49,7 @@ def test_llama_server_flags_switches_paths_and_defaults(monkeypatch):
     v = load_variant(SERVER_VARIANT, overrides={"LLAMASERVER_KV_UNIFIED": "1", "LLAMASERVER_NO_WARMUP": "0",
                                                 "LLAMASERVER_THREADS": "1",
                                                 "LLAMASERVER_SPEC_DRAFT_MODEL": "weights/d/model.gguf"})
-    argv = command.serve_argv(v, engine_of(v), host="127.0.0.1", port=9)
+    argv = command.serve_argv(v.serving(), engine_of(v), host="127.0.0.1", port=9)
     assert argv[0].endswith("/.venv-llamaserver/bin/llama-server") and "--api-key" not in argv
     assert argv[argv.index("--alias") + 1] == SERVER_VARIANT and argv[argv.index("--parallel") + 1] == "8"
     assert "--kv-unified" in argv and "--no-warmup" not in argv  # 1 adds a switch, 0 leaves it out
@@ -88,14 +88,14 @@ def test_missing_engine_names_the_target_that_installs_it(monkeypatch, tmp_path)
 def test_flags_follow_each_engines_spelling(monkeypatch):
     v = load_variant(GGUF_VARIANT, overrides={"LLAMACPP_N_BATCH": "256", "LLAMACPP_N_THREADS": "1"})
     monkeypatch.setattr(engines, "version", lambda name: "0")
-    argv = command.serve_argv(v, engine_of(v), host="127.0.0.1", port=9)
+    argv = command.serve_argv(v.serving(), engine_of(v), host="127.0.0.1", port=9)
     assert argv[1:3] == ["-m", "llama_cpp.server"] and "--api_key" not in argv
     assert argv[argv.index("--n_batch") + 1] == "256" and argv[argv.index("--model_alias") + 1] == GGUF_VARIANT
     assert argv.count("--n_threads") == 1 and argv[argv.index("--n_threads") + 1] == "1"  # the variant's, not the default
     assert argv[argv.index("--interrupt_requests") + 1] == "False"
     s = load_variant("smollm2-bf16", overrides={"ENGINE": "sglang", "SGLANG_MEM_FRACTION_STATIC": "0.2",
                                                 "SGLANG_DISABLE_CUDA_GRAPH": "1", "SGLANG_ENABLE_TORCH_COMPILE": "0"})
-    assert command.flags(s) == ["--mem-fraction-static", "0.2", "--disable-cuda-graph"]
+    assert command.flags(s.serving()) == ["--mem-fraction-static", "0.2", "--disable-cuda-graph"]
 
 
 def test_fixed_length_request_per_engine():
@@ -140,9 +140,9 @@ def test_the_key_goes_to_each_engines_environment_never_its_argv(tmp_path):
         (tmp_path / f"v-{name}").mkdir()
         (tmp_path / f"v-{name}" / "config.env").write_text(f"MODEL=weights/x\nBASE=smollm2\nENGINE={name}\n")
         v = load_variant(f"v-{name}", root=tmp_path)
-        env = command.serve_env(v, engine_of(v), "k3y")
+        env = command.serve_env(v.serving(), engine_of(v), "k3y")
         assert env[var] == "k3y" and "k3y" not in command.printable(["x"], env)
-        assert command.serve_env(v, engine_of(v), None) == v.env()
+        assert command.serve_env(v.serving(), engine_of(v), None) == v.env()
 
 
 def test_serve_reads_the_key_from_the_environment_or_a_private_file(tmp_path):
