@@ -76,6 +76,7 @@ class Criterion:
     detail: str = ""
     decide: str = ""  # what would decide an inconclusive / missing criterion
     beside: list[str] = field(default_factory=list)  # reported with it, not judged (the suite's per-task drops)
+    hardware: str | None = None  # hardware_key of the variant's record it was judged on (None: no record)
 
     def line(self) -> str:
         value = "—" if self.value is None else f"{self.value:.4g}"
@@ -373,28 +374,44 @@ def check_keys(settings: dict[str, str]) -> None:
         raise GateError(f"unknown gate key(s) {', '.join(unknown)}; the gate knows {', '.join(GATE_KEYS)}")
 
 
-def gate_for(variant: str, settings: dict[str, str], root: Path | None = None) -> tuple[str | None, list[Criterion]]:
-    """(reference, criteria) from the newest records; reference None means the variant is itself a reference."""
+def judged_on(record: dict | None, criteria: list[Criterion]) -> list[Criterion]:
+    """The criteria, each marked with the hardware of the variant's record they were judged on."""
+    for c in criteria:
+        c.hardware = hardware_key(record["hardware"]) if record else None
+    return criteria
+
+
+def gate_for(variant: str, settings: dict[str, str], root: Path | None = None,
+             quality: dict[str, list[dict]] | None = None) -> tuple[str | None, list[Criterion]]:
+    """(reference, criteria) from the newest records; reference None means the variant is itself a reference.
+    `quality`: every variant's quality records, newest first, read once by a caller that judges many variants
+    (default: each variant's read here)."""
     check_keys(settings)
     reference = reference_name(settings)
     if not reference:
         return None, []
-    mine = quality_records(variant, root)
-    out = parity_criteria(settings, parity_record(mine, reference))
+
+    def records_of(v: str) -> list[dict]:
+        return quality.get(v, []) if quality is not None else quality_records(v, root)
+
+    mine = records_of(variant)
+    parity = parity_record(mine, reference)
+    out = judged_on(parity, parity_criteria(settings, parity))
     if SUITE_KEY in settings:
         var_rec = newest([r for r in mine if has_items(r) and "suite" in r["inputs"]], kind="lm-eval")
-        out.append(suite_criterion(float(settings[SUITE_KEY]), var_rec, quality_records(reference, root), variant,
-                                   reference))
+        out += judged_on(var_rec, [suite_criterion(float(settings[SUITE_KEY]), var_rec, records_of(reference), variant,
+                                                   reference)])
     if TASK_KEY in settings:
         var_rec = newest([r for r in mine if has_items(r) and "suite" not in r["inputs"]], kind="lm-eval")
-        out += task_criteria(float(settings[TASK_KEY]), var_rec, quality_records(reference, root), variant, reference)
+        out += judged_on(var_rec, task_criteria(float(settings[TASK_KEY]), var_rec, records_of(reference), variant,
+                                                reference))
     ident = newest(mine, kind="greedy-identity", reference=reference)
     if settings.get(IDENTITY_KEY) == "1":
-        out.append(identity_criterion(ident["summary"]["identity"] if ident else None))
+        out += judged_on(ident, [identity_criterion(ident["summary"]["identity"] if ident else None)])
     if TEXT_KEY in settings:
         # one answer per prompt: the same prompt's answers at other concurrencies are not independent evidence
         per_prompt = ident["summary"].get("per_concurrency", {}).get("1", ident["summary"]["identity"]) if ident else None
-        out.append(text_criterion(float(settings[TEXT_KEY]), per_prompt))
+        out += judged_on(ident, [text_criterion(float(settings[TEXT_KEY]), per_prompt)])
     if not out:
         out = [Criterion("GATE_*", 0, "max", detail=f"{variant} sets no GATE_* tolerance")]
     return reference, out
