@@ -58,6 +58,7 @@ GATE_KEYS = (*PARITY_CRITERIA, SUITE_KEY, TASK_KEY, IDENTITY_KEY, TEXT_KEY, "GAT
 MAIN_METRICS = ("acc", "exact_match", "prompt_level_strict_acc", "acc_norm", "multiple_choice_grade", "exact_str_match")  # first one a task reports
 ITEMS_COMMAND = "make eval-quality-full VARIANT={v}"  # with no TASKS: the suite of record
 STATUSES = ("pass", "inconclusive", "missing", "fail")  # verdict precedence: the last present wins
+NO_GATE = "GATE_*"  # the one criterion of a variant that sets no tolerance (always missing)
 
 
 class GateError(ValueError):
@@ -413,7 +414,7 @@ def gate_for(variant: str, settings: dict[str, str], root: Path | None = None,
         per_prompt = ident["summary"].get("per_concurrency", {}).get("1", ident["summary"]["identity"]) if ident else None
         out += judged_on(ident, [text_criterion(float(settings[TEXT_KEY]), per_prompt)])
     if not out:
-        out = [Criterion("GATE_*", 0, "max", detail=f"{variant} sets no GATE_* tolerance")]
+        out = [Criterion(NO_GATE, 0, "max", detail=f"{variant} sets no GATE_* tolerance")]
     return reference, out
 
 

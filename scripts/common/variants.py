@@ -322,7 +322,7 @@ def load_variant(
         raise VariantError(f"{path}: PARENT={shorten(parent)} is not a variant; {closest(parent, known)}")
     successor = settings.get("SUPERSEDED_BY")
     if successor and (successor not in known or successor == name):
-        lineno = next(i for i, line in enumerate(path.read_text().split("\n"), 1)
+        lineno = next(i for i, line in enumerate(path.read_bytes().decode().split("\n"), 1)  # as parse_config_env counts
                       if line.strip().startswith("SUPERSEDED_BY"))
         raise VariantError(f"{path}:{lineno}: SUPERSEDED_BY={shorten(successor)} "
                            + ("names the variant itself" if successor == name else

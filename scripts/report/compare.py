@@ -119,19 +119,24 @@ def superseded(root: Path | None = None) -> dict[str, str]:
     return {v: c["SUPERSEDED_BY"] for v, c in configs.items() if "SUPERSEDED_BY" in c}
 
 
-def newest_per_group(records: list[tuple[Path, dict]]) -> dict[tuple[str, str], dict[str, dict]]:
-    """group (hardware, prompt set) -> variant -> its newest latency record there; replicas behind a router are a
-    deployment (make plan), not the variant, and are left out."""
+def comparable_groups(records: list[tuple[Path, dict]]) -> tuple[dict[tuple[str, str], dict[str, dict]],
+                                                                   list[tuple[str, str, str]]]:
+    """({group (hardware, prompt set): {variant: its newest latency record there}}, [(variant, hardware, why) where
+    that newest record cannot be compared]). Only records with status ok and fixed-length results compare; replicas
+    behind a router are a deployment (make plan), not the variant, and are left out."""
     newest: dict[tuple[str, str], dict[str, dict]] = {}
     for _, r in records:  # oldest first per variant: later ones replace earlier ones
         if not (r.get("topology") or {}).get("router"):
             newest.setdefault(group_key(r), {})[r["variant"]] = r
-    return newest
-
-
-def comparable(rec: dict) -> bool:
-    """A record speeds can be read from: status ok, with fixed-length results."""
-    return rec["status"] == "ok" and MODE in rec["summary"]
+    groups: dict[tuple[str, str], dict[str, dict]] = {}
+    excluded = []
+    for g, members in newest.items():
+        for v, r in members.items():
+            if r["status"] == "ok" and MODE in r["summary"]:
+                groups.setdefault(g, {})[v] = r
+            else:
+                excluded.append((v, g[0], r.get("failure") or f"no {MODE}-mode results"))
+    return groups, excluded
 
 
 def engine_label(rec: dict | None) -> str:
@@ -207,17 +212,11 @@ def winner_lines(group_rows: list[dict], judged: dict[str, Judged], undecided: b
 
 def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                  leave_out: dict[str, str] | None = None) -> tuple[str, list[dict]]:
-    """The speed tables. `leave_out` ({variant: why}, the superseded ones): no row of their own, still a parent's or
+    """The speed tables. `leave_out` ({variant: its successor}, the superseded): no row of their own, still a parent's or
     BF16's speed for the rows that name them."""
     leave_out = leave_out or {}
-    groups: dict[tuple[str, str], dict[str, dict]] = {}
-    excluded = []
-    for g, members in newest_per_group(records).items():
-        for v, r in members.items():
-            if comparable(r):
-                groups.setdefault(g, {})[v] = r
-            elif v not in leave_out:
-                excluded.append((f"{v} ({g[0]})", r.get("failure") or f"no {MODE}-mode results"))
+    groups, not_comparable = comparable_groups(records)
+    excluded = [(f"{v} ({hw})", why) for v, hw, why in not_comparable if v not in leave_out]
     lines = [f"# Variant comparison ({now_utc():%Y-%m-%d})", "",
              f"Newest latency record per variant; mode `{MODE}` (every request generates exactly its max_tokens).",
              "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency. Gate = the parity",

@@ -195,6 +195,36 @@ def test_compare_names_one_winner_across_engines(tmp_path):
     assert "Fastest at certified parity, c=1: smollm2-a** — 1.50×" in text.split("### Across engines")[0]
 
 
+def test_compare_leaves_superseded_variants_out_of_its_tables(tmp_path):
+    """A superseded variant gets no row and is never the winner, but still serves as the parent speed of a row that
+    names it; a line counts what was left out. main reads SUPERSEDED_BY from the config.env files."""
+    exp = tmp_path / "experiments"
+    recs = {"smollm2-bf16": make_record("smollm2-bf16", 1.0, ladder="L"),
+            "smollm2-old": make_record("smollm2-bf16", 3.0, ladder="L"),
+            "smollm2-old-child": make_record("smollm2-bf16", 1.5, ladder="L")}
+    for name, rec in recs.items():
+        if name != "smollm2-bf16":
+            rec["variant"] = name
+            rec["config"]["PARENT"] = "smollm2-old" if name == "smollm2-old-child" else "smollm2-bf16"
+        records.write_record(rec, exp / name, "latency")
+    passed = compare.Judged("pass", [Criterion("GATE_GREEDY_IDENTITY", 0, "max", value=0, status="pass")])
+    judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-old": passed, "smollm2-old-child": passed}
+    text, rows = compare.build_report(records.all_records("latency", exp), judged, {"smollm2-old": "smollm2-new"})
+    assert not any(line.startswith("| smollm2-old |") for line in text.splitlines())
+    assert [r["variant"] for r in rows] == ["smollm2-bf16", "smollm2-old-child"]
+    child = next(line for line in text.splitlines() if line.startswith("| smollm2-old-child"))
+    assert "| 0.50 |" in child and "| 1.50 |" in child  # × its superseded parent, × BF16
+    assert "c=1: smollm2-old-child**" in text
+    assert "1 superseded variant(s) left out of these tables" in text and "smollm2-old (by smollm2-new)" in text
+    for name, extra in (("smollm2-bf16", ""), ("smollm2-new", "PARENT=smollm2-bf16\n"),
+                        ("smollm2-old", "PARENT=smollm2-bf16\n# replaced\nSUPERSEDED_BY=smollm2-new\n")):
+        (exp / name).mkdir(exist_ok=True)
+        (exp / name / "config.env").write_text(f"MODEL=weights/x\nBASE=smollm2\n{extra}")
+    assert compare.superseded(exp) == {"smollm2-old": "smollm2-new"}
+    (exp / "smollm2-old" / "config.env").write_text("MODEL=weights/x\nBASE=smollm2\nSUPERSEDED_BY=smollm2-gone\n")
+    assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out")]) == 2
+
+
 FULL_DISK = """
 import json, resource, sys
 from pathlib import Path
