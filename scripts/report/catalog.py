@@ -5,34 +5,36 @@
 
 Generated from each variant's config.env and its records, each record read once; nothing in it is typed by hand.
 
-Lever: what the variant adds to its PARENT, from the config.env keys whose value differs from the parent's, the first
-of LEVERS that matches (CALIBRATE_RECIPE -> quantize, PRUNE_KEEP -> vocab, SERVE_SPECULATIVE_CONFIG -> speculate,
+Lever: what the variant adds to its PARENT: the first of LEVERS matched by a config.env key it sets to another value
+than its parent does (CALIBRATE_RECIPE -> quantize, PRUNE_KEEP -> vocab, SERVE_SPECULATIVE_CONFIG -> speculate,
 GGUF_TYPE -> gguf, LORA_* -> lora, ENGINE -> engine); else `serving` where only server flags or environment differ,
-`checkpoint` where only MODEL / SOURCE do (another checkpoint of the same model), and `base` for a variant with no
-PARENT.
+`checkpoint` where MODEL / SOURCE do (another checkpoint of the same model); `base` for a variant with no PARENT (or
+none of these). A key the variant drops is its parent's lever, not its own (an INT8 + EAGLE variant speculates).
 
 Status, the first rule that applies:
   superseded by <variant>   SUPERSEDED_BY in config.env: a dead end kept as research history (the `#` line above the
                             key says why); `make compare` leaves it out of its tables.
-  needs a GPU (<why>)       what it serves exists or runs only on a GPU machine, so no CPU clone can build and measure
-                            it (GPU_RULES): SHAPE_PROXY=1 (random weights with the shapes of a model vLLM's CPU build
-                            does not serve; speed only); ENGINE=sglang (the GPU machine carries SGLang); a draft head
+  needs a GPU (<why>)       what it serves exists or runs only on a GPU machine, so a CPU clone can neither build nor
+                            measure it: SHAPE_PROXY=1 (random weights with the shapes of a model vLLM's CPU build does
+                            not serve; speed only); ENGINE=sglang (only the GPU machine carries SGLang); a draft head
                             under weights/ that no HEAD_SOURCE provides, distilled on a pinned at-scale prompt set
                             (REDISTILL_PROMPT_SHA256: its answers are generated and the head trained on a GPU lease,
                             results/spec-scale-*); or, from the records, every latency and quality record it has was
                             made on a GPU.
   reference                 no PARENT / GATE_REFERENCE: the baseline its children are judged against.
-  certified on <hardware>   every GATE_* criterion passes (`make gate`: one-sided 95% bounds), and its reference is
-                            certified too, up to BF16 (compare.chain); <hardware>: the machine(s) of the records judged.
-  fails <criteria>          a criterion's bound is beyond its limit (the gate's precedence: fails, then unmeasured,
-  unmeasured <criteria>     then inconclusive); unmeasured: a criterion has no record to judge it, or the variant sets
-  inconclusive <criteria>   no GATE_* tolerance; inconclusive never counts as a pass.
+  certified on <hardware>   every GATE_* criterion passes (`make gate`: one-sided 95% bounds), and so does its
+                            reference's gate, up to BF16 (compare.chain); <hardware>: the machine(s) of the records
+                            judged.
+  fails <criteria>          otherwise the gate's own verdict and its precedence: a criterion's bound is beyond its
+  unmeasured <criteria>     limit; else a criterion has no record to judge it; else a criterion is inconclusive
+  inconclusive <criteria>   (never a pass). A verdict its reference decides says so in parentheses.
   ungated                   it sets no GATE_* tolerance: nothing to certify (a LoRA adapter, a build step).
   error (<why>)             the gate refuses to pair its records (GateError).
 
-× BF16 c=1 / c=8: output tok/s of the variant's newest comparable latency record (fixed length, status ok) over that
-of its BF16 root's newest record on the same hardware and prompt set, exactly as `make compare` computes it; "measured
-on" names that hardware. "—" where there is no such pair (never measured, or no BF16 root measured there).
+× BF16 c=1 / c=8: output tok/s of the variant's newest comparable latency record (fixed length, status ok, not behind
+a router) over that of its BF16 root's newest record on the same hardware and prompt set, exactly as `make compare`
+computes it (compare.comparable_groups: a failed newest record on a machine leaves the variant uncompared there);
+"measured on" names that hardware. "—" where there is no such pair (never measured, or no BF16 root measured there).
 """
 
 from __future__ import annotations
@@ -48,7 +50,16 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.gate import NO_GATE
 from scripts.common.records import all_records, hardware_key
-from scripts.common.variants import ENGINE_KEYS, Variant, VariantError, head_dir, list_variants, load_variant, shorten
+from scripts.common.variants import (
+    DEFAULT_ENGINE,
+    ENGINE_KEYS,
+    Variant,
+    VariantError,
+    head_dir,
+    list_variants,
+    load_variant,
+    shorten,
+)
 from scripts.report.compare import (
     LEVELS,
     Judged,
@@ -70,7 +81,7 @@ LEVERS: dict[str, tuple[str, ...]] = {
     "lora": ("LORA_", "SERVE_LORA_MODULES", "SERVE_ENABLE_LORA"),
     "engine": ("ENGINE",),
 }
-SERVING_PREFIXES = ("ENV_", *ENGINE_KEYS.values())
+SERVING_PREFIXES = ("ENV_", *ENGINE_KEYS.values())  # server flags (SERVE_, LLAMACPP_, …) and environment
 GPU_ENGINES = ("sglang",)
 # status kind -> how the summary line counts it, in the order of the rules (module docstring)
 STATUS_KINDS = {"superseded": "superseded", "needs-gpu": "needs a GPU", "reference": "reference",
@@ -99,11 +110,12 @@ def lever(settings: dict[str, str], parent: dict[str, str] | None) -> str:
     """What the variant adds to its parent (module docstring)."""
     if parent is None:
         return "base"
-    changed = {k for k in settings if settings[k] != parent.get(k)}  # a key it drops is its parent's lever, not its own
+    mine, theirs = {"ENGINE": DEFAULT_ENGINE, **settings}, {"ENGINE": DEFAULT_ENGINE, **parent}
+    changed = {k for k in mine if mine[k] != theirs.get(k)}  # a key it drops is its parent's lever, not its own
     for name, keys in LEVERS.items():
         if any(k == key or (key.endswith("_") and k.startswith(key)) for k in changed for key in keys):
             return name
-    if any(k.startswith(("SERVE_", *SERVING_PREFIXES)) for k in changed):
+    if any(k.startswith(SERVING_PREFIXES) for k in changed):
         return "serving"
     return "checkpoint" if changed & {"MODEL", "SOURCE"} else "base"
 

@@ -115,6 +115,7 @@ def test_levers_from_what_each_variant_adds_to_its_parent(tree):
     assert catalog.lever({"MODEL": "a", "ENGINE": "llamaserver", "LLAMASERVER_SPEC_TYPE": "ngram-simple"},
                          {"MODEL": "a", "ENGINE": "llamaserver"}) == "speculate"
     assert catalog.lever({"MODEL": "a"}, None) == "base"
+    assert catalog.lever({"MODEL": "a", "ENGINE": "vllm", "SERVE_DTYPE": "float32"}, {"MODEL": "a"}) == "serving"
 
 
 def test_ratio_to_bf16_from_the_newest_comparable_record_on_the_same_hardware(tree):
