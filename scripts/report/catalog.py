@@ -49,7 +49,8 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.gate import NO_GATE
-from scripts.common.records import all_records, hardware_key
+from scripts.common.hardware import hardware_key
+from scripts.common.records import all_records
 from scripts.common.variants import (
     DEFAULT_ENGINE,
     ENGINE_KEYS,
