@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             materialize(source, args.name or default, force=args.force)
     except (DownloadError, VariantError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, VariantError) else 1  # bad input: 2
     return 0
 
 
