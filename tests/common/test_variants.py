@@ -137,8 +137,9 @@ def test_cpu_dtype_note_only_where_bf16_has_no_native_kernels():
 
 # Fuzzing the parser (hypothesis): any bytes, keys and values give a valid variant or a one-line VariantError that
 # names the file (and the line, where one line is at fault); never another exception.
-_KEYS = st.sampled_from(["MODEL", "BASE", "PARENT", "SUPERSEDED_BY", "SHAPE_PROXY", "SERVE_MAX_NUM_SEQS", "SERVE_SPECULATIVE_CONFIG",
-                         "ENV_X", "GATE_Y", "ENGINE", "SERVE_", "model", "1X", "X-Y", "UNKNOWN_KEY", ""])
+_KEYS = st.sampled_from(["MODEL", "BASE", "PARENT", "SUPERSEDED_BY", "SHAPE_PROXY", "SERVE_MAX_NUM_SEQS",
+                         "SERVE_SPECULATIVE_CONFIG", "ENV_X", "GATE_Y", "ENGINE", "SERVE_", "model", "1X", "X-Y",
+                         "UNKNOWN_KEY", ""])
 _VALUES = st.one_of(st.text(max_size=60), st.sampled_from(["weights/x", "x", "{", "[1, 2", '{"method": "ngram"}',
                                                             '{"method": "ngram", "num_speculative_tokens": true}',
                                                             "[" * 5000 + "]" * 5000, "2", "\x00", "a\rb"]),
