@@ -209,13 +209,13 @@ else
 	$(PROFILE_PY) -m scripts.measure.profile $(VARIANT) --base-url $(BASE_URL) $(PROFILE_ARGS)
 endif
 
-eval-quality: weights ## lm-eval on VARIANT, ~10% sample (EVAL_TASKS of the variant or MMLU-Pro/IFEval/GPQA; TASKS=…)
-	$(PY) -m scripts.measure.quality $(VARIANT) --profile fast $(if $(TASKS),--tasks $(TASKS))
+eval-quality: weights ## a deterministic 10% sample of BIG-bench Lite on VARIANT (the first tenth of every task, the same items each run; after make datasets; TASKS=…: those tasks instead)
+	$(PY) -m scripts.measure.quality $(VARIANT) --profile fast $(if $(TASKS),--tasks $(TASKS),--suite)
 
 eval-quality-full: weights ## the suite of record on VARIANT: BIG-bench Lite, every drawn item (after make datasets; TASKS=…: those tasks instead)
 	$(PY) -m scripts.measure.quality $(VARIANT) --profile full $(if $(TASKS),--tasks $(TASKS),--suite)
 
-eval-smoke: weights ## lm-eval on VARIANT, 5 items per task (plumbing check)
+eval-smoke: weights ## the project's plumbing tasks on VARIANT (its EVAL_TASKS), 5 items per task: a fast check that lm-eval reaches the server, not a benchmark
 	$(PY) -m scripts.measure.quality $(VARIANT) --profile smoke $(if $(TASKS),--tasks $(TASKS))
 
 eval-parity: weights ## KL divergence / top-1 agreement / perplexity of VARIANT vs its reference (BACKEND=auto|transformers|vllm|llamacpp, CORPUS=auto|cpython-docs|bigbench-held-out)

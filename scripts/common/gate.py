@@ -253,6 +253,36 @@ def suite_criterion(limit_points: float, var_rec: dict | None, ref_recs: list[di
     return c
 
 
+def judged_on(record: dict | None, criteria: list[Criterion]) -> list[Criterion]:
+    """The criteria, each marked with the hardware of the variant's record they were judged on."""
+    for c in criteria:
+        c.hardware = hardware_key(record["hardware"]) if record else None
+    return criteria
+
+
+def is_sample(record: dict) -> bool:
+    """A record of a sample of the suite (`make eval-quality`), not every drawn item (`make eval-quality-full`)."""
+    return "sample" in record["inputs"].get("suite", {})
+
+
+def suite_evidence(limit_points: float, mine: list[dict], ref_recs: list[dict], variant: str,
+                   reference: str) -> Criterion:
+    """The suite criterion from the variant's newest record of every drawn item; a sample record counts only where
+    its items decide the criterion (pass or fail), never as an inconclusive stand-in for the whole suite. The
+    reference's whole-suite record is preferred to its sample (the pairs are the items both scored)."""
+    suite_recs = [r for r in mine if has_items(r) and "suite" in r["inputs"]]
+    full = newest([r for r in suite_recs if not is_sample(r)], kind="lm-eval")
+    sample = newest([r for r in suite_recs if is_sample(r)], kind="lm-eval")
+    refs = sorted(ref_recs, key=is_sample)  # stable: newest first within whole-suite records, then samples
+    if full is not None or sample is None:
+        return judged_on(full, [suite_criterion(limit_points, full, refs, variant, reference)])[0]
+    c = judged_on(sample, [suite_criterion(limit_points, sample, refs, variant, reference)])[0]
+    c.detail = f"a {sample['inputs']['suite']['sample']['limit']:.0%} sample of the suite; " + c.detail
+    if c.status == "inconclusive":
+        c.decide = f"the sample does not decide it: `{ITEMS_COMMAND.format(v=variant)}` scores every drawn item"
+    return c
+
+
 def identity_criterion(summary: dict | None) -> Criterion:
     """Lossless speculation: every divergence from the reference's greedy ids is a teacher-forced near-tie."""
     c = Criterion(IDENTITY_KEY, 0, "max")
@@ -375,13 +405,6 @@ def check_keys(settings: dict[str, str]) -> None:
         raise GateError(f"unknown gate key(s) {', '.join(unknown)}; the gate knows {', '.join(GATE_KEYS)}")
 
 
-def judged_on(record: dict | None, criteria: list[Criterion]) -> list[Criterion]:
-    """The criteria, each marked with the hardware of the variant's record they were judged on."""
-    for c in criteria:
-        c.hardware = hardware_key(record["hardware"]) if record else None
-    return criteria
-
-
 def gate_for(variant: str, settings: dict[str, str], root: Path | None = None,
              quality: dict[str, list[dict]] | None = None) -> tuple[str | None, list[Criterion]]:
     """(reference, criteria) from the newest records; reference None means the variant is itself a reference.
@@ -399,9 +422,7 @@ def gate_for(variant: str, settings: dict[str, str], root: Path | None = None,
     parity = parity_record(mine, reference)
     out = judged_on(parity, parity_criteria(settings, parity))
     if SUITE_KEY in settings:
-        var_rec = newest([r for r in mine if has_items(r) and "suite" in r["inputs"]], kind="lm-eval")
-        out += judged_on(var_rec, [suite_criterion(float(settings[SUITE_KEY]), var_rec, records_of(reference), variant,
-                                                   reference)])
+        out.append(suite_evidence(float(settings[SUITE_KEY]), mine, records_of(reference), variant, reference))
     if TASK_KEY in settings:
         var_rec = newest([r for r in mine if has_items(r) and "suite" not in r["inputs"]], kind="lm-eval")
         out += judged_on(var_rec, task_criteria(float(settings[TASK_KEY]), var_rec, records_of(reference), variant,

@@ -289,6 +289,26 @@ def build_target(settings: dict[str, str]) -> str:
     return "calibrate"
 
 
+def lever_of(settings: dict[str, str]) -> str:
+    """The lever that makes a variant what it is, from its config.env keys (the last one applied, for a stack: a
+    speculative head on an INT8 parent is `speculate`)."""
+    if any(k in settings for k in ("SERVE_SPECULATIVE_CONFIG", "LLAMASERVER_SPEC_TYPE", "LLAMASERVER_SPEC_DRAFT_MODEL")):
+        return "speculate"
+    if settings.get("PRUNE_KEEP"):
+        return "vocab"
+    if settings.get("GGUF_TYPE"):
+        return "gguf"
+    if any(k.startswith("LORA_") for k in settings) or settings.get("SERVE_LORA_MODULES"):
+        return "lora"
+    if any(k.startswith("CALIBRATE_") for k in settings) or "SERVE_QUANTIZATION" in settings:  # or vLLM's online FP8
+        return "quantize"
+    if settings.get("ENGINE", DEFAULT_ENGINE) != DEFAULT_ENGINE:
+        return "engine"
+    if settings.get("PARENT") and any(k.startswith(("SERVE_", "ENV_")) for k in settings):
+        return "serving"
+    return "base" if not settings.get("PARENT") else "other"
+
+
 def reference_name(settings: dict[str, str]) -> str | None:
     """The variant a variant is judged against: GATE_REFERENCE, else its PARENT (None for a reference itself)."""
     return settings.get("GATE_REFERENCE") or settings.get("PARENT")

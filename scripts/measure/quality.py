@@ -1,7 +1,7 @@
 """Task scores with the real lm-evaluation-harness against a variant's running vLLM server; writes a quality record.
 
     python -m scripts.measure.quality smollm2-bf16 --profile full --suite  # `make eval-quality-full`: BIG-bench Lite
-    python -m scripts.measure.quality smollm2-bf16 --profile fast        # `make eval-quality`
+    python -m scripts.measure.quality smollm2-bf16 --profile fast --suite  # `make eval-quality`: a 10% sample of it
     python -m scripts.measure.quality smollm2-bf16 --profile smoke       # a handful of items (`make eval-smoke`)
     python -m scripts.measure.quality qwen35-4b-awq-ref --profile full --base-url http://127.0.0.1:8000
     python -m scripts.measure.quality --download-datasets                # `make datasets-hub`: cache hub task data
@@ -321,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if suite:
         record["inputs"]["suite"] = {k: v for k, v in suite.items() if k != "tasks"}
+        if limit is not None:  # lm-eval takes the first `limit` of each task's items: the same sample every run
+            record["inputs"]["suite"]["sample"] = {"limit": limit, "stratified_by": "task", "items": len(samples)}
         summary_suite = suite_summary(samples)
     record["summary"] = {"tasks": summary, **({"suite": summary_suite} if suite else {})}
     record["samples"] = samples

@@ -5,11 +5,9 @@
 
 Generated from each variant's config.env and its records, each record read once; nothing in it is typed by hand.
 
-Lever: what the variant adds to its PARENT: the first of LEVERS matched by a config.env key it sets to another value
-than its parent does (CALIBRATE_RECIPE -> quantize, PRUNE_KEEP -> vocab, SERVE_SPECULATIVE_CONFIG -> speculate,
-GGUF_TYPE -> gguf, LORA_* -> lora, ENGINE -> engine); else `serving` where only server flags or environment differ,
-`checkpoint` where MODEL / SOURCE do (another checkpoint of the same model); `base` for a variant with no PARENT (or
-none of these). A key the variant drops is its parent's lever, not its own (an INT8 + EAGLE variant speculates).
+Lever: variants.lever_of, the one rule `make compare`'s winners table uses too (the last lever applied, for a stack:
+CALIBRATE_* -> quantize, PRUNE_KEEP -> vocab, a speculative config -> speculate, GGUF_TYPE -> gguf, LORA_* -> lora,
+ENGINE other than vLLM -> engine, only SERVE_* / ENV_* -> serving, no PARENT -> base).
 
 Status, the first rule that applies:
   superseded by <variant>   SUPERSEDED_BY in config.env: a dead end kept as research history (the `#` line above the
@@ -52,11 +50,10 @@ from scripts.common.gate import NO_GATE
 from scripts.common.hardware import hardware_key
 from scripts.common.records import all_records
 from scripts.common.variants import (
-    DEFAULT_ENGINE,
-    ENGINE_KEYS,
     Variant,
     VariantError,
     head_dir,
+    lever_of,
     list_variants,
     load_variant,
     shorten,
@@ -73,16 +70,6 @@ from scripts.report.compare import (
     speedups,
 )
 
-# lever -> config.env keys (a trailing "_": a key family) that make it, in the order they are matched
-LEVERS: dict[str, tuple[str, ...]] = {
-    "quantize": ("CALIBRATE_RECIPE", "SERVE_QUANTIZATION"),
-    "vocab": ("PRUNE_KEEP",),
-    "speculate": ("SERVE_SPECULATIVE_CONFIG", "LLAMASERVER_SPEC_TYPE", "DRAFT_LAYERS"),
-    "gguf": ("GGUF_TYPE",),
-    "lora": ("LORA_", "SERVE_LORA_MODULES", "SERVE_ENABLE_LORA"),
-    "engine": ("ENGINE",),
-}
-SERVING_PREFIXES = ("ENV_", *ENGINE_KEYS.values())  # server flags (SERVE_, LLAMACPP_, …) and environment
 GPU_ENGINES = ("sglang",)
 # status kind -> how the summary line counts it, in the order of the rules (module docstring)
 STATUS_KINDS = {"superseded": "superseded", "needs-gpu": "needs a GPU", "reference": "reference",
@@ -105,20 +92,6 @@ class Entry:
     vs_bf16: dict[str, float | None] = field(default_factory=dict)  # concurrency -> ratio
     measured_on: str | None = None  # hardware key of the ratio's records
     measured_on_label: str = "—"  # its short name (short_hardware)
-
-
-def lever(settings: dict[str, str], parent: dict[str, str] | None) -> str:
-    """What the variant adds to its parent (module docstring)."""
-    if parent is None:
-        return "base"
-    mine, theirs = {"ENGINE": DEFAULT_ENGINE, **settings}, {"ENGINE": DEFAULT_ENGINE, **parent}
-    changed = {k for k in mine if mine[k] != theirs.get(k)}  # a key it drops is its parent's lever, not its own
-    for name, keys in LEVERS.items():
-        if any(k == key or (key.endswith("_") and k.startswith(key)) for k in changed for key in keys):
-            return name
-    if any(k.startswith(SERVING_PREFIXES) for k in changed):
-        return "serving"
-    return "checkpoint" if changed & {"MODEL", "SOURCE"} else "base"
 
 
 def gpu_only(variant: Variant, records: list[dict]) -> str | None:
@@ -201,8 +174,8 @@ def build_catalog(root: Path | None = None) -> list[Entry]:
         else:
             kind, words, certified = gate_status(judged[v], labels)
         hw, ratios = speeds.get(v, (None, dict.fromkeys(LEVELS)))
-        entries.append(Entry(v, s["BASE"], lever(s, settings.get(s.get("PARENT", ""))), s.get("PARENT"), kind, words,
-                             by, certified, ratios, hw, labels[hw] if hw else "—"))
+        entries.append(Entry(v, s["BASE"], lever_of(s), s.get("PARENT"), kind, words, by, certified, ratios, hw,
+                             labels[hw] if hw else "—"))
     return sorted(entries, key=lambda e: (e.base, e.variant))
 
 

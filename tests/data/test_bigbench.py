@@ -243,6 +243,23 @@ def test_suite_criterion_missing_names_the_command(tmp_path):
     assert c.status == "missing"
 
 
+def test_a_sample_record_counts_only_where_it_decides(tmp_path):
+    ref = {f"t{k}/{i}": 1.0 for k in (1, 2) for i in range(400)}
+    write(tmp_path, "ref", suite_record("ref", ref))
+    sample = suite_record("var", {i: s for i, s in ref.items() if int(i.split("/")[1]) < 40})  # the first tenth
+    sample["inputs"]["suite"]["sample"] = {"limit": 0.1, "stratified_by": "task", "items": 80}
+    write(tmp_path, "var", sample, "quality_20261125-000000.json")
+    _, (c,) = gate.gate_for("var", {"PARENT": "ref", "GATE_MAX_SUITE_DROP": "5.0"}, tmp_path)
+    # 80 paired items, none disagreeing: Agresti-Min pb = pc = 0.5/82, sd = sqrt(1/82) = 0.1104,
+    # half = 1.6449 x 0.1104 / sqrt(82) = 2.0 points: <= 5 passes (decided by the sample), <= 1 is inconclusive
+    assert c.status == "pass" and c.detail.startswith("a 10% sample of the suite; ") and "80 paired items" in c.detail
+    _, (c,) = gate.gate_for("var", {"PARENT": "ref", "GATE_MAX_SUITE_DROP": "1.0"}, tmp_path)
+    assert c.status == "inconclusive" and "make eval-quality-full VARIANT=var" in c.decide, "a sample never stands in"
+    write(tmp_path, "var", suite_record("var", ref), "quality_20261124-000000.json")  # an older record of every item
+    _, (c,) = gate.gate_for("var", {"PARENT": "ref", "GATE_MAX_SUITE_DROP": "1.0"}, tmp_path)
+    assert c.status == "pass" and "800 paired items" in c.detail, "the whole suite's record wins over a newer sample"
+
+
 # ---------------------------------------------------------------------------------------------------------- end to end
 @pytest.mark.slow
 def test_fixture_suite_end_to_end_through_lm_eval(fixture_data, embedded_server, tmp_path, monkeypatch):
