@@ -111,7 +111,7 @@ def test_compare_ratio_back_to_back_and_excludes_failed(tmp_path):
     assert "| 2.00 |" in line and "| yes |" in line and "missing: GATE_MAX_MEAN_KLD |" in line
     assert "c=1: none certified" in text and "- smollm2-fast (2.00×): missing GATE_MAX_MEAN_KLD" in text
     assert "smollm2-broken (" in text and "2 of 16 requests failed" in text
-    assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out")]) == 0
+    assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out"), "--readme", ""]) == 0
     assert list((tmp_path / "out").glob("compare_*.png"))
 
 
@@ -216,7 +216,7 @@ def test_compare_leaves_superseded_variants_out_of_its_tables(tmp_path):
         (exp / name / "config.env").write_text(f"MODEL=weights/x\nBASE=smollm2\n{extra}")
     assert compare.superseded(exp) == {"smollm2-old": "smollm2-new"}
     (exp / "smollm2-old" / "config.env").write_text("MODEL=weights/x\nBASE=smollm2\nSUPERSEDED_BY=smollm2-gone\n")
-    assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out")]) == 2
+    assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out"), "--readme", ""]) == 2
 
 
 FULL_DISK = """
