@@ -47,7 +47,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare list check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -130,18 +130,18 @@ analyze-vocab: $(STAMP) ## token frequencies, coverage curves and keep lists of 
 	  $(PY) -m scripts.levers.vocab.analyze $$v; done
 
 train-lora: $(STAMP) ## train VARIANT's LoRA adapter with PEFT (LORA_* in config.env; a multi-adapter VARIANT: every missing one)
-	$(PY) -m scripts.weights.download --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
+	$(PY) -m scripts.weights.download --parent-of $(VARIANT)
 	$(PY) -m scripts.levers.lora.train $(VARIANT)
 
 merge-lora: $(STAMP) ## merge VARIANT's LoRA adapter into its PARENT's BF16 weights -> VARIANT's MODEL
 	$(PY) -m scripts.levers.lora.merge $(VARIANT)
 
 prune-vocab: $(STAMP) ## build VARIANT's pruned output layer from its PARENT (PRUNE_KEEP in config.env; PRUNE_TAIL=1 adds the exact tail fallback)
-	$(PY) -m scripts.weights.download --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
+	$(PY) -m scripts.weights.download --parent-of $(VARIANT)
 	$(PY) -m scripts.levers.vocab.prune $(VARIANT)
 
 export-gguf: $(STAMP) $(LSTAMP) ## write VARIANT's GGUF file from its PARENT (GGUF_TYPE in config.env; llama.cpp's quantizer)
-	$(PY) -m scripts.weights.download --for-variant $(shell sed -n 's/^PARENT=//p' experiments/$(VARIANT)/config.env)
+	$(PY) -m scripts.weights.download --parent-of $(VARIANT)
 	$(PY) -m scripts.levers.gguf.export $(VARIANT)
 
 bake-cache: ## pre-bake VARIANT's compile caches into cache_import.tar.gz (MEASURE=1: + a warm start, records; IMAGE=1: inside its image)
@@ -241,8 +241,11 @@ datasets: $(STAMP) $(DSTAMP) ## BIG-bench from its PyPI sdist (pip download, SHA
 datasets-hub: $(STAMP) ## where the Hugging Face hub is reachable: cache MMLU-Pro, IFEval, GPQA-Diamond and Wikitext-2
 	$(PY) -m scripts.measure.quality --download-datasets
 
-compare: $(STAMP) ## newest records -> results/compare_<date>.md and .png (speedups vs parent and BF16)
+compare: $(STAMP) ## newest records -> results/compare_<date>.md and .png (speedups vs parent and BF16; superseded variants left out)
 	$(PY) -m scripts.report.compare
+
+list: $(STAMP) ## every variant: lever, parent, status (certified / fails / superseded / needs a GPU …), newest × BF16 (JSON=1: as JSON)
+	$(PY) -m scripts.report.catalog $(if $(JSON),--json)
 
 check: $(STAMP) ## validate every record under experiments/ and results/ against schemas/
 	$(PY) -m scripts.report.schemas

@@ -58,6 +58,7 @@ GATE_KEYS = (*PARITY_CRITERIA, SUITE_KEY, TASK_KEY, IDENTITY_KEY, TEXT_KEY, "GAT
 MAIN_METRICS = ("acc", "exact_match", "prompt_level_strict_acc", "acc_norm", "multiple_choice_grade", "exact_str_match")  # first one a task reports
 ITEMS_COMMAND = "make eval-quality-full VARIANT={v}"  # with no TASKS: the suite of record
 STATUSES = ("pass", "inconclusive", "missing", "fail")  # verdict precedence: the last present wins
+NO_GATE = "GATE_*"  # the one criterion of a variant that sets no tolerance (always missing)
 
 
 class GateError(ValueError):
@@ -76,6 +77,7 @@ class Criterion:
     detail: str = ""
     decide: str = ""  # what would decide an inconclusive / missing criterion
     beside: list[str] = field(default_factory=list)  # reported with it, not judged (the suite's per-task drops)
+    hardware: str | None = None  # hardware_key of the variant's record it was judged on (None: no record)
 
     def line(self) -> str:
         value = "—" if self.value is None else f"{self.value:.4g}"
@@ -251,6 +253,13 @@ def suite_criterion(limit_points: float, var_rec: dict | None, ref_recs: list[di
     return c
 
 
+def judged_on(record: dict | None, criteria: list[Criterion]) -> list[Criterion]:
+    """The criteria, each marked with the hardware of the variant's record they were judged on."""
+    for c in criteria:
+        c.hardware = hardware_key(record["hardware"]) if record else None
+    return criteria
+
+
 def is_sample(record: dict) -> bool:
     """A record of a sample of the suite (`make eval-quality`), not every drawn item (`make eval-quality-full`)."""
     return "sample" in record["inputs"].get("suite", {})
@@ -266,8 +275,8 @@ def suite_evidence(limit_points: float, mine: list[dict], ref_recs: list[dict], 
     sample = newest([r for r in suite_recs if is_sample(r)], kind="lm-eval")
     refs = sorted(ref_recs, key=is_sample)  # stable: newest first within whole-suite records, then samples
     if full is not None or sample is None:
-        return suite_criterion(limit_points, full, refs, variant, reference)
-    c = suite_criterion(limit_points, sample, refs, variant, reference)
+        return judged_on(full, [suite_criterion(limit_points, full, refs, variant, reference)])[0]
+    c = judged_on(sample, [suite_criterion(limit_points, sample, refs, variant, reference)])[0]
     c.detail = f"a {sample['inputs']['suite']['sample']['limit']:.0%} sample of the suite; " + c.detail
     if c.status == "inconclusive":
         c.decide = f"the sample does not decide it: `{ITEMS_COMMAND.format(v=variant)}` scores every drawn item"
@@ -396,29 +405,37 @@ def check_keys(settings: dict[str, str]) -> None:
         raise GateError(f"unknown gate key(s) {', '.join(unknown)}; the gate knows {', '.join(GATE_KEYS)}")
 
 
-def gate_for(variant: str, settings: dict[str, str], root: Path | None = None) -> tuple[str | None, list[Criterion]]:
-    """(reference, criteria) from the newest records; reference None means the variant is itself a reference."""
+def gate_for(variant: str, settings: dict[str, str], root: Path | None = None,
+             quality: dict[str, list[dict]] | None = None) -> tuple[str | None, list[Criterion]]:
+    """(reference, criteria) from the newest records; reference None means the variant is itself a reference.
+    `quality`: every variant's quality records, newest first, read once by a caller that judges many variants
+    (default: each variant's read here)."""
     check_keys(settings)
     reference = reference_name(settings)
     if not reference:
         return None, []
-    mine = quality_records(variant, root)
-    out = parity_criteria(settings, parity_record(mine, reference))
+
+    def records_of(v: str) -> list[dict]:
+        return quality.get(v, []) if quality is not None else quality_records(v, root)
+
+    mine = records_of(variant)
+    parity = parity_record(mine, reference)
+    out = judged_on(parity, parity_criteria(settings, parity))
     if SUITE_KEY in settings:
-        out.append(suite_evidence(float(settings[SUITE_KEY]), mine, quality_records(reference, root), variant,
-                                  reference))
+        out.append(suite_evidence(float(settings[SUITE_KEY]), mine, records_of(reference), variant, reference))
     if TASK_KEY in settings:
         var_rec = newest([r for r in mine if has_items(r) and "suite" not in r["inputs"]], kind="lm-eval")
-        out += task_criteria(float(settings[TASK_KEY]), var_rec, quality_records(reference, root), variant, reference)
+        out += judged_on(var_rec, task_criteria(float(settings[TASK_KEY]), var_rec, records_of(reference), variant,
+                                                reference))
     ident = newest(mine, kind="greedy-identity", reference=reference)
     if settings.get(IDENTITY_KEY) == "1":
-        out.append(identity_criterion(ident["summary"]["identity"] if ident else None))
+        out += judged_on(ident, [identity_criterion(ident["summary"]["identity"] if ident else None)])
     if TEXT_KEY in settings:
         # one answer per prompt: the same prompt's answers at other concurrencies are not independent evidence
         per_prompt = ident["summary"].get("per_concurrency", {}).get("1", ident["summary"]["identity"]) if ident else None
-        out.append(text_criterion(float(settings[TEXT_KEY]), per_prompt))
+        out += judged_on(ident, [text_criterion(float(settings[TEXT_KEY]), per_prompt)])
     if not out:
-        out = [Criterion("GATE_*", 0, "max", detail=f"{variant} sets no GATE_* tolerance")]
+        out = [Criterion(NO_GATE, 0, "max", detail=f"{variant} sets no GATE_* tolerance")]
     return reference, out
 
 

@@ -13,6 +13,7 @@ expansion, no inline comments, because JSON values may hold `#`). Settings are l
 from __future__ import annotations
 
 import ctypes.util
+import difflib
 import json
 import os
 import re
@@ -33,6 +34,8 @@ DEFAULT_ENGINE = next(iter(ENGINE_KEYS))
 KEYS: dict[str, str] = {
     "MODEL": "weights directory (relative to the repo root) or Hugging Face hub id that vLLM serves",
     "PARENT": "variant this one derives from (its speed and quality reference)",
+    "SUPERSEDED_BY": "the variant that replaced this one (a dead end kept as research history; `make list` shows it, "
+                     "`make compare` leaves it out of its main tables); a `#` line above it says why",
     "BASE": "base-model family, the first token of the variant name (smollm2, qwen35-4b)",
     "SHAPE_PROXY": "1 when MODEL holds random weights with the real shapes: speed only, never quality",
     "SOURCE": "where MODEL's weights come from: embedded | embedded:gemma3-270m | <org>/<repo> (hub) | shape-proxy:<config> | lever",
@@ -350,7 +353,7 @@ def load_variant(
     root = root or paths.EXPERIMENTS
     known = list_variants(root)
     if not _NAME_RE.match(name or "") or name not in known:
-        raise VariantError(f"unknown variant {shorten(name or '')}; valid variants: {', '.join(known) or '(none)'}")
+        raise VariantError(f"unknown variant {shorten(name or '')}; {closest(name or '', known)}")
     path = root / name / "config.env"
     settings = parse_config_env(path)
     missing = [k for k in REQUIRED if k not in settings]
@@ -358,7 +361,14 @@ def load_variant(
         raise VariantError(f"{path}: missing required key(s) {', '.join(missing)}")
     parent = settings.get("PARENT")
     if parent and parent not in known:
-        raise VariantError(f"{path}: PARENT={shorten(parent)} is not a variant; valid variants: {', '.join(known)}")
+        raise VariantError(f"{path}: PARENT={shorten(parent)} is not a variant; {closest(parent, known)}")
+    successor = settings.get("SUPERSEDED_BY")
+    if successor and (successor not in known or successor == name):
+        lineno = next(i for i, line in enumerate(path.read_bytes().decode().split("\n"), 1)  # as parse_config_env counts
+                      if line.strip().startswith("SUPERSEDED_BY"))
+        raise VariantError(f"{path}:{lineno}: SUPERSEDED_BY={shorten(successor)} "
+                           + ("names the variant itself" if successor == name else
+                              f"is not a variant; {closest(successor, known)}"))
     target = target or serving_target()
     resolved = {**PLATFORM_DEFAULTS[target], **settings}
     for key, value in (overrides or {}).items():
@@ -373,6 +383,12 @@ def load_variant(
     if resolved.get("ENV_OMP_NUM_THREADS") == "auto":
         resolved["ENV_OMP_NUM_THREADS"] = str(os.cpu_count() or 1)
     return Variant(name=name, path=path.parent, settings=settings, resolved=resolved, target=target)
+
+
+def closest(name: str, known: list[str], n: int = 3) -> str:
+    """`closest: a, b, c (make list shows all N)`: the known names most like `name`, for a one-line error."""
+    near = sorted(known, key=lambda k: -difflib.SequenceMatcher(None, name[:200], k).ratio())[:n]
+    return f"closest: {', '.join(near) or '(none)'} (make list shows all {len(known)})"
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:

@@ -807,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.variant:
             raise VariantError(f"no variant given: make {'verify-image' if args.command == 'verify' else 'build'} "
-                               f"VARIANT=<name>; valid variants: {', '.join(list_variants())}")
+                               f"VARIANT=<name> (`make list` shows all {len(list_variants())})")
         if args.command == "weights":
             return embed_weights(args.variant)
         if args.command == "contents":

@@ -15,6 +15,9 @@ variants (judged by greedy identity, no KL divergence) and shape proxies have no
 The quality section lists every variant's newest record of the suite of record (BIG-bench Lite, zero-shot) per
 hardware: the pooled score, its paired drop against the variant's gate reference with the one-sided 95% bounds, and
 each task's score (the reference's absolute score beside each variant's drop in points).
+Superseded variants (SUPERSEDED_BY in their config.env: dead ends kept as research history) get no row in the speed
+and quality tables; a line names them, and their records still serve as the parent or BF16 speed of a row that names
+them. `make list` shows every variant with its status.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from scripts.common.gate import IDENTITY_KEY, SUITE_KEY, Criterion, GateError, g
 from scripts.common.hardware import hardware_key
 from scripts.common.metrics import ratio
 from scripts.common.records import all_records, now_utc
-from scripts.common.variants import VariantError, lever_of, load_variant, reference_name
+from scripts.common.variants import VariantError, lever_of, list_variants, load_variant, reference_name
 
 MODE = "fixed"  # speed is compared at fixed output length (ignore_eos)
 LEVELS = ("1", "8")  # the concurrencies a winner is named at
@@ -63,14 +66,16 @@ class Judged:
         return [c for c in self.criteria if c.status != "pass"]
 
 
-def judge(variant: str, config: dict[str, str], root: Path | None = None) -> Judged:
-    """The gate on the variant's current config.env (its tolerances today), else on the config its record carries."""
+def judge(variant: str, config: dict[str, str], root: Path | None = None,
+          quality: dict[str, list[dict]] | None = None) -> Judged:
+    """The gate on the variant's current config.env (its tolerances today), else on the config its record carries
+    (`quality`: every variant's quality records, newest first, when the caller has read them: by_variant)."""
     with contextlib.suppress(VariantError):
         config = load_variant(variant, root=root).resolved
     if config.get("SHAPE_PROXY") == "1":
         return Judged("n/a", note="shape proxy, speed only")
     try:
-        reference, criteria = gate_for(variant, config, root)
+        reference, criteria = gate_for(variant, config, root, quality)
     except GateError as e:
         return Judged("error", note=str(e))
     return Judged("reference") if reference is None else Judged(verdict(criteria), criteria)
@@ -98,6 +103,40 @@ def chain(judged: dict[str, Judged], configs: dict[str, dict[str, str]]) -> dict
 
 def group_key(rec: dict) -> tuple[str, str]:
     return hardware_key(rec["hardware"]), rec["inputs"]["prompt_set_sha256"][:12]
+
+
+def by_variant(records: list[tuple[Path, dict]]) -> dict[str, list[dict]]:
+    """{variant: its records, newest first} from all_records (oldest first per variant)."""
+    out: dict[str, list[dict]] = {}
+    for _, r in reversed(records):
+        out.setdefault(r["variant"], []).append(r)
+    return out
+
+
+def superseded(root: Path | None = None) -> dict[str, str]:
+    """{variant: the variant that replaced it} from the SUPERSEDED_BY keys of the config.env files under root."""
+    configs = {v: load_variant(v, root=root, target="cpu").settings for v in list_variants(root)}  # checked
+    return {v: c["SUPERSEDED_BY"] for v, c in configs.items() if "SUPERSEDED_BY" in c}
+
+
+def comparable_groups(records: list[tuple[Path, dict]]) -> tuple[dict[tuple[str, str], dict[str, dict]],
+                                                                   list[tuple[str, str, str]]]:
+    """({group (hardware, prompt set): {variant: its newest latency record there}}, [(variant, hardware, why) where
+    that newest record cannot be compared]). Only records with status ok and fixed-length results compare; replicas
+    behind a router are a deployment (make plan), not the variant, and are left out."""
+    newest: dict[tuple[str, str], dict[str, dict]] = {}
+    for _, r in records:  # oldest first per variant: later ones replace earlier ones
+        if not (r.get("topology") or {}).get("router"):
+            newest.setdefault(group_key(r), {})[r["variant"]] = r
+    groups: dict[tuple[str, str], dict[str, dict]] = {}
+    excluded = []
+    for g, members in newest.items():
+        for v, r in members.items():
+            if r["status"] == "ok" and MODE in r["summary"]:
+                groups.setdefault(g, {})[v] = r
+            else:
+                excluded.append((v, g[0], r.get("failure") or f"no {MODE}-mode results"))
+    return groups, excluded
 
 
 def engine_label(rec: dict | None) -> str:
@@ -240,20 +279,13 @@ def write_readme_table(readme: Path, table: list[str]) -> bool:
     return True
 
 
-def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) -> tuple[str, list[dict]]:
-    newest: dict[tuple[str, str], dict[str, dict]] = {}  # group -> variant -> newest record there
-    for _, r in records:  # oldest first per variant: later ones replace earlier ones
-        if (r.get("topology") or {}).get("router"):  # replicas behind a router: a deployment (make plan), not the variant
-            continue
-        newest.setdefault(group_key(r), {})[r["variant"]] = r
-    groups: dict[tuple[str, str], dict[str, dict]] = {}
-    excluded = []
-    for g, members in newest.items():
-        for v, r in members.items():
-            if r["status"] == "ok" and MODE in r["summary"]:
-                groups.setdefault(g, {})[v] = r
-            else:
-                excluded.append((f"{v} ({g[0]})", r.get("failure") or f"no {MODE}-mode results"))
+def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
+                 leave_out: dict[str, str] | None = None) -> tuple[str, list[dict]]:
+    """The speed tables. `leave_out` ({variant: its successor}, the superseded): no row of their own, still a parent's or
+    BF16's speed for the rows that name them."""
+    leave_out = leave_out or {}
+    groups, not_comparable = comparable_groups(records)
+    excluded = [(f"{v} ({hw})", why) for v, hw, why in not_comparable if v not in leave_out]
     lines = [f"# Variant comparison ({now_utc():%Y-%m-%d})", "",
              f"Newest latency record per variant; mode `{MODE}` (every request generates exactly its max_tokens).",
              "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency. Gate = the parity",
@@ -271,6 +303,8 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) ->
         # vLLM's variants first, then each peer engine's in their own rows
         for v, r in sorted(members.items(), key=lambda kv: (not engine_label(kv[1]).startswith("vLLM"),
                                                           engine_label(kv[1]), kv[0])):
+            if v in leave_out:
+                continue
             parent = r["config"].get("PARENT")
             pref = members.get(parent) if parent else None
             base = baseline_of(v, members)
@@ -303,6 +337,9 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged]) ->
             lines += winner_lines(group_rows, judged, undecided=False)
     if excluded:
         lines += ["## Not comparable", ""] + [f"- {v}: {why}" for v, why in excluded] + [""]
+    if leave_out:
+        lines += [f"{len(leave_out)} superseded variant(s) left out of these tables (SUPERSEDED_BY in their config.env; "
+                  f"`make list` shows them): " + ", ".join(f"{v} (by {by})" for v, by in sorted(leave_out.items())), ""]
     return "\n".join(lines), rows
 
 
@@ -427,10 +464,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def judge_all(records: list[tuple[Path, dict]], experiments: Path) -> tuple[dict[str, Judged], dict[str, dict]]:
-    """Every variant with a latency record judged by its gate (chained up to BF16), and its newest config."""
+def judge_all(records: list[tuple[Path, dict]], experiments: Path,
+              quality: dict[str, list[dict]] | None = None) -> tuple[dict[str, Judged], dict[str, dict]]:
+    """Every variant with a latency record judged by its gate (chained up to BF16), and its newest config
+    (`quality`: every variant's quality records, newest first, when the caller has read them: by_variant)."""
     configs = {r["variant"]: r["config"] for _, r in records}  # records run oldest first: the newest config wins
-    return chain({v: judge(v, config, experiments) for v, config in configs.items()}, configs), configs
+    return chain({v: judge(v, config, experiments, quality) for v, config in configs.items()}, configs), configs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -439,8 +478,15 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"error: no latency records under {args.experiments}; run `make eval-latency` first", file=sys.stderr)
         return 1
-    judged, configs = judge_all(records, args.experiments)
-    text, rows = build_report(records, judged)
+    try:
+        gone = superseded(args.experiments)
+    except VariantError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    quality = all_records("quality", args.experiments)
+    per_variant = by_variant(quality)
+    judged, configs = judge_all(records, args.experiments, per_variant)
+    text, rows = build_report(records, judged, gone)
     table = winners_table(rows, judged, configs)
     readme = args.readme if str(args.readme) not in ("", ".") else None
     if args.check_readme:
@@ -453,8 +499,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{paths.shown(readme)}: the winners table matches the records")
         return 0
-    quality = all_records("quality", args.experiments)
-    suite_judged = {r["variant"]: judged.get(r["variant"]) or judge(r["variant"], r["config"], args.experiments)
+    quality = [(p, r) for p, r in quality if r["variant"] not in gone]
+    suite_judged = {r["variant"]: judged.get(r["variant"]) or judge(r["variant"], r["config"], args.experiments,
+                                                                    per_variant)
                     for _, r in quality if "suite" in r.get("inputs", {})}
     text += "\n" + "\n".join(suite_lines(quality, suite_judged))
     import matplotlib

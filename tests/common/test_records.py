@@ -31,6 +31,19 @@ def make_record(variant="smollm2-bf16", tput_scale=1.0, ladder=None) -> dict:
     return rec
 
 
+def write_ladder(exp, speeds: dict[str, float], parents: dict[str, str] | None = None,
+                 engines: dict[str, dict] | None = None) -> None:
+    """One ladder's latency records: smollm2-bf16 at speed 1.0 and each other variant at its speed, child of
+    smollm2-bf16 unless `parents` names another parent."""
+    for name, scale in {"smollm2-bf16": 1.0, **speeds}.items():
+        rec = make_record("smollm2-bf16", scale, ladder="L")
+        if name != "smollm2-bf16":
+            rec["variant"], rec["config"]["PARENT"] = name, (parents or {}).get(name, "smollm2-bf16")
+        if name in (engines or {}):
+            rec["engine"] = engines[name]
+        records.write_record(rec, exp / name, "latency")
+
+
 def test_atomic_writer_names_and_never_overwrites(tmp_path):
     when = records.now_utc()
     p1 = records.write_record({"a": 1}, tmp_path, "latency", when=when)
@@ -98,7 +111,7 @@ def test_compare_ratio_back_to_back_and_excludes_failed(tmp_path):
     assert "| 2.00 |" in line and "| yes |" in line and "missing: GATE_MAX_MEAN_KLD |" in line
     assert "c=1: none certified" in text and "- smollm2-fast (2.00×): missing GATE_MAX_MEAN_KLD" in text
     assert "smollm2-broken (" in text and "2 of 16 requests failed" in text
-    assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out")]) == 0
+    assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out"), "--readme", ""]) == 0
     assert list((tmp_path / "out").glob("compare_*.png"))
 
 
@@ -118,13 +131,7 @@ def test_compare_keeps_each_hardware_newest_record(tmp_path):
 def test_compare_names_the_fastest_certified_variant_per_level(tmp_path):
     """The fastest variant is inconclusive: the winner is the fastest *certified* one, with its evidence lines."""
     exp = tmp_path / "experiments"
-    recs = {"smollm2-bf16": make_record("smollm2-bf16", 1.0, ladder="L"),
-            "smollm2-a": make_record("smollm2-bf16", 1.5, ladder="L"),
-            "smollm2-b": make_record("smollm2-bf16", 3.0, ladder="L")}
-    for name, rec in recs.items():
-        if name != "smollm2-bf16":
-            rec["variant"], rec["config"]["PARENT"] = name, "smollm2-bf16"
-        records.write_record(rec, exp / name, "latency")
+    write_ladder(exp, {"smollm2-a": 1.5, "smollm2-b": 3.0})
     kld = Criterion("GATE_MAX_MEAN_KLD", 0.05, "max", value=0.02, lo=0.018, hi=0.022, status="pass")
     top1 = Criterion("GATE_MIN_TOP1", 0.9, "min", value=0.9, lo=0.89, hi=0.91, status="inconclusive",
                      decide="≈24320 tokens would decide it")
@@ -178,14 +185,8 @@ def test_compare_names_one_winner_across_engines(tmp_path):
     """Per engine, then across engines: a certified llama.cpp peer faster than every certified vLLM variant wins the
     machine's group, each measured against the same BF16 reference."""
     exp = tmp_path / "experiments"
-    recs = {"smollm2-bf16": make_record("smollm2-bf16", 1.0, ladder="L"),
-            "smollm2-a": make_record("smollm2-bf16", 1.5, ladder="L"),
-            "smollm2-gguf": make_record("smollm2-bf16", 2.0, ladder="L")}
-    recs["smollm2-gguf"]["engine"] = {"name": "llamacpp", "version": "0.3.36"}
-    for name, rec in recs.items():
-        if name != "smollm2-bf16":
-            rec["variant"], rec["config"]["PARENT"] = name, "smollm2-bf16"
-        records.write_record(rec, exp / name, "latency")
+    write_ladder(exp, {"smollm2-a": 1.5, "smollm2-gguf": 2.0},
+                 engines={"smollm2-gguf": {"name": "llamacpp", "version": "0.3.36"}})
     drop = Criterion("GATE_MAX_SUITE_DROP[bigbench_lite]", 1.0, "max", value=0.1, lo=-0.3, hi=0.5, status="pass")
     judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-a": compare.Judged("pass", [drop]),
               "smollm2-gguf": compare.Judged("pass", [drop])}
@@ -193,6 +194,29 @@ def test_compare_names_one_winner_across_engines(tmp_path):
     across = text.split("### Across engines")[1]
     assert "Fastest at certified parity, c=1: smollm2-gguf** — 2.00× smollm2-bf16" in across
     assert "Fastest at certified parity, c=1: smollm2-a** — 1.50×" in text.split("### Across engines")[0]
+
+
+def test_compare_leaves_superseded_variants_out_of_its_tables(tmp_path):
+    """A superseded variant gets no row and is never the winner, but still serves as the parent speed of a row that
+    names it; a line counts what was left out. main reads SUPERSEDED_BY from the config.env files."""
+    exp = tmp_path / "experiments"
+    write_ladder(exp, {"smollm2-old": 3.0, "smollm2-old-child": 1.5}, parents={"smollm2-old-child": "smollm2-old"})
+    passed = compare.Judged("pass", [Criterion("GATE_GREEDY_IDENTITY", 0, "max", value=0, status="pass")])
+    judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-old": passed, "smollm2-old-child": passed}
+    text, rows = compare.build_report(records.all_records("latency", exp), judged, {"smollm2-old": "smollm2-new"})
+    assert not any(line.startswith("| smollm2-old |") for line in text.splitlines())
+    assert [r["variant"] for r in rows] == ["smollm2-bf16", "smollm2-old-child"]
+    child = next(line for line in text.splitlines() if line.startswith("| smollm2-old-child"))
+    assert "| 0.50 |" in child and "| 1.50 |" in child  # × its superseded parent, × BF16
+    assert "c=1: smollm2-old-child**" in text
+    assert "1 superseded variant(s) left out of these tables" in text and "smollm2-old (by smollm2-new)" in text
+    for name, extra in (("smollm2-bf16", ""), ("smollm2-new", "PARENT=smollm2-bf16\n"),
+                        ("smollm2-old", "PARENT=smollm2-bf16\n# replaced\nSUPERSEDED_BY=smollm2-new\n")):
+        (exp / name).mkdir(exist_ok=True)
+        (exp / name / "config.env").write_text(f"MODEL=weights/x\nBASE=smollm2\n{extra}")
+    assert compare.superseded(exp) == {"smollm2-old": "smollm2-new"}
+    (exp / "smollm2-old" / "config.env").write_text("MODEL=weights/x\nBASE=smollm2\nSUPERSEDED_BY=smollm2-gone\n")
+    assert compare.main(["--experiments", str(exp), "--out-dir", str(tmp_path / "out"), "--readme", ""]) == 2
 
 
 FULL_DISK = """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -56,7 +57,10 @@ def test_comments_blank_lines_and_json_values(tmp_path):
         ("MODEL=weights/x\nBASE=x\nSERVE_COMPILATION_CONFIG={bad\n", "config.env:3: SERVE_COMPILATION_CONFIG is not valid JSON"),
         ("MODEL=weights/x\nBASE=x\nSHAPE_PROXY=yes\n", "SHAPE_PROXY must be 0 or 1"),
         ("MODEL=weights/x\n", "missing required key(s) BASE"),
-        ("MODEL=weights/x\nBASE=x\nPARENT=nope\n", "PARENT='nope' is not a variant"),
+        ("MODEL=weights/x\nBASE=x\nPARENT=nope\n", "PARENT='nope' is not a variant; closest: x (make list shows all 1)"),
+        ("MODEL=weights/x\nBASE=x\n# why\nSUPERSEDED_BY=nope\n",
+         "config.env:4: SUPERSEDED_BY='nope' is not a variant; closest: x (make list shows all 1)"),
+        ("MODEL=weights/x\nBASE=x\nSUPERSEDED_BY=x\n", "config.env:3: SUPERSEDED_BY='x' names the variant itself"),
     ],
 )
 def test_bad_config_fails_with_file_and_line(tmp_path, text, message):
@@ -67,10 +71,23 @@ def test_bad_config_fails_with_file_and_line(tmp_path, text, message):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["nope", "../smollm2-bf16", "", "Smollm2-BF16"])
-def test_bad_variant_name_lists_valid_variants(name):
-    with pytest.raises(VariantError, match=r"unknown variant .*valid variants: .*smollm2-bf16"):
+@pytest.mark.parametrize("name", ["nope", "../smollm2-bf16", "", "Smollm2-BF16", "smollm2-bf16-eagle"])
+def test_bad_variant_name_names_the_three_closest_and_make_list(name):
+    with pytest.raises(VariantError) as e:
         load_variant(name)
+    closest = re.fullmatch(r"unknown variant '.*'; closest: (\S+), (\S+), (\S+) \(make list shows all (\d+)\)", str(e.value))
+    assert closest, str(e.value)
+    assert set(closest.groups()[:3]) <= set(list_variants()) and int(closest.group(4)) == len(list_variants())
+    if name in ("../smollm2-bf16", "Smollm2-BF16"):
+        assert closest.group(1) == "smollm2-bf16"
+
+
+def test_unknown_variant_closest_names_by_similarity(tmp_path):
+    for name in ("smollm2-bf16", "smollm2-int8", "gemma3-270m-bf16", "qwen35-4b-bf16"):
+        write_variant(tmp_path, name, "MODEL=weights/x\nBASE=x\n")
+    with pytest.raises(VariantError, match=r"^unknown variant 'smollm2-int9'; closest: smollm2-int8, smollm2-bf16, "
+                                           r"\S+ \(make list shows all 4\)$"):
+        load_variant("smollm2-int9", root=tmp_path, target="cpu")
 
 
 def test_bad_override_key(tmp_path):
@@ -120,8 +137,9 @@ def test_cpu_dtype_note_only_where_bf16_has_no_native_kernels():
 
 # Fuzzing the parser (hypothesis): any bytes, keys and values give a valid variant or a one-line VariantError that
 # names the file (and the line, where one line is at fault); never another exception.
-_KEYS = st.sampled_from(["MODEL", "BASE", "PARENT", "SHAPE_PROXY", "SERVE_MAX_NUM_SEQS", "SERVE_SPECULATIVE_CONFIG",
-                         "ENV_X", "GATE_Y", "ENGINE", "SERVE_", "model", "1X", "X-Y", "UNKNOWN_KEY", ""])
+_KEYS = st.sampled_from(["MODEL", "BASE", "PARENT", "SUPERSEDED_BY", "SHAPE_PROXY", "SERVE_MAX_NUM_SEQS",
+                         "SERVE_SPECULATIVE_CONFIG", "ENV_X", "GATE_Y", "ENGINE", "SERVE_", "model", "1X", "X-Y",
+                         "UNKNOWN_KEY", ""])
 _VALUES = st.one_of(st.text(max_size=60), st.sampled_from(["weights/x", "x", "{", "[1, 2", '{"method": "ngram"}',
                                                             '{"method": "ngram", "num_speculative_tokens": true}',
                                                             "[" * 5000 + "]" * 5000, "2", "\x00", "a\rb"]),

@@ -115,8 +115,16 @@ def test_qwen35_4b_proxy_carries_the_native_mtp_layer():
     assert len(mtp) == 15
 
 
+@pytest.mark.parametrize("flag", ["--for-variant", "--parent-of"])
+def test_download_unknown_variant_is_one_line_exit_2(flag):
+    r = subprocess.run([sys.executable, "-m", "scripts.weights.download", flag, "no-such-variant"], cwd=paths.ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: unknown variant 'no-such-variant'; closest: ") and "make list shows all" in r.stderr
+
+
 @pytest.mark.parametrize("args, message", [
-    (["no-such-variant"], "unknown variant 'no-such-variant'; valid variants:"),
+    (["no-such-variant"], "unknown variant 'no-such-variant'; closest: "),
     (["smollm2-bf16", "--set", "SERVE_NO_SUCH_FLAG=1"], "vLLM has no flag --no-such-flag"),
 ])
 def test_serve_bad_input_one_line_nonzero(args, message):
