@@ -48,6 +48,14 @@ def test_short_real_run_writes_valid_record(embedded_server, tmp_path):
     assert rec["topology"] == {"router": None, "policy": None, "replicas": 1, "tensor_parallel": 1, "data_parallel": 1,
                                "gpus": 0, "shared_gpu": False}
     assert fixed["1"]["servers"][0]["requests"] == 4 and fixed["1"]["servers"][0]["url"] == embedded_server.base_url
+    # roofline accounting: SmolLM2's bytes from its headers (tied embedding read as the output layer; 30 layers x K,V x
+    # 3 KV heads x 64 x 2 B per token), no bandwidth on a CPU and therefore no ratio, never an assumed figure
+    roof = rec["roofline"]
+    assert roof["bytes"]["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 2 and roof["bytes"]["tied_embedding"]
+    assert roof["bytes"]["weights"]["total"] == rec["model"]["weight_bytes"]  # every tensor is read each step
+    assert roof["bandwidth"] is None and roof["bandwidth_note"] == "not measured: CPU record"
+    lv = fixed["1"]["roofline"]
+    assert lv["step_bytes"] > roof["bytes"]["weights"]["total"] and lv["tpot_over_roofline"] is None
 
 
 def test_open_loop_levels_and_repeats(embedded_server, tmp_path):
