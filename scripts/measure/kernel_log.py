@@ -76,13 +76,13 @@ def register() -> None:
     """vLLM general-plugin hook: wrap every compressed-tensors scheme when LAB_KERNEL_LOG=1."""
     if os.environ.get(ENV) != "1":
         return
+    # vLLM 0.26 calls general plugins unguarded: whatever fails here is logged and the server runs unchanged
     try:
-        import vllm.model_executor.layers.quantization.compressed_tensors.schemes  # noqa: F401  (defines them all)
         from vllm.model_executor.layers.quantization.compressed_tensors.schemes import CompressedTensorsScheme
-    except ImportError as e:  # another vLLM layout: say so in the log, serve unchanged
-        print(f"lab-kernel: plugin inactive ({e})", file=sys.stderr, flush=True)
-        return
-    instrument(subclasses(CompressedTensorsScheme))
+
+        instrument(subclasses(CompressedTensorsScheme))
+    except Exception as e:  # noqa: BLE001 - e.g. another vLLM layout
+        print(f"lab-kernel: plugin inactive ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
 
 
 def kernels_by_family(log_text: str) -> dict[str, list[str]]:
