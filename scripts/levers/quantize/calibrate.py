@@ -149,6 +149,9 @@ def config_groups(recipe: dict, layers: dict[str, int]) -> tuple[dict, list[str]
     if len(by_size) == 1:
         (g,) = by_size
         targets = [f"re:{MLP_TARGET.pattern}"] if recipe.get("scope", "all") == "mlp" else ["Linear"]
+        if any(n.endswith("lm_head") for n in layers) and targets == ["Linear"]:
+            # vLLM matches "Linear" by class name, and its output layer is a ParallelLMHead: name it
+            targets.append("re:.*lm_head$")
         ignore = ignore_patterns(recipe)
         w = {**weights, **({"group_size": g} if g else {})}
         return {"group_0": {"targets": targets, "weights": w, "input_activations": acts}}, ignore
@@ -244,6 +247,14 @@ def calibrate(recipe_name: str, recipe: dict, recipe_sha: str, model_dir: Path, 
     oneshot(model=model, tokenizer=tok, recipe=modifiers(recipe, groups, ignore), output_dir=None, **kwargs)
     model.save_pretrained(out, save_compressed=True)
     tok.save_pretrained(out)
+    if any(n.endswith("lm_head") for n in layers):
+        # a quantized output layer is no longer the embedding; transformers unties only the top level of a
+        # multimodal config (Qwen3.5), and vLLM reads its text_config
+        cfg = json.loads((out / "config.json").read_text())
+        for level in (cfg, cfg.get("text_config")):
+            if level is not None:
+                level["tie_word_embeddings"] = False
+        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     for extra in ("generation_config.json", "chat_template.jinja"):
         if (model_dir / extra).exists() and not (out / extra).exists():
             shutil.copy(model_dir / extra, out / extra)

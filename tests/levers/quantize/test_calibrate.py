@@ -99,3 +99,13 @@ def test_recipe_switches_lift_only_their_default_ignore_and_static_scales_need_d
     assert cal.needs_calibration_data(cal.load_recipe("awq-w4a16")[0])
     with pytest.raises(cal.CalibrateError, match="quantize_linear_attn"):
         cal.apply_overrides(w4, ["quantize_linear_atn=true"])
+
+
+def test_a_quantized_output_layer_is_named_in_a_linear_target():
+    """vLLM matches the target "Linear" by class name, and its output layer is a ParallelLMHead."""
+    w4 = cal.load_recipe("rtn-w4a16-lm")[0]
+    layers = {"model.language_model.layers.0.mlp.up_proj": 2560, "lm_head": 2560}
+    groups, ignore = cal.config_groups(w4, layers)
+    assert groups["group_0"]["targets"] == ["Linear", "re:.*lm_head$"] and "re:.*lm_head$" not in ignore
+    groups, _ = cal.config_groups(cal.load_recipe("rtn-w4a16")[0], {"model.language_model.layers.0.mlp.up_proj": 2560})
+    assert groups["group_0"]["targets"] == ["Linear"]

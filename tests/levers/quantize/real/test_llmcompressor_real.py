@@ -157,3 +157,15 @@ def test_fp8_static_sets_one_activation_scale_per_layer_from_calibration_data(ti
     assert all(t[f"{m}.input_scale"].shape in ((1,), ()) for m in mods)  # static per-tensor activation scale
     prov = json.loads((out / "PROVENANCE.json").read_text())
     assert len(prov["calibration"]["sha256"]) == 64  # the calibration corpus was used (rtn weights, static acts)
+
+
+def test_w4_output_layer_unties_every_config_level_and_names_lm_head_for_vllm(tiny_qwen35, tmp_path):
+    from scripts.common.checkpoint import read_checkpoint
+
+    out = tmp_path / "lm"
+    assert cal.main(["rtn-w4a16-lm", "--model", str(tiny_qwen35), "--out", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False and cfg["text_config"]["tie_word_embeddings"] is False
+    t = read_checkpoint(out).tensors
+    assert "lm_head.weight_packed" in t and t["model.language_model.embed_tokens.weight"].dtype == "BF16"
+    assert families(quantized_modules(out)) == GDN | ATTN | MLP | {"lm_head"}
