@@ -163,7 +163,9 @@ def level_roofline(facts: dict, bandwidth: float | None, context: float, concurr
     online quantization)."""
     step = step_bytes(facts["weights"]["total"], facts["kv_bytes_per_token"], facts["state_bytes_per_sequence"],
                       context, concurrency)
-    out = {"context_tokens": context, "step_bytes": step}
+    out = {"context_tokens": context, "concurrency": concurrency, "weight_bytes": facts["weights"]["total"],
+           "kv_bytes": concurrency * facts["kv_bytes_per_token"] * context,
+           "state_bytes": concurrency * facts["state_bytes_per_sequence"], "step_bytes": step}
     out.update(roofline(step, None if facts.get("online_quantization") else bandwidth, tpot_ms))
     return out
 

@@ -60,6 +60,8 @@ def test_online_quantization_gets_bytes_but_no_ratio():
              "online_quantization": "fp8"}
     lv = rl.level_roofline(facts, 1e6, 10, 1, 2.0)
     assert lv["step_bytes"] == 1100 and lv["tpot_over_roofline"] is None
+    lv8 = rl.level_roofline({**facts, "state_bytes_per_sequence": 5}, None, 10, 8, 2.0)
+    assert (lv8["weight_bytes"], lv8["kv_bytes"], lv8["state_bytes"], lv8["step_bytes"]) == (1000, 800, 40, 1840)
     lv = rl.level_roofline({**facts, "online_quantization": None}, 1.1e6, 10, 1, 2.0)
     assert lv["roofline_ms"] == pytest.approx(1.0) and lv["tpot_over_roofline"] == pytest.approx(2.0)
 
@@ -91,3 +93,27 @@ def test_checkpoint_bytes_from_headers(tmp_path):
 def test_cli_refuses_an_unknown_variant(capsys):
     assert rl.main(["no-such-variant"]) == 2
     assert "no-such-variant" in capsys.readouterr().err
+
+
+def test_mean_decode_context():
+    # a request decodes from its prompt to prompt + output: on average prompt + output / 2
+    assert rl.mean_decode_context([(100, 120), (300, 120)]) == (160 + 360) / 2
+    assert rl.mean_decode_context([]) is None
+
+
+def test_for_bench_on_a_cpu_names_what_it_could_not_count(tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    out = rl.for_bench(tmp_path / "m.gguf", {}, gpu=False)
+    assert out["bytes"] is None and "not a checkpoint directory" in out["bytes_note"]
+    assert out["bandwidth"] is None and out["bandwidth_note"] == "not measured: CPU record"
+    d = tmp_path / "gemma"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "gemma3_text", "num_hidden_layers": 2, "hidden_size": 8,
+                                                 "num_attention_heads": 2,
+                                                 "layer_types": ["sliding_attention", "full_attention"]}))
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"model.norm.weight": torch.zeros(8, dtype=torch.bfloat16)}, d / "model.safetensors")
+    out = rl.for_bench(d, {}, gpu=False)
+    assert out["bytes"] is None and "sliding_attention" in out["bytes_note"]
