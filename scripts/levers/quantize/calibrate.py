@@ -37,7 +37,7 @@ MLP_TARGET = re.compile(r".*mlp\.(gate|up|down)_proj$")
 
 
 RECIPE_KEYS = ("algorithm", "scope", "weights", "input_activations", "ignore", "quantize_lm_head", "quantize_linear_attn",
-               "calibration", "duo_scaling", "dampening_frac", "smoothing_strength")
+               "format", "calibration", "duo_scaling", "dampening_frac", "smoothing_strength")
 # recipe switch -> the default ignore pattern it lifts
 LIFTS = {"quantize_lm_head": "lm_head", "quantize_linear_attn": "linear_attn"}
 
@@ -146,6 +146,9 @@ def config_groups(recipe: dict, layers: dict[str, int]) -> tuple[dict, list[str]
         g = group_size_for(width, weights["group_size"], name) if weights.get("strategy") == "group" else None
         by_size.setdefault(g, []).append(name)
     acts = recipe.get("input_activations")
+    # `format`: the compressed-tensors format of every group where llm-compressor's own inference would differ
+    # (4-bit weights with FP8 activations: it stores int8 "int-quantized"; vLLM's W4A8 scheme loads "pack-quantized")
+    fmt = {"format": recipe["format"]} if recipe.get("format") else {}
     if len(by_size) == 1:
         (g,) = by_size
         targets = [f"re:{MLP_TARGET.pattern}"] if recipe.get("scope", "all") == "mlp" else ["Linear"]
@@ -154,11 +157,11 @@ def config_groups(recipe: dict, layers: dict[str, int]) -> tuple[dict, list[str]
             targets.append("re:.*lm_head$")
         ignore = ignore_patterns(recipe)
         w = {**weights, **({"group_size": g} if g else {})}
-        return {"group_0": {"targets": targets, "weights": w, "input_activations": acts}}, ignore
+        return {"group_0": {"targets": targets, "weights": w, "input_activations": acts, **fmt}}, ignore
     groups = {}
     for i, (g, names) in enumerate(sorted(by_size.items(), key=lambda kv: -(kv[0] or 0))):
         groups[f"group_{i}"] = {"targets": [f"re:^{re.escape(n)}$" for n in names],
-                                "weights": {**weights, "group_size": g}, "input_activations": acts}
+                                "weights": {**weights, "group_size": g}, "input_activations": acts, **fmt}
     return groups, []
 
 

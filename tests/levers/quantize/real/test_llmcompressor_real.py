@@ -140,6 +140,8 @@ def test_w4a8_fp8_keeps_in_proj_b_and_a_bf16(tiny_qwen35, tmp_path):
     out = tmp_path / "w4a8"
     assert cal.main(["rtn-w4a8-fp8", "--model", str(tiny_qwen35), "--out", str(out)]) == 0
     assert families(quantized_modules(out)) == (GDN - {"linear_attn.in_proj_b", "linear_attn.in_proj_a"}) | ATTN | MLP
+    assert set(quantized_modules(out).values()) == {"I32"}  # packed, as vLLM's W4A8 scheme loads them
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["format"] == "pack-quantized"
     groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
     acts = {json.dumps(g["input_activations"], sort_keys=True) for g in groups.values()}
     assert all('"dynamic": true' in a and '"type": "float"' in a for a in acts)
