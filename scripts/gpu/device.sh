@@ -13,8 +13,11 @@
 #                                               # (MEASURE=soak: the bounded soak instead, SOAK_ARGS passed on)
 #   SET="K=V ..." bash scripts/gpu/device.sh start V[+K=V...] ...   # build weights, start every server AT ONCE (each in
 #                                               # its own session: they outlive the call), wait until all are healthy
+#   [WAIT=540] bash scripts/gpu/device.sh wait  # until every started server is ready or gone (a start that outlasts its call)
 #   SET="K=V ..." [BENCH_ARGS="--prompts …"] bash scripts/gpu/device.sh measure   # bench those servers one after another (c=1,8, --base-url),
 #                                               # stop them; records + log excerpts come back as $OUT/${TAR:-results}.tar
+#                                               # (each record: the bytes a step reads, this GPU's copy bandwidth measured
+#                                               # by the bench, kernels per layer family from the server's log)
 #                                               # (ROUNDS=2: every server benched twice, in start order, for a spread;
 #                                               # KEEP=1: leave them running, e.g. for `profile`, then `stop`)
 #   SET="…" [ONLY="tag …"] bash scripts/gpu/device.sh profile   # decode-step profiles of running servers (below)
@@ -97,6 +100,22 @@ embedded_gguf() {
   export LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
 }
 gone() { ! kill -0 "$1" 2>/dev/null; }
+# until every server `start` left is ready or gone (at most WAIT s from $1), then each one's state: a server that
+# is not ready shows its last lines and errors (a kernel that refuses a layer says so here)
+wait_servers() {
+  while :; do
+    left=0; while read -r tag v port pid extra; do ready $tag || gone $pid || left=$((left + 1)); done < $RUN/servers
+    [ $left = 0 ] && break
+    [ $(( $(date +%s) - $1 )) -gt ${WAIT:-540} ] && { echo "still starting: $left"; break; }
+    sleep 5
+  done
+  while read -r tag v port pid extra; do
+    if ready $tag; then echo "$tag: $(grep '^ready:' $RUN/$tag.serve)"
+    elif gone $pid; then echo "$tag: GONE"; tail -3 $RUN/$tag.serve; grep -E "Error|error" $RUN/$tag.log | tail -5
+    else echo "$tag: still starting"; fi
+  done < $RUN/servers
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+}
 stop_servers() {  # every server `start` left running: TERM, wait up to 60 s, retire the list
   while read -r tag v port pid extra; do kill -TERM $pid 2>/dev/null; done < $RUN/servers
   for _ in $(seq 60); do alive=0; while read -r tag v port pid extra; do gone $pid || alive=1; done < $RUN/servers
@@ -190,18 +209,9 @@ PY
       echo "$tag $v $port $(cat $RUN/$tag.pid) ${extra:--}" >> $RUN/servers
       echo "started $tag on :$port (pid $(cat $RUN/$tag.pid)) at $(date +%T)"
     done
-    while :; do
-      left=0; while read -r tag v port pid extra; do ready $tag || gone $pid || left=$((left + 1)); done < $RUN/servers
-      [ $left = 0 ] && break
-      [ $(( $(date +%s) - t0 )) -gt ${WAIT:-540} ] && { echo "still starting: $left"; break; }
-      sleep 5
-    done
-    while read -r tag v port pid extra; do
-      if ready $tag; then echo "$tag: $(grep '^ready:' $RUN/$tag.serve)"
-      else echo "$tag: NOT READY"; tail -5 $RUN/$tag.serve; grep -E "Error|error" $RUN/$tag.log | tail -5; fi
-    done < $RUN/servers
-    nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
-    echo "start $(( $(date +%s) - t0 )) s" ;;
+    wait_servers $t0; echo "start $(( $(date +%s) - t0 )) s" ;;
+  wait)
+    t0=$(date +%s); wait_servers $t0; echo "waited $(( $(date +%s) - t0 )) s" ;;
   measure)
     export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
     res=$RUN/res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
@@ -219,7 +229,8 @@ PY
           --concurrency 8 --modes fixed --limit 8 --max-tokens-cap 32 "${vs[@]}" "${xs[@]}" --out-dir $RUN/prewarm/$tag \
           < /dev/null | grep -E "^fixed|error"
         timeout ${BENCH_LIMIT:-240} python3 -m scripts.measure.latency "$v" --base-url http://127.0.0.1:$port \
-          --concurrency 1,8 --modes fixed ${BENCH_ARGS:-} "${vs[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null || echo "bench $tag failed ($?)"
+          --concurrency 1,8 --modes fixed --server-log $RUN/$tag.log ${BENCH_ARGS:-} "${vs[@]}" "${xs[@]}" \
+          --out-dir $res/$tag < /dev/null || echo "bench $tag failed ($?)"
       else
         echo "== $tag never became healthy"
       fi

@@ -44,7 +44,9 @@ from scripts.common.metrics import summarize
 from scripts.common.records import envelope, now_utc, read_counters, reset_counters, save_record
 from scripts.common.server import Server, ServerError, group_rss_mib, http_post, is_healthy, stays_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
+from scripts.measure.kernel_log import kernels_by_family
 from scripts.measure.prom import scrape, server_counters
+from scripts.measure.roofline import for_bench, level_roofline, mean_decode_context
 from scripts.serve.launch import variant_server
 from scripts.serve.replicas import ReplicaError, parallel_size, parallelism, read_topology
 
@@ -115,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reset-prefix-cache", action="store_true", help="empty every server's prefix cache before each "
                    "level (POST /reset_prefix_cache: servers started with VLLM_SERVER_DEV_MODE=1), so no level reuses "
                    "what an earlier one cached")
+    p.add_argument("--server-log", type=Path, help="with --base-url: the running server's log, for the kernels vLLM "
+                   "chose (per layer family where the project's kernel_log plugin wrote them)")
     p.add_argument("--topology", type=Path, help="measure the replicas `make serve-replicas` runs (its topology "
                    "file, .cache/replicas/<variant>.json): requests to the router, /metrics of every replica")
     return p
@@ -189,7 +193,11 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
     gpus = record["topology"]["gpus"]
     record["startup_s"] = server.startup_s if server else None
     record["model"] = model_facts(variant)
-    record["kernels"] = kernels_from_log(server.log_path if server else None)
+    log = server.log_path if server else args.server_log
+    record["kernels"] = kernels_from_log(log)
+    record["kernels_by_family"] = kernels_by_family(log.read_text(errors="replace")) if log and log.exists() else None
+    # the bytes a decode step reads and this device's copy bandwidth, measured now (GPU), before any level runs
+    record["roofline"] = for_bench(Path(variant.model), variant.resolved, bool(record["hardware"].get("gpu")))
     record["engine_cores"] = engine_cores(server, bool(record["hardware"].get("gpu")))
     health = engine_of(variant).health_path
     fixed = fixed_body_for(variant)
@@ -216,6 +224,10 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
             before = [scrape(u) for u in urls]
             samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap, fixed)
             summary = level_summary(samples, duration, urls, before, gpus)
+            if facts := record["roofline"]["bytes"]:
+                bw = (record["roofline"]["bandwidth"] or {}).get("bytes_per_s")
+                ctx = mean_decode_context([(s.prompt_tokens, s.output_tokens) for s in samples if s.ok])
+                summary["roofline"] = level_roofline(facts, bw, ctx, c, summary.get("median_tpot_ms")) if ctx else None
             record["samples"].append({"mode": mode, "concurrency": c, "requests": [s.to_json() for s in samples]})
             record["summary"].setdefault(mode, {})[str(c)] = summary
             print(f"{mode:7s} c={c:<3d} ok {summary['completed']}/{len(samples)}  out {summary['output_throughput'] or 0:7.1f} tok/s"

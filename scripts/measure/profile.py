@@ -52,6 +52,7 @@ from scripts.common.loadgen import PromptSetError, load_prompts, openai_client, 
 from scripts.common.records import envelope, save_record
 from scripts.common.server import ServerError, http_get, http_post
 from scripts.common.variants import VariantError, load_variant, parse_overrides
+from scripts.measure.roofline import DTYPE_BYTES
 
 KIND = "profile"
 DEFAULT_CONCURRENCY = "1,8"
@@ -87,8 +88,6 @@ PACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gat
           "up_proj": "gate_up_proj", "in_proj_qkv": "in_proj_qkvz", "in_proj_z": "in_proj_qkvz",
           "in_proj_b": "in_proj_ba", "in_proj_a": "in_proj_ba"}
 LAYER_KINDS = ("linear_attn", "self_attn", "mlp")
-DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1,
-               "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
 TORCH_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.([a-z_]+)\.(.+)$")
 _STEP_ANNOTATION = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)\(")

@@ -168,6 +168,14 @@ def speedups(rec: dict, ref: dict | None) -> dict[str, float | None]:
     return {c: ratio(throughput(rec, c), throughput(ref, c)) for c in rec["summary"].get(MODE, {})}
 
 
+def roofline_pct(rec: dict, level) -> float | None:
+    """The step's roofline time as a % of its TPOT p50 (100 %: every step as fast as its bytes at the copy bandwidth
+    measured in the same run); None where the record has no bandwidth measurement (never an assumed one)."""
+    lv = (rec.get("summary", {}).get(MODE, {}).get(str(level)) or {}).get("roofline") or {}
+    x = lv.get("tpot_over_roofline")
+    return 100 / x if x else None
+
+
 def fmt(x: float | None, spec: str = ".2f") -> str:
     return "—" if x is None else format(x, spec)
 
@@ -290,15 +298,20 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
              f"Newest latency record per variant; mode `{MODE}` (every request generates exactly its max_tokens).",
              "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency. Gate = the parity",
              "gate's verdict from the variant's quality records (`make gate VARIANT=…`: one-sided 95% bounds; only",
-             "`pass` is certified, `inconclusive` and `missing` never count as a pass).", ""]
+             "`pass` is certified, `inconclusive` and `missing` never count as a pass). % of roofline (GPU tables) =",
+             "the time a decode step's bytes take at the copy bandwidth measured in the same run ÷ TPOT p50; — where",
+             "the record has no bandwidth measurement.", ""]
     rows = []
     for (hw, prompts), members in sorted(groups.items()):
         levels = sorted({int(c) for r in members.values() for c in r["summary"][MODE]})
+        gpu = any(r["hardware"].get("gpu") for r in members.values())
+        roof = LEVELS if gpu else ()  # GPU tables: TPOT against the bytes-over-bandwidth bound of the same run
         lines += [f"## {hw} — prompt set {prompts}", "",
                   "| variant | engine | parent | weights MiB | KV tokens | " + " | ".join(f"tok/s c={c}" for c in levels)
                   + " | " + " | ".join(f"× parent c={c}" for c in levels)
-                  + " | " + " | ".join(f"× BF16 c={c}" for c in LEVELS) + " | back-to-back | gate |",
-                  "|" + " --- |" * (5 + 2 * len(levels) + len(LEVELS) + 2)]
+                  + " | " + " | ".join(f"× BF16 c={c}" for c in LEVELS)
+                  + "".join(f" | % of roofline c={c}" for c in roof) + " | back-to-back | gate |",
+                  "|" + " --- |" * (5 + 2 * len(levels) + len(LEVELS) + len(roof) + 2)]
         group_rows = []
         # vLLM's variants first, then each peer engine's in their own rows
         for v, r in sorted(members.items(), key=lambda kv: (not engine_label(kv[1]).startswith("vLLM"),
@@ -321,8 +334,10 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                          f"{fmt(wb / 2**20 if wb else None, '.0f')} | {kv or '—'} | "
                          + " | ".join(fmt(t, '.1f') for t in tput) + " | "
                          + " | ".join(fmt(vs_parent.get(str(c))) for c in levels) + " | "
-                         + " | ".join(fmt(vs_base.get(c)) for c in LEVELS) + f" | {b2b} | {judged[v].short()} |")
-            row = {"group": (hw, prompts), "prompt_set": r["inputs"].get("prompt_set", prompts), "variant": v, "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
+                         + " | ".join(fmt(vs_base.get(c)) for c in LEVELS)
+                         + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof) + f" | {b2b} | {judged[v].short()} |")
+            row = {"group": (hw, prompts), "prompt_set": r["inputs"].get("prompt_set", prompts), "variant": v,
+                   "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
                    "base": base, "b2b": b2b,
                    "tput": {c: throughput(r, c) for c in LEVELS}, "base_tput": {c: throughput(bref, c) for c in LEVELS}}
             rows.append(row)

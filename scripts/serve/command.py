@@ -30,7 +30,7 @@ from scripts.common.engines import Engine, EngineError, python_of, vllm_version
 from scripts.common.variants import Serving, VariantError
 from scripts.serve.guard import PUBLIC_METRICS_ENV
 
-FlagTable = dict[str, str]  # "--max-num-seqs" -> "value" | "switch" | "multi"
+FlagTable = dict[str, str]  # "--max-num-seqs" -> "value" | "switch" | "multi" | "choice:a,b,…" (argparse choices)
 
 CACHE = paths.CACHE
 DEFAULT_HOST = "127.0.0.1"
@@ -38,7 +38,7 @@ DEFAULT_PORT = 8000
 
 
 def vllm_flag_table() -> FlagTable:
-    cache = CACHE / f"vllm-serve-flags-{vllm_version()}.json"
+    cache = CACHE / f"vllm-serve-flags-v2-{vllm_version()}.json"  # v2: choices kept
     if cache.exists():
         return json.loads(cache.read_text())
     try:  # the module moved between vLLM releases
@@ -53,6 +53,8 @@ def vllm_flag_table() -> FlagTable:
     table: FlagTable = {}
     for action in make_arg_parser(FlexibleArgumentParser())._actions:
         kind = "switch" if action.nargs == 0 else "multi" if action.nargs in ("+", "*") else "value"
+        if kind == "value" and action.choices and all(isinstance(c, str) for c in action.choices):
+            kind = "choice:" + ",".join(action.choices)
         for opt in action.option_strings:
             if opt.startswith("--"):
                 table[opt] = kind
@@ -99,6 +101,11 @@ def serve_flags(serving: Serving, table: FlagTable) -> list[str]:
         elif kind == "multi":
             argv += [flag, *value.split()]
         else:  # a value starting with ./ names a file of this repository (e.g. SERVE_CHAT_TEMPLATE)
+            choices = kind.removeprefix("choice:").split(",") if kind.startswith("choice:") else None
+            # vLLM normalizes some of these before checking (--linear-backend: lower case, '-' -> '_')
+            if choices and value not in choices and value.lower().replace("-", "_") not in choices:
+                raise VariantError(f"{serving.where}: {key}={value}: vLLM's {flag} takes one of "
+                                   f"{', '.join(choices)}")
             argv += [flag, paths.resolve_model(value) if value.startswith("./") else value]
     return argv
 

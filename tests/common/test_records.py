@@ -259,3 +259,49 @@ def test_copied_tree_names_its_commit_in_full(monkeypatch):
     monkeypatch.setenv("LAB_GIT_COMMIT", "3ec047f5")
     with pytest.raises(ValueError, match="LAB_GIT_COMMIT='3ec047f5': give the full 40-character commit SHA"):
         git_state()
+
+
+def with_roofline(rec: dict, bandwidth: float | None, tpot_over: float | None) -> dict:
+    """A GPU record carrying the roofline fields latency.py writes (bandwidth None: not measured, and why)."""
+    rec["hardware"]["gpu"] = {"name": "NVIDIA H200", "memory": "143771 MiB", "driver": "1", "count": 1}
+    rec["roofline"] = {"bytes": {"weights": {"by_dtype": {"BF16": 8_000_000_000}, "total": 8_000_000_000, "skipped": {}},
+                                 "kv_bytes_per_token": 32768, "state_bytes_per_sequence": 26345472},
+                       "bytes_note": None,
+                       "bandwidth": {"bytes_per_s": bandwidth, "method": "copy", "device": "NVIDIA H200"} if bandwidth
+                       else None,
+                       "bandwidth_note": None if bandwidth else "not measured: no CUDA device"}
+    rec["summary"]["fixed"]["1"]["roofline"] = {"context_tokens": 400.0, "step_bytes": 8.04e9,
+                                                "roofline_ms": 2.0 if bandwidth else None,
+                                                "tpot_over_roofline": tpot_over}
+    return rec
+
+
+def test_roofline_fields_in_schema_and_a_missing_bandwidth_must_say_why(tmp_path):
+    good = records.write_record(with_roofline(make_record(), 4.0e12, 2.5), tmp_path, "latency")
+    assert check_schemas.check_file(good) == []
+    unmeasured = records.write_record(with_roofline(make_record(), None, None), tmp_path, "latency")
+    assert check_schemas.check_file(unmeasured) == []
+    silent = with_roofline(make_record(), None, None)
+    silent["roofline"]["bandwidth_note"] = None
+    errors = check_schemas.check_file(records.write_record(silent, tmp_path, "latency"))
+    assert errors and "roofline/bandwidth_note" in " ".join(errors), errors
+
+
+def test_compare_gpu_table_shows_percent_of_roofline_and_a_dash_without_bandwidth(tmp_path):
+    exp = tmp_path / "experiments"
+    base = with_roofline(make_record("smollm2-bf16", 1.0), 4.0e12, 2.5)   # roofline / TPOT = 40 %
+    fast = with_roofline(make_record("smollm2-bf16", 2.0), None, None)
+    fast["variant"], fast["config"]["PARENT"] = "smollm2-fast", "smollm2-bf16"
+    for rec in (base, fast):
+        records.write_record(rec, exp / rec["variant"], "latency")
+    text, _ = compare.build_report(records.all_records("latency", exp),
+                                   {"smollm2-bf16": compare.Judged("reference"), "smollm2-fast": compare.Judged("n/a")})
+    header = next(x for x in text.splitlines() if x.startswith("| variant"))
+    assert "| % of roofline c=1 | % of roofline c=8 |" in header
+    cells = lambda v: next(x for x in text.splitlines() if x.startswith(f"| {v} ")).split(" | ")  # noqa: E731
+    i = header.split(" | ").index("% of roofline c=1")
+    assert cells("smollm2-bf16")[i] == "40" and cells("smollm2-fast")[i] == "—"
+    cpu = make_record("smollm2-bf16", 1.0)   # a CPU table has no such column
+    records.write_record(cpu, tmp_path / "cpu" / "smollm2-bf16", "latency")
+    text, _ = compare.build_report(records.all_records("latency", tmp_path / "cpu"), {"smollm2-bf16": compare.Judged("reference")})
+    assert "roofline" not in next(x for x in text.splitlines() if x.startswith("| variant"))

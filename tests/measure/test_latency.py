@@ -31,7 +31,7 @@ def test_bad_concurrency():
 
 
 @pytest.mark.slow
-def test_short_real_run_writes_valid_record(embedded_server, tmp_path):
+def test_short_real_run_writes_valid_record(embedded_server, embedded_weights, tmp_path):
     code = bench_latency.main(["smollm2-bf16", "--base-url", embedded_server.base_url, "--limit", "4",
                                "--concurrency", "1,2", "--modes", "fixed,natural", "--max-tokens-cap", "8",
                                "--out-dir", str(tmp_path)])
@@ -48,6 +48,17 @@ def test_short_real_run_writes_valid_record(embedded_server, tmp_path):
     assert rec["topology"] == {"router": None, "policy": None, "replicas": 1, "tensor_parallel": 1, "data_parallel": 1,
                                "gpus": 0, "shared_gpu": False}
     assert fixed["1"]["servers"][0]["requests"] == 4 and fixed["1"]["servers"][0]["url"] == embedded_server.base_url
+    # roofline accounting: SmolLM2's bytes from its headers (tied embedding read as the output layer; 30 layers x K,V x
+    # 3 KV heads x 64 x 2 B per token), no bandwidth on a CPU and therefore no ratio, never an assumed figure
+    roof = rec["roofline"]
+    assert roof["bytes"]["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 2 and roof["bytes"]["tied_embedding"]
+    from scripts.common.checkpoint import read_checkpoint
+
+    # every tensor is read each step, all BF16: 2 B per parameter (the files also hold their headers)
+    assert roof["bytes"]["weights"]["by_dtype"] == {"BF16": 2 * read_checkpoint(embedded_weights).num_params}
+    assert roof["bandwidth"] is None and roof["bandwidth_note"] == "not measured: CPU record"
+    lv = fixed["1"]["roofline"]
+    assert lv["step_bytes"] > roof["bytes"]["weights"]["total"] and lv["tpot_over_roofline"] is None
 
 
 def test_open_loop_levels_and_repeats(embedded_server, tmp_path):

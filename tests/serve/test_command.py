@@ -13,6 +13,7 @@ TABLE = {
     "--max-num-seqs": "value", "--enforce-eager": "switch", "--no-enforce-eager": "switch",
     "--enable-prefix-caching": "switch", "--no-enable-prefix-caching": "switch", "--trust-remote-code": "switch",
     "--cudagraph-capture-sizes": "multi", "--speculative-config": "value", "--served-model-name": "multi",
+    "--linear-backend": "choice:auto,cutlass,marlin,triton,machete",
 }
 
 
@@ -40,6 +41,14 @@ def test_unknown_flag_is_refused_with_similar_flags():
 def test_switch_needs_0_or_1():
     with pytest.raises(VariantError, match="SERVE_ENFORCE_EAGER is a switch: use 1 or 0"):
         serve_flags(variant(SERVE_ENFORCE_EAGER="true").serving(), TABLE)
+
+
+def test_a_choice_flag_takes_only_vllms_choices():
+    assert serve_flags(variant(SERVE_LINEAR_BACKEND="marlin"), TABLE) == ["--linear-backend", "marlin"]
+    assert serve_flags(variant(SERVE_LINEAR_BACKEND="Machete"), TABLE) == ["--linear-backend", "Machete"]  # vLLM lowers it
+    with pytest.raises(VariantError, match=r"SERVE_LINEAR_BACKEND=marlinn: vLLM's --linear-backend takes one of "
+                                           r"auto, cutlass, marlin, triton, machete$"):
+        serve_flags(variant(SERVE_LINEAR_BACKEND="marlinn"), TABLE)
 
 
 def test_full_command_binds_localhost_names_model_and_keeps_the_key_out_of_argv():

@@ -5,7 +5,9 @@
 
 Runs in .venv-quant (llm-compressor 0.14 pins compressed-tensors 0.19; vLLM pins 0.17). Recipes are data
 (scripts/levers/quantize/recipes/<name>.yaml): algorithm (rtn | awq | gptq | smoothquant-gptq), weight/activation scheme, scope
-(all linear layers or MLP only), ignore list and calibration size. Group sizes are chosen per layer: the largest
+(all linear layers or MLP only), ignore list and calibration size; `quantize_lm_head` and `quantize_linear_attn` lift
+the matching default ignore (below). Calibration data is used by awq / gptq / smoothquant and by any recipe with
+static (non-dynamic) activation scales, whose observers need activations to set them. Group sizes are chosen per layer: the largest
 power of two <= the recipe's group size that divides the layer's input width (SmolLM2's 576-wide layers get 64).
 Model-aware ignores: lm_head (unless the recipe quantizes it), routers, and for Qwen3.5 the vision tower, MTP layers
 and Gated-DeltaNet projections. Output goes to a temp dir, is verified (no tensor of the source dropped), then renamed.
@@ -34,8 +36,10 @@ DEFAULT_IGNORE = ["re:.*lm_head$", "re:.*mlp\\.gate$", "re:.*shared_expert_gate$
 MLP_TARGET = re.compile(r".*mlp\.(gate|up|down)_proj$")
 
 
-RECIPE_KEYS = ("algorithm", "scope", "weights", "input_activations", "ignore", "quantize_lm_head", "calibration",
-               "duo_scaling", "dampening_frac", "smoothing_strength")
+RECIPE_KEYS = ("algorithm", "scope", "weights", "input_activations", "ignore", "quantize_lm_head", "quantize_linear_attn",
+               "format", "calibration", "duo_scaling", "dampening_frac", "smoothing_strength")
+# recipe switch -> the default ignore pattern it lifts
+LIFTS = {"quantize_lm_head": "lm_head", "quantize_linear_attn": "linear_attn"}
 
 
 class CalibrateError(ValueError):
@@ -93,12 +97,23 @@ def disable_pin_memory_without_cuda() -> None:
     IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None
 
 
+def ignore_patterns(recipe: dict) -> list[str]:
+    """The default ignores (less those the recipe's quantize_* switches lift) and the recipe's own."""
+    lifted = [word for key, word in LIFTS.items() if recipe.get(key)]
+    return [p for p in DEFAULT_IGNORE if not any(w in p for w in lifted)] + recipe.get("ignore", [])
+
+
+def needs_calibration_data(recipe: dict) -> bool:
+    """awq / gptq / smoothquant fit on activations; so do static activation scales (observers), even with rtn weights."""
+    acts = recipe.get("input_activations") or {}
+    return recipe["algorithm"] != "rtn" or (bool(acts) and not acts.get("dynamic", False))
+
+
 def linear_layers(model, recipe: dict) -> dict[str, int]:
     """Targeted Linear layers → input width, after scope and ignore rules."""
     import torch
 
-    ignore = [re.compile(p[3:]) for p in DEFAULT_IGNORE + recipe.get("ignore", [])
-              if not (recipe.get("quantize_lm_head") and "lm_head" in p)]
+    ignore = [re.compile(p[3:]) for p in ignore_patterns(recipe)]
     out = {}
     for name, mod in model.named_modules():
         if not isinstance(mod, torch.nn.Linear):
@@ -131,17 +146,22 @@ def config_groups(recipe: dict, layers: dict[str, int]) -> tuple[dict, list[str]
         g = group_size_for(width, weights["group_size"], name) if weights.get("strategy") == "group" else None
         by_size.setdefault(g, []).append(name)
     acts = recipe.get("input_activations")
+    # `format`: the compressed-tensors format of every group where llm-compressor's own inference would differ
+    # (4-bit weights with FP8 activations: it stores int8 "int-quantized"; vLLM's W4A8 scheme loads "pack-quantized")
+    fmt = {"format": recipe["format"]} if recipe.get("format") else {}
     if len(by_size) == 1:
         (g,) = by_size
         targets = [f"re:{MLP_TARGET.pattern}"] if recipe.get("scope", "all") == "mlp" else ["Linear"]
-        ignore = [p for p in DEFAULT_IGNORE + recipe.get("ignore", [])
-                  if not (recipe.get("quantize_lm_head") and "lm_head" in p)]
+        if any(n.endswith("lm_head") for n in layers) and targets == ["Linear"]:
+            # vLLM matches "Linear" by class name, and its output layer is a ParallelLMHead: name it
+            targets.append("re:.*lm_head$")
+        ignore = ignore_patterns(recipe)
         w = {**weights, **({"group_size": g} if g else {})}
-        return {"group_0": {"targets": targets, "weights": w, "input_activations": acts}}, ignore
+        return {"group_0": {"targets": targets, "weights": w, "input_activations": acts, **fmt}}, ignore
     groups = {}
     for i, (g, names) in enumerate(sorted(by_size.items(), key=lambda kv: -(kv[0] or 0))):
         groups[f"group_{i}"] = {"targets": [f"re:^{re.escape(n)}$" for n in names],
-                                "weights": {**weights, "group_size": g}, "input_activations": acts}
+                                "weights": {**weights, "group_size": g}, "input_activations": acts, **fmt}
     return groups, []
 
 
@@ -223,13 +243,21 @@ def calibrate(recipe_name: str, recipe: dict, recipe_sha: str, model_dir: Path, 
     length = seq_len or cal.get("seq_len", 512)
     kwargs: dict = {}
     corpus_info = None
-    if recipe["algorithm"] != "rtn":
+    if needs_calibration_data(recipe):
         ds, corpus_info = build_samples(tok, n, length, seed=cal.get("seed", 0))
         kwargs = {"dataset": ds, "num_calibration_samples": n, "max_seq_length": length}
     t0 = time.monotonic()
     oneshot(model=model, tokenizer=tok, recipe=modifiers(recipe, groups, ignore), output_dir=None, **kwargs)
     model.save_pretrained(out, save_compressed=True)
     tok.save_pretrained(out)
+    if any(n.endswith("lm_head") for n in layers):
+        # a quantized output layer is no longer the embedding; transformers unties only the top level of a
+        # multimodal config (Qwen3.5), and vLLM reads its text_config
+        cfg = json.loads((out / "config.json").read_text())
+        for level in (cfg, cfg.get("text_config")):
+            if level is not None:
+                level["tie_word_embeddings"] = False
+        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     for extra in ("generation_config.json", "chat_template.jinja"):
         if (model_dir / extra).exists() and not (out / extra).exists():
             shutil.copy(model_dir / extra, out / extra)

@@ -84,3 +84,28 @@ def test_bad_set_is_refused_with_one_line(item, message):
 def test_bad_set_fails_before_any_work(embedded_weights, tmp_path, capsys):
     assert cal.main(["awq-w4a16", "--model", str(embedded_weights), "--out", str(tmp_path / "o"), "--set", "bogus=1"]) == 1
     assert "bogus=1" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_recipe_switches_lift_only_their_default_ignore_and_static_scales_need_data():
+    w4 = cal.load_recipe("rtn-w4a16")[0]
+    assert "re:.*linear_attn.*" not in cal.ignore_patterns(w4)
+    assert "re:.*lm_head$" in cal.ignore_patterns(w4) and "re:.*visual.*" in cal.ignore_patterns(w4)
+    assert "re:.*linear_attn.*" in cal.ignore_patterns(cal.load_recipe("rtn-w4a16-mlp")[0])
+    w4a8 = cal.load_recipe("rtn-w4a8-fp8")[0]
+    assert cal.ignore_patterns(w4a8)[-1] == "re:.*linear_attn\\.in_proj_[ab]$"
+    assert "re:.*lm_head$" not in cal.ignore_patterns(cal.load_recipe("w4lm")[0])
+    assert not cal.needs_calibration_data(w4) and not cal.needs_calibration_data(w4a8)  # rtn, dynamic activations
+    assert cal.needs_calibration_data(cal.load_recipe("fp8-w8a8-static")[0])  # static scales: observers need data
+    assert cal.needs_calibration_data(cal.load_recipe("awq-w4a16")[0])
+    with pytest.raises(cal.CalibrateError, match="quantize_linear_attn"):
+        cal.apply_overrides(w4, ["quantize_linear_atn=true"])
+
+
+def test_a_quantized_output_layer_is_named_in_a_linear_target():
+    """vLLM matches the target "Linear" by class name, and its output layer is a ParallelLMHead."""
+    w4 = cal.load_recipe("rtn-w4a16-lm")[0]
+    layers = {"model.language_model.layers.0.mlp.up_proj": 2560, "lm_head": 2560}
+    groups, ignore = cal.config_groups(w4, layers)
+    assert groups["group_0"]["targets"] == ["Linear", "re:.*lm_head$"] and "re:.*lm_head$" not in ignore
+    groups, _ = cal.config_groups(cal.load_recipe("rtn-w4a16")[0], {"model.language_model.layers.0.mlp.up_proj": 2560})
+    assert groups["group_0"]["targets"] == ["Linear"]
