@@ -44,11 +44,11 @@ def test_switch_needs_0_or_1():
 
 
 def test_a_choice_flag_takes_only_vllms_choices():
-    assert serve_flags(variant(SERVE_LINEAR_BACKEND="marlin"), TABLE) == ["--linear-backend", "marlin"]
-    assert serve_flags(variant(SERVE_LINEAR_BACKEND="Machete"), TABLE) == ["--linear-backend", "Machete"]  # vLLM lowers it
+    assert serve_flags(variant(SERVE_LINEAR_BACKEND="marlin").serving(), TABLE) == ["--linear-backend", "marlin"]
+    assert serve_flags(variant(SERVE_LINEAR_BACKEND="Machete").serving(), TABLE) == ["--linear-backend", "Machete"]  # vLLM lowers it
     with pytest.raises(VariantError, match=r"SERVE_LINEAR_BACKEND=marlinn: vLLM's --linear-backend takes one of "
                                            r"auto, cutlass, marlin, triton, machete$"):
-        serve_flags(variant(SERVE_LINEAR_BACKEND="marlinn"), TABLE)
+        serve_flags(variant(SERVE_LINEAR_BACKEND="marlinn").serving(), TABLE)
 
 
 def test_full_command_binds_localhost_names_model_and_keeps_the_key_out_of_argv():
