@@ -24,7 +24,7 @@ from pathlib import Path
 from scripts.common import engines, paths
 from scripts.common.engines import Engine, EngineError, engine_of, python_of, vllm_version
 from scripts.common.variants import Variant, VariantError
-from scripts.serve.guard import PUBLIC_METRICS_ENV
+from scripts.serve.guard import PUBLIC_METRICS_ENV, THINK_BUDGET_ENV
 
 FlagTable = dict[str, str]  # "--max-num-seqs" -> "value" | "switch" | "multi"
 
@@ -109,9 +109,10 @@ def build_serve_argv(variant: Variant, table: FlagTable, *, host: str = DEFAULT_
 def serve_env(variant: Variant, api_key: str | None) -> dict[str, str]:
     """The server's environment: the variant's ENV_* keys, and the API key in the variable its engine reads (an
     argv is world-readable in /proc/<pid>/cmdline; an environment only to its user); METRICS_PUBLIC=1 opens /metrics
-    of a keyed server (scripts.serve.guard)."""
+    of a keyed server (scripts.serve.guard); THINK_BUDGET is the request guard's default thinking budget."""
     public = {PUBLIC_METRICS_ENV: "1"} if api_key and variant.resolved.get("METRICS_PUBLIC") == "1" else {}
-    return {**variant.env(), **({engine_of(variant).key_env: api_key} if api_key else {}), **public}
+    budget = {THINK_BUDGET_ENV: variant.resolved["THINK_BUDGET"]} if "THINK_BUDGET" in variant.resolved else {}
+    return {**variant.env(), **({engine_of(variant).key_env: api_key} if api_key else {}), **public, **budget}
 
 
 SECRET_FLAGS = ("--api-key", "--api_key")

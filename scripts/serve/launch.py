@@ -11,9 +11,9 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
-from scripts.common.engines import engine_of
+from scripts.common.engines import engine_of, vllm_version
 from scripts.common.server import Server, ServerError, is_healthy, local_base_url
-from scripts.common.variants import Variant, build_target, cpu_preload, head_dir
+from scripts.common.variants import Variant, build_target, check_think_budget, cpu_preload, head_dir
 from scripts.serve import guard
 from scripts.serve.command import serve_argv, serve_env
 
@@ -63,6 +63,8 @@ def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, 
     vLLM gets scripts.serve.guard's RequestGuard (400, not 500, for bodies fuzzing found vLLM crash on) and, with a key,
     its KeyGuard (every route but /health behind the key)."""
     engine = engine_of(variant)
+    if engine.name == "vllm":  # a thinking budget this vLLM is known not to hold under speculation is refused
+        check_think_budget(variant.resolved, variant.path / "config.env", vllm_version())
     check_model_present(variant)
     argv = serve_argv(variant, host=host, port=port)
     if engine.name == "vllm":  # bodies vLLM would answer with a 500 get a 400 (scripts/serve/guard.py)
