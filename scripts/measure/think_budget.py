@@ -116,6 +116,8 @@ def think_span(prompt: list[int], output: list[int], start: list[int], end: list
     end_at = find_first(output, end)
     stop = end_at if end_at >= 0 else len(output)
     at = find_last(prompt + output[:stop], start)
+    if at < find_last(prompt, end):  # the prompt closed its last span: none is open
+        at = -1
     first = at + len(start)  # the span's first token, in prompt + output coordinates
     prompt_think = max(0, len(prompt) - first) if at >= 0 else 0
     think = stop - max(0, first - len(prompt)) if at >= 0 else 0
