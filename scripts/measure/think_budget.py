@@ -8,7 +8,8 @@ For each budget, N streamed greedy chat requests (the first N prompts of eval/pr
 with `thinking_token_budget` set on every request: the budget, or -1 for `none` (vLLM's "no budget", which also keeps a
 variant's THINK_BUDGET default out). Each request may generate budget + len(end string) + ANSWER tokens (`none`: the
 largest budget measured in its place, so an uncapped span runs past every cap) and ignores end-of-sequence; the client
-stops reading after ANSWER content tokens, so every budget is timed at the same answer length.
+stops reading after ANSWER content tokens, so every budget is timed at the same answer length. Budgets take turns
+per prompt (prompt 1 at every budget, then prompt 2, …); the machine's load average at start and end is recorded.
 
 The server returns the token ids of the prompt and of every streamed delta (return_token_ids): the think span is
 counted on ids, with the reasoning strings of the variant's configuration turned into ids by its own tokenizer. The
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -275,16 +277,23 @@ def measure(args, variant, base_url: str, server, record: dict, budgets: list[in
     measure_one(base_url, request_body(model, rows[0], 0, 1 + len(end) + 1, fixed), 0, (start, end), 1,
                 "warmup")  # first request pays one-time costs (the tokenizer's and the engine's first step)
     t0 = time.monotonic()
+    record["load_avg"] = {"start": os.getloadavg()}
+    caps = {label(b): (ceiling if b is None else b) + len(end) + args.answer_tokens for b in budgets}
+    by_budget: dict[str, list[dict]] = {label(b): [] for b in budgets}
+    for row in rows:  # budgets interleaved per prompt: a load change on a shared machine touches every budget alike
+        for budget in budgets:
+            body = request_body(model, row, budget, caps[label(budget)], fixed)
+            by_budget[label(budget)].append(measure_one(base_url, body, budget, (start, end), args.answer_tokens,
+                                                        row["id"]))
+    record["load_avg"]["end"] = os.getloadavg()
     for budget in budgets:
-        max_tokens = (ceiling if budget is None else budget) + len(end) + args.answer_tokens
-        samples = [measure_one(base_url, request_body(model, row, budget, max_tokens, fixed), budget, (start, end),
-                               args.answer_tokens, row["id"]) for row in rows]
-        row = budget_summary(samples, budget)
-        record["samples"].append({"budget": label(budget), "max_tokens": max_tokens, "requests": samples})
-        record["summary"][label(budget)] = row
-        print(f"budget {label(budget):>5s}: think max {row['think_tokens_max']} mean {row['think_tokens_mean']}  "
-              f"forced {row['forced_end']}  ttft->content p50 {row['median_ttft_content_ms']}  "
-              f"e2e p50 {row['median_e2e_ms']}", flush=True)
+        samples = by_budget[label(budget)]
+        summary = budget_summary(samples, budget)
+        record["samples"].append({"budget": label(budget), "max_tokens": caps[label(budget)], "requests": samples})
+        record["summary"][label(budget)] = summary
+        print(f"budget {label(budget):>5s}: think max {summary['think_tokens_max']} mean "
+              f"{summary['think_tokens_mean']}  forced {summary['forced_end']}  ttft->content p50 "
+              f"{summary['median_ttft_content_ms']}  e2e p50 {summary['median_e2e_ms']}", flush=True)
         if bad := [s for s in samples if not s["ok"]]:
             raise ThinkError(f"{len(bad)} of {len(samples)} requests at budget {label(budget)} failed; first: "
                              f"{bad[0]['error']}")
