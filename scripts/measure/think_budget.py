@@ -12,7 +12,8 @@ stops reading after ANSWER content tokens, so every budget is timed at the same 
 per prompt (prompt 1 at every budget, then prompt 2, …); the machine's load average at start and end is recorded.
 
 The server returns the token ids of the prompt and of every streamed delta (return_token_ids): the think span is
-counted on ids, with the reasoning strings of the variant's configuration turned into ids by its own tokenizer. The
+counted on ids, with the reasoning strings of the variant's configuration turned into ids by the served tokenizer
+(the server's /tokenize). The
 span starts after the last <think> (the Qwen3.5 template opens it in the prompt: "<think>\\n", so one span token is the
 prompt's) and ends at the first </think>; `think_tokens` are the span tokens the model generated, what the budget
 bounds. `forced`: </think> came exactly where the budget put it (a model closing on its own at that very token would
@@ -226,22 +227,29 @@ def measure_one(base_url: str, body: dict, budget: int | None, ids: tuple[list[i
     return sample
 
 
-def reasoning_ids(variant) -> tuple[list[int], list[int], dict]:
-    """The token ids of the variant's reasoning start and end strings, by its own tokenizer."""
-    from transformers import AutoTokenizer
-
+def reasoning_strings(variant) -> tuple[str, str]:
+    """The variant's reasoning start and end strings: its SERVE_REASONING_CONFIG's, else the Qwen3 parser's.
+    ThinkError for a variant without a reasoning configuration (vLLM would refuse every budget)."""
     cfg = json.loads(variant.resolved.get("SERVE_REASONING_CONFIG") or "{}")
     if not (variant.resolved.get("SERVE_REASONING_PARSER") or cfg):
         raise ThinkError(f"{variant.name} has no reasoning configuration (SERVE_REASONING_PARSER or "
                          "SERVE_REASONING_CONFIG): vLLM would refuse every thinking budget")
-    start_str = cfg.get("reasoning_start_str") or DEFAULT_START
-    end_str = cfg.get("reasoning_end_str") or DEFAULT_END
-    source = paths.resolve_model(variant.resolved.get("TOKENIZER") or variant.resolved["MODEL"])
-    tok = AutoTokenizer.from_pretrained(source)
-    start, end = (tok.encode(s, add_special_tokens=False) for s in (start_str, end_str))
-    if not start or not end:
-        raise ThinkError(f"the tokenizer of {variant.name} turns {start_str!r} / {end_str!r} into no tokens")
-    return start, end, {"start_str": start_str, "end_str": end_str, "start_ids": start, "end_ids": end}
+    return cfg.get("reasoning_start_str") or DEFAULT_START, cfg.get("reasoning_end_str") or DEFAULT_END
+
+
+def reasoning_ids(base_url: str, model: str, strings: tuple[str, str]) -> tuple[list[int], list[int], dict]:
+    """The token ids of the reasoning strings, by the served model's own tokenizer (the server's /tokenize)."""
+    from scripts.common.server import http_post_json
+
+    ids = []
+    for text in strings:
+        status, answer = http_post_json(f"{base_url}/tokenize", {"model": model, "prompt": text,
+                                                                  "add_special_tokens": False}, timeout=60)
+        if status != 200 or not isinstance(answer, dict) or not answer.get("tokens"):
+            raise ThinkError(f"POST {base_url}/tokenize {text!r} answered {status}: {str(answer)[:200]}")
+        ids.append(answer["tokens"])
+    start, end = ids
+    return start, end, {"start_str": strings[0], "end_str": strings[1], "start_ids": start, "end_ids": end}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -260,11 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def measure(args, variant, base_url: str, server, record: dict, budgets: list[int | None]) -> None:
-    rows, info = load_prompts(args.prompts, args.requests)
-    if len(rows) < args.requests:
-        raise ThinkError(f"--requests {args.requests}: {paths.shown(args.prompts)} holds {len(rows)} prompts")
-    start, end, strings = reasoning_ids(variant)
+def measure(args, variant, base_url: str, server, record: dict, budgets: list[int | None],
+            rows: list[dict], info: dict) -> None:
+    start, end, strings = reasoning_ids(base_url, variant.served_name, reasoning_strings(variant))
     ceiling = max([b for b in budgets if b is not None], default=0)
     fixed = fixed_body_for(variant)
     record["command"]["server"] = server.argv if server else None
@@ -307,7 +313,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.requests < 1 or args.answer_tokens < 1:
             raise ValueError("--requests and --answer-tokens must be >= 1")
         variant = load_variant(args.variant, overrides=parse_overrides(args.set))
-    except (ValueError, VariantError) as e:
+        reasoning_strings(variant)
+        rows, info = load_prompts(args.prompts, args.requests)
+        if len(rows) < args.requests:
+            raise ThinkError(f"--requests {args.requests}: {paths.shown(args.prompts)} holds {len(rows)} prompts")
+    except (ValueError, VariantError, ThinkError, PromptSetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     record = envelope("think", variant, command=[sys.executable, "-m", "scripts.measure.think_budget",
@@ -315,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     error = None
     try:
         with variant_server(variant, base_url=args.base_url, port=args.port, purpose="think") as (base_url, server):
-            measure(args, variant, base_url, server, record, budgets)
-    except (ThinkError, PromptSetError, ServerError, CheckpointError, VariantError, OSError) as e:
+            measure(args, variant, base_url, server, record, budgets, rows, info)
+    except (ThinkError, ServerError, CheckpointError, VariantError, OSError) as e:
         error = e
     return finish_record(record, args.out_dir or variant.path, "think", error)
 

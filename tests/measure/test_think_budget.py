@@ -85,10 +85,15 @@ def test_parse_budgets_refuses_what_is_no_budget(text):
         tb.parse_budgets(text)
 
 
-def test_bad_budgets_exit_2_with_one_line(capsys):
-    assert tb.main(["qwen35-tiny-shortcot", "--budgets", "-5"]) == 2
+@pytest.mark.parametrize(("argv", "message"), [
+    (["qwen35-tiny-shortcot", "--budgets", "-5"], "error: --budgets '-5'"),
+    (["smollm2-bf16"], "error: smollm2-bf16 has no reasoning configuration"),  # before any server starts
+    (["qwen35-tiny-shortcot", "--requests", "999"], "error: --requests 999: eval/prompts/latency-v1.jsonl holds 16"),
+])
+def test_bad_input_exits_2_with_one_line_before_any_server(capsys, argv, message):
+    assert tb.main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --budgets '-5'") and "\n" not in err
+    assert err.startswith(message) and "\n" not in err
 
 
 # --- the real vLLM CPU server with the fixture ---------------------------------------------------------------------
