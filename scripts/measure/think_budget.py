@@ -1,7 +1,7 @@
 """Thinking budget of a reasoning variant: think tokens per answer, forced end of thinking, TTFT to content, E2E.
 
     python -m scripts.measure.think_budget qwen35-tiny-shortcot              # starts the server, measures, stops it
-    python -m scripts.measure.think_budget qwen35-4b-proxy-shortcot --budgets none,1024,256,64,0 --requests 4
+    python -m scripts.measure.think_budget qwen35-4b-proxy-shortcot --budgets none,512,32 --requests 8
     python -m scripts.measure.think_budget qwen35-tiny-shortcot --base-url http://127.0.0.1:8000 --budgets none,8
 
 For each budget, N streamed greedy chat requests (the first N prompts of eval/prompts/latency-v1.jsonl, one at a time)
@@ -13,8 +13,7 @@ per prompt (prompt 1 at every budget, then prompt 2, …); the machine's load av
 
 The server returns the token ids of the prompt and of every streamed delta (return_token_ids): the think span is
 counted on ids, with the reasoning strings of the variant's configuration turned into ids by the served tokenizer
-(the server's /tokenize). The
-span starts after the last <think> (the Qwen3.5 template opens it in the prompt: "<think>\\n", so one span token is the
+(the server's /tokenize). The span starts after the last <think> (the Qwen3.5 template opens it in the prompt: "<think>\\n", so one span token is the
 prompt's) and ends at the first </think>; `think_tokens` are the span tokens the model generated, what the budget
 bounds. `forced`: </think> came exactly where the budget put it (a model closing on its own at that very token would
 read the same; random weights never close on their own). TTFT to content: from sending to the first token after
