@@ -47,7 +47,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare list check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak eval-think profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare list check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -199,6 +199,9 @@ eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2)
 
 soak: weights ## bounded soak of VARIANT's server: 120 streamed requests at c=1, 8, 32 with disconnects and refusals, then idle and RSS checks (SOAK_ARGS) -> experiments/VARIANT/soak_*.json
 	$(PY) -m scripts.measure.soak $(VARIANT) $(ENGINE_SET) $(SOAK_ARGS)
+
+eval-think: weights ## VARIANT's thinking budget: think tokens per answer, forced </think>, TTFT to content and E2E per budget (THINK_ARGS, e.g. --budgets none,64) -> experiments/VARIANT/think_*.json
+	$(PY) -m scripts.measure.think_budget $(VARIANT) $(THINK_ARGS)
 
 profile: $(if $(filter $(PY),$(PROFILE_PY)),$(STAMP)) ## where VARIANT's decode step goes. CPU: starts the server itself; op classes, py-spy over its processes, llama.cpp on PROFILE_PEER, the streaming floor. GPU: per-category table of the running server at BASE_URL (started with SERVE_PROFILER_CONFIG; PROFILE_PY=python3 for the GPU bundle). PROFILE_ARGS
 ifeq ($(VLLM_TARGET),cpu)

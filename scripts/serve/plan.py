@@ -18,10 +18,10 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
-from scripts.common.engines import Engine, engine_of
+from scripts.common.engines import Engine, engine_of, vllm_version
 from scripts.common.hardware import cpu_dtype_note, hardware
 from scripts.common.server import Server, local_base_url
-from scripts.common.variants import Variant, build_target, cpu_preload, head_dir
+from scripts.common.variants import Variant, build_target, check_think_budget, cpu_preload, head_dir
 from scripts.serve import guard
 from scripts.serve.command import printable, serve_argv, serve_env
 
@@ -65,6 +65,8 @@ def serve_plan(variant: Variant, *, host: str, port: int, api_key: str | None = 
     (config.env), EngineError (engine missing or weights in the wrong format) or CheckpointError (weights absent or
     broken), each one line naming the file or the command to run."""
     engine = engine_of(variant)  # a known engine, and no other engine's flags in config.env
+    if engine.name == "vllm":  # a thinking budget this vLLM is known not to hold under speculation is refused
+        check_think_budget(variant.resolved, variant.path / "config.env", vllm_version())
     serving = variant.serving()
     check_model_present(variant)
     argv = serve_argv(serving, engine, host=host, port=port)

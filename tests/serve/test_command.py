@@ -157,3 +157,71 @@ def test_request_guard_replays_a_passing_body_whole_and_answers_400_itself():
     sent = run([b'{"structured_outputs": 7}'])
     assert sent[0]["status"] == 400 and seen == []
     assert json.loads(sent[1]["body"])["error"]["param"] == "structured_outputs"
+
+
+@pytest.mark.parametrize(("body", "added"), [
+    (b'{"messages": []}', 256),
+    (b'{"messages": [], "thinking_token_budget": null}', 256),  # null is vLLM's "not set"
+    (b'{"messages": [], "thinking_token_budget": 8}', None),  # a request's own value wins
+    (b'{"messages": [], "thinking_token_budget": -1}', None),  # -1: the request asks for no budget
+    (b'{"messages": [], "thinking_token_budget": 2.5}', None),  # vLLM's own 400 answers it
+    (b"[1]", None), (b'{"messages": ', None),
+])
+def test_default_budget_added_only_where_a_chat_request_sets_none(body, added):
+    from scripts.serve.guard import with_budget
+
+    got = with_budget(body, 256)
+    if added is None:
+        assert got is body
+    else:
+        assert json.loads(got) == {**json.loads(body), "thinking_token_budget": added}
+
+
+def guard_forward(path: str, body: bytes, budget: int | None = None) -> tuple[bytes, dict]:
+    """What vLLM behind a RequestGuard receives for one POST: the body and the headers."""
+    import asyncio
+
+    from scripts.serve.guard import RequestGuard
+
+    got = {}
+
+    async def app(scope, receive, send):
+        got["body"] = (await receive())["body"]
+        got["headers"] = dict(scope["headers"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(msg):
+        pass
+
+    scope = {"type": "http", "path": path, "method": "POST", "headers": [(b"content-length", str(len(body)).encode())]}
+    asyncio.run(RequestGuard(app, budget=budget)(scope, receive, send))
+    return got["body"], got["headers"]
+
+
+def test_request_guard_adds_the_variant_budget_to_chat_requests_only(monkeypatch):
+    from scripts.serve.guard import THINK_BUDGET_ENV
+
+    chat = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    body, headers = guard_forward("/v1/chat/completions", chat, budget=64)
+    assert json.loads(body)["thinking_token_budget"] == 64 and headers[b"content-length"] == str(len(body)).encode()
+    own = b'{"model": "m", "messages": [], "thinking_token_budget": 1024}'
+    assert guard_forward("/v1/chat/completions", own, budget=64)[0] == own
+    for path in ("/v1/completions", "/tokenize", "/v1/responses"):  # not chat: untouched
+        assert guard_forward(path, chat, budget=64)[0] == chat
+    assert guard_forward("/v1/chat/completions", chat)[0] == chat  # no THINK_BUDGET: untouched
+    monkeypatch.setenv(THINK_BUDGET_ENV, "0")  # the server's environment carries the variant's budget
+    assert json.loads(guard_forward("/v1/chat/completions", chat)[0])["thinking_token_budget"] == 0
+
+
+def test_serve_env_hands_the_variant_budget_to_the_guard():
+    from scripts.serve.command import serve_env
+    from scripts.serve.guard import THINK_BUDGET_ENV
+
+    from scripts.common.engines import ENGINES
+
+    v = variant(THINK_BUDGET="256", SERVE_REASONING_PARSER="qwen3")
+    assert serve_env(v.serving(), ENGINES["vllm"], None)[THINK_BUDGET_ENV] == "256"
+    assert THINK_BUDGET_ENV not in serve_env(variant().serving(), ENGINES["vllm"], None)

@@ -116,6 +116,17 @@ def test_malformed_requests_get_4xx_and_server_survives(embedded_server, body, s
     assert ok == 200
 
 
+def test_thinking_budget_without_a_reasoning_configuration_gets_vllms_400(embedded_server):
+    """smollm2-bf16 has no reasoning configuration: vLLM refuses thinking_token_budget with its own message (400, not
+    a 500), and the server stays healthy."""
+    got, payload = post_raw(embedded_server, "/v1/chat/completions", json.dumps(
+        {"model": embedded_server.variant, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+         "thinking_token_budget": 16}).encode())
+    assert got == 400, payload
+    assert "reasoning_config is not configured" in error_message(payload)
+    assert http_get(f"{embedded_server.base_url}/health")[0] == 200
+
+
 def test_metrics_exposed(embedded_server):
     status, body = http_get(f"{embedded_server.base_url}/metrics")
     assert status == 200 and b"vllm:" in body

