@@ -253,9 +253,11 @@ list: $(STAMP) ## every variant: lever, parent, status (certified / fails / supe
 check: $(STAMP) ## validate every record under experiments/ and results/ against schemas/
 	$(PY) -m scripts.report.schemas
 
-test: $(STAMP) $(QSTAMP) $(LSTAMP) $(SSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor, real llama.cpp servers (36 min on a two-core AVX2-only EPYC after the installs, fresh clone, 2026-11-26)
-	$(PY) -m pytest -m "not image" $(PYTEST_ARGS)
+test: $(STAMP) $(QSTAMP) $(LSTAMP) $(SSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor, real llama.cpp servers; prints its wall time
+	@date +%s > .test-started
+	$(PY) -m pytest -m "not image" --durations=20 $(PYTEST_ARGS)
 	$(QPY) -m pytest tests/levers/quantize/real $(PYTEST_ARGS)
+	@echo "make test: wall time $$(( $$(date +%s) - $$(cat .test-started) )) s"; rm -f .test-started
 
 test-fast: $(STAMP) ## unit tests only (seconds; no vLLM server)
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)

@@ -217,10 +217,9 @@ def test_request_guard_adds_the_variant_budget_to_chat_requests_only(monkeypatch
 
 
 def test_serve_env_hands_the_variant_budget_to_the_guard():
+    from scripts.common.engines import ENGINES
     from scripts.serve.command import serve_env
     from scripts.serve.guard import THINK_BUDGET_ENV
-
-    from scripts.common.engines import ENGINES
 
     v = variant(THINK_BUDGET="256", SERVE_REASONING_PARSER="qwen3")
     assert serve_env(v.serving(), ENGINES["vllm"], None)[THINK_BUDGET_ENV] == "256"

@@ -99,7 +99,8 @@ def test_two_cpu_replicas_behind_vllm_router(embedded_weights, tmp_path):
     log, topology = tmp_path / "replicas.log", tmp_path / "topology.json"
     argv = [sys.executable, "-m", "scripts.serve.replicas", "smollm2-bf16", "--replicas", "2", "--policy",
             "round_robin", "--port", str(port), "--topology", str(topology), "--log-dir", str(tmp_path),
-            "--set", "ENV_VLLM_CPU_KVCACHE_SPACE=1", "--set", "SERVE_MAX_MODEL_LEN=2048"]
+            "--set", "ENV_VLLM_CPU_KVCACHE_SPACE=1", "--set", "SERVE_MAX_MODEL_LEN=2048",
+            "--set", "SERVE_ENFORCE_EAGER=1"]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "API_KEY": key, "PYTHONUNBUFFERED": "1"})

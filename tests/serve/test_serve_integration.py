@@ -142,7 +142,9 @@ def test_vllm_started_with_a_key_keeps_it_out_of_argv_and_guards_every_route(emb
     from tests.conftest import assert_every_route_guarded, assert_key_guarded, free_port
 
     key = "k3y-" + os.urandom(8).hex()
-    server = make_server(load_variant("smollm2-bf16"), host="127.0.0.1", port=free_port(), api_key=key)
+    # eager: the key takes the same path through vLLM in either mode (the session server runs compiled)
+    server = make_server(load_variant("smollm2-bf16", overrides={"SERVE_ENFORCE_EAGER": "1"}), host="127.0.0.1",
+                         port=free_port(), api_key=key)
     server.start()
     try:
         server.wait_healthy(600)

@@ -131,6 +131,7 @@ def test_plugin_is_an_installed_entry_point():
 
 # ------------------------------------------------------------------------------------------------ real vLLM (slow)
 PRUNED = "smollm2-v16k"
+EAGER = "SERVE_ENFORCE_EAGER=1"  # only the session server runs compiled (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +140,8 @@ def pruned_server(embedded_weights, tmp_path_factory):
     from tests.conftest import serve
 
     prune(PRUNED, record_dir=tmp_path_factory.mktemp("prune-record"))
-    with serve(PRUNED, tmp_path_factory.mktemp("serve-pruned"), []) as s:
+    # eager: the plugin computes the logits outside the compiled forward: compiled mode adds a start, not coverage
+    with serve(PRUNED, tmp_path_factory.mktemp("serve-pruned"), [EAGER]) as s:
         yield s
 
 
@@ -231,7 +233,7 @@ def tail_server(embedded_weights, tmp_path_factory):
     prune(TAIL, record_dir=tmp_path_factory.mktemp("prune-tail-record"), tail_positions=128,
           tail_sets=("answers/held_out", "generations/held_out"))
     d = tmp_path_factory.mktemp("serve-tail")
-    with serve(TAIL, d, [f"ENV_{STATS_ENV}={d / 'tail.json'}"]) as s:
+    with serve(TAIL, d, [f"ENV_{STATS_ENV}={d / 'tail.json'}", EAGER]) as s:
         yield s, d / "tail.json"
 
 
