@@ -20,7 +20,7 @@ from scripts.common.server import group_pids, http_get
 from scripts.common.variants import load_variant
 from scripts.measure.prom import parse
 from scripts.serve.replicas import ReplicaError, parallel_size, placements, router_argv
-from tests.conftest import free_port, wait_for_line
+from tests.conftest import assert_every_route_guarded, assert_key_guarded, free_port, wait_for_line
 
 
 def test_cpu_cores_split_between_replicas():
@@ -94,7 +94,7 @@ def _served(url: str, key: str) -> float:
 
 @pytest.mark.slow
 def test_two_cpu_replicas_behind_vllm_router(embedded_weights, tmp_path):
-    key = "replica-test-key"
+    key = "replica-key-" + os.urandom(8).hex()
     port = free_port()
     log, topology = tmp_path / "replicas.log", tmp_path / "topology.json"
     argv = [sys.executable, "-m", "scripts.serve.replicas", "smollm2-bf16", "--replicas", "2", "--policy",
@@ -111,6 +111,11 @@ def test_two_cpu_replicas_behind_vllm_router(embedded_weights, tmp_path):
         base, replicas = topo["base_url"], topo["replicas"]
         pids = [r["pid"] for r in replicas] + [topo["router_pid"]]
         assert [r["placement"]["ENV_VLLM_CPU_OMP_THREADS_BIND"] for r in replicas] == ["0", "1"]
+        # each replica is a keyed server as `make serve API_KEY=…` starts one (scripts.serve.launch.make_server): the key
+        # is in no process's argv, and every route it lists but /health answers 401 without it (scripts.serve.guard)
+        assert_key_guarded(replicas[0]["url"], key)
+        checked = assert_every_route_guarded(replicas[0]["url"], key)
+        assert {"/tokenize", "/detokenize", "/metrics", "/v1/chat/completions"} <= set(checked), checked
         # the router forwards the client's key: a wrong one is refused by the replica, never served
         assert {r["outcome"] for r in _batch(base, "wrong-key", 2, 2)} == {"error"}
 
