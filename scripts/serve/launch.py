@@ -1,5 +1,5 @@
-"""Start a variant's server (its engine's command from scripts/serve/command.py), or use one already running: what
-`make serve`, the measurements and the levers that need answers share."""
+"""Start a variant's server (its serve plan, scripts/serve/plan.py), or use one already running: what the
+measurements and the levers that need answers share."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import Engine, engine_of, vllm_version
-from scripts.common.hardware import cpu_dtype_note, hardware
+from scripts.common.hardware import cpu_dtype_note, cpu_model_and_flags
 from scripts.common.server import Server, local_base_url
 from scripts.common.variants import Variant, build_target, check_think_budget, cpu_preload, head_dir
 from scripts.serve import guard
@@ -85,7 +85,7 @@ def plan_notes(variant: Variant, engine: Engine) -> list[str]:
     if engine.name == "vllm" and variant.target == "cpu":
         if variant.settings.get("ENV_LD_PRELOAD", "auto") == "auto":
             notes += [f"warning: not preloaded, {hint}: vLLM on CPU runs slower without it" for hint in cpu_preload()[1]]
-        if note := cpu_dtype_note(variant.resolved.get("SERVE_DTYPE", ""), hardware()["cpu_flags"]):
+        if note := cpu_dtype_note(variant.resolved.get("SERVE_DTYPE", ""), cpu_model_and_flags()[1]):
             notes.append(note)
     if variant.is_shape_proxy:
         notes.append("note: shape proxy (random weights): its text is meaningless; measure speed only")
