@@ -66,7 +66,7 @@ export PYTHONUNBUFFERED=1 VLLM_TARGET=cuda TRITON_CACHE_AUTOTUNING=1 HF_HUB_OFFL
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -x /root/sgl-python ] && export LAB_SGLANG_PYTHON=/root/sgl-python  # written by `setup` when SGLang's wheels came
 SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage RUN=/root/run
-EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|SpecDecoding|draft|mtp|runner|KV cache|memory"
+EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|SpecDecoding|draft|mtp|runner|KV cache|memory|Asynchronous scheduling|CUDA graphs"
 sets=(); for kv in ${SET:-}; do sets+=(--set "$kv"); done
 # SET's keys are vLLM's (SERVE_*): a variant served by another engine (ENGINE=sglang) gets none of them
 sets_for() { vs=(); [ -z "$(cfg "$1" ENGINE)" ] || [ "$(cfg "$1" ENGINE)" = vllm ] && vs=("${sets[@]}"); }
