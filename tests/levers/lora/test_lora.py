@@ -179,12 +179,13 @@ def test_training_lowered_heldout_perplexity_and_kept_answers(tiny_adapter):
 
 @pytest.mark.slow
 def test_adapter_name_serves_the_merged_model_and_base_name_the_base(lora_server, tiny_adapter, hf_reference):
-    import torch
     from transformers import AutoModelForCausalLM
+
+    from tests.conftest import reference_dtype
 
     _, merged_dir, _ = tiny_adapter
     base_model, _ = hf_reference
-    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.bfloat16).eval()
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=reference_dtype()).eval()
     moved = 0
     for p in PROMPTS:
         ids, by_adapter = greedy(lora_server.base_url, "tiny", p)

@@ -313,16 +313,16 @@ def test_tiny_gemma_eagle_head_serves_and_is_lossless(tmp_path):
     """The second model: a tiny EAGLE-3 head for Gemma 3 270M trained from the committed tiny answers (gemma3-270m-bf16's
     greedy answers to 24 spec-v1-train prompts, `redistill --export-answers`), served through the project's
     Gemma3Eagle3ForCausalLM (vLLM's Gemma 3 has no EAGLE-3 interface); the server drafts and some drafts are accepted,
-    and its greedy tokens are the parent's (transformers, teacher-forced) up to BF16 near-ties, alone and four at a time."""
+    and its greedy tokens are the parent's (transformers in the server's dtype, tests/conftest.py TEST_DTYPE, teacher-forced)
+    up to near-ties, alone and four at a time."""
     import concurrent.futures as cf
     import urllib.request
 
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from scripts.common.loadgen import openai_client
     from scripts.weights.download import materialize
-    from tests.conftest import assert_parents_greedy, serve
+    from tests.conftest import assert_parents_greedy, reference_dtype, serve
 
     parent = materialize("embedded:gemma3-270m", "gemma-3-270m")
     head = tmp_path / "head"
@@ -351,7 +351,7 @@ def test_tiny_gemma_eagle_head_serves_and_is_lossless(tmp_path):
     # alone would pass with any states
     drafted, accepted = (counter(f"vllm:spec_decode_num_{k}_tokens_total") for k in ("draft", "accepted"))
     assert drafted > 0 and accepted > 0, f"{accepted:.0f} of {drafted:.0f} draft tokens accepted"
-    assert_parents_greedy(AutoModelForCausalLM.from_pretrained(parent, dtype=torch.bfloat16).eval(),
+    assert_parents_greedy(AutoModelForCausalLM.from_pretrained(parent, dtype=reference_dtype()).eval(),
                           AutoTokenizer.from_pretrained(parent), cases)
 
 
