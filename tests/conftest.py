@@ -46,6 +46,11 @@ def dtype_sets() -> list[str]:
     return [] if TEST_DTYPE == "bfloat16" else [f"SERVE_DTYPE={TEST_DTYPE}"]
 
 
+def dtype_args() -> list[str]:
+    """dtype_sets() as command-line arguments (--set KEY=VALUE ...) for a script that starts its own server."""
+    return [a for kv in dtype_sets() for a in ("--set", kv)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
