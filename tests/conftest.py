@@ -41,14 +41,9 @@ def reference_dtype():
     return getattr(torch, TEST_DTYPE)
 
 
-def dtype_sets() -> list[str]:
-    """The --set a test server gets for TEST_DTYPE: none where it is the variants' own BF16."""
-    return [] if TEST_DTYPE == "bfloat16" else [f"SERVE_DTYPE={TEST_DTYPE}"]
-
-
 def dtype_args() -> list[str]:
-    """dtype_sets() as command-line arguments (--set KEY=VALUE ...) for a script that starts its own server."""
-    return [a for kv in dtype_sets() for a in ("--set", kv)]
+    """The arguments a server-starting script gets for TEST_DTYPE: none where it is the variants' own BF16."""
+    return [] if TEST_DTYPE == "bfloat16" else ["--set", f"SERVE_DTYPE={TEST_DTYPE}"]
 
 
 def free_port() -> int:
@@ -97,7 +92,7 @@ def serve(variant: str, log_dir: Path, sets: list[str]) -> Iterator[RunningServe
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "scripts.serve", variant, "--port", str(port), "--log", str(engine_log),
-             *[a for kv in [*dtype_sets(), *sets] for a in ("--set", kv)]],
+             *dtype_args(), *[a for kv in sets for a in ("--set", kv)]],
             cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
