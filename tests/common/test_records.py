@@ -75,6 +75,10 @@ def test_valid_record_passes_schema(tmp_path):
     (lambda r: r["summary"]["fixed"]["1"].update(output_throughput=-1), "summary/fixed/1/output_throughput"),
     (lambda r: r["inputs"].update(modes=["turbo"]), "inputs/modes/0"),
     (lambda r: r.pop("hardware"), "(top level)"),
+    # the number arrays' fast path (scripts.report.schemas._numbers_passing) still fails each bad element by its index
+    (lambda r: r["samples"][0]["requests"][0]["itl_s"].__setitem__(3, -0.1), "samples/0/requests/0/itl_s/3"),
+    (lambda r: r["samples"][0]["requests"][0]["itl_s"].__setitem__(5, True), "samples/0/requests/0/itl_s/5"),
+    (lambda r: r["samples"][0]["requests"][0]["itl_s"].__setitem__(0, "0.1"), "samples/0/requests/0/itl_s/0"),
 ])
 def test_hand_edited_record_fails_with_file_and_field(tmp_path, edit, field):
     rec = copy.deepcopy(make_record())
