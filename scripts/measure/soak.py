@@ -236,16 +236,25 @@ def send(client, base_url: str, endpoint: str, body: dict, out: Outcome, timeout
 
 
 def served_context(base_url: str, variant) -> int:
-    """The model's context in tokens: vLLM's /v1/models max_model_len, else the engine's own setting (llama.cpp's
-    LLAMACPP_N_CTX)."""
+    """The context one request can use, in tokens, as the engine states it: vLLM's /v1/models max_model_len, else
+    llama-server's /props (default_generation_settings.n_ctx: one slot's context), else the variant's own setting
+    (llama-cpp-python's LLAMACPP_N_CTX, llama-server's LLAMASERVER_CTX_SIZE shared by its LLAMASERVER_PARALLEL slots)."""
     status, raw = http_get(f"{base_url}/v1/models", timeout=10)
     if status == 200:
         for m in json.loads(raw).get("data", []):
             if isinstance(m.get("max_model_len"), int):
                 return m["max_model_len"]
+    status, raw = http_get(f"{base_url}/props", timeout=10)
+    if status == 200:
+        n_ctx = (json.loads(raw).get("default_generation_settings") or {}).get("n_ctx")
+        if isinstance(n_ctx, int) and n_ctx > 0:
+            return n_ctx
     if n_ctx := variant.resolved.get("LLAMACPP_N_CTX"):
         return int(n_ctx)
-    raise SoakError(f"{base_url}/v1/models names no max_model_len and the variant sets no context (LLAMACPP_N_CTX)")
+    if n_ctx := variant.resolved.get("LLAMASERVER_CTX_SIZE"):
+        return int(n_ctx) // max(1, int(variant.resolved.get("LLAMASERVER_PARALLEL") or 1))
+    raise SoakError(f"{base_url} states no context (vLLM's /v1/models max_model_len, llama-server's /props n_ctx) and "
+                    f"the variant sets none (LLAMACPP_N_CTX or LLAMASERVER_CTX_SIZE in its config.env)")
 
 
 def idle_state(base_url: str, model: str, timeout_s: float) -> dict:

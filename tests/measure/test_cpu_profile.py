@@ -110,10 +110,11 @@ def test_floor_rows_and_projection_are_labelled():
 
 
 @pytest.mark.slow
-def test_the_cpu_profile_of_a_real_server_and_llamacpp(embedded_weights, tmp_path: Path):
+def test_the_cpu_profile_of_a_real_server_and_llamacpp(embedded_server, tmp_path: Path):
     """scripts.measure.cpu_profile end to end on this CPU: the real vLLM server under the torch profiler and py-spy,
     llama.cpp on the BF16 GGUF of the same weights, one record that passes the profile schema, whose step table
-    accounts for the step and whose GEMM rows carry the weights' bytes."""
+    accounts for the step and whose GEMM rows carry the weights' bytes. It starts its own server of the same variant
+    once the session server (embedded_server) has compiled, so the compile cache serves its start."""
     import json
     import os
 

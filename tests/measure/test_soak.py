@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -106,3 +107,20 @@ def test_a_short_soak_of_the_real_server_passes_and_its_record_validates(embedde
     assert s["requests"] == 32 and s["idle"]["method"] == "metrics" and s["idle"]["idle"]
     assert s["by_outcome"].get("rejected", 0) >= 1 and s["rss_mib"]["start"] and not s["rss_judged"]
     assert check_schemas.check_file(path) == []
+
+
+def test_the_context_comes_from_the_engine_else_the_variant(monkeypatch):
+    """vLLM states max_model_len in /v1/models; llama-server states a slot's n_ctx in /props; else the variant's key."""
+    answers = {"models": (200, json.dumps({"data": [{"id": "x", "max_model_len": 8192}]}))}
+    monkeypatch.setattr(soak, "http_get", lambda url, **_: answers.get(url.rsplit("/", 1)[-1], (404, "")))
+    variant = SimpleNamespace(resolved={})
+    assert soak.served_context("http://h", variant) == 8192
+    answers["models"] = (200, json.dumps({"data": [{"id": "x", "meta": {"n_ctx_train": 8192}}]}))  # llama-server's
+    answers["props"] = (200, json.dumps({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 8}))
+    assert soak.served_context("http://h", variant) == 4096
+    del answers["props"]
+    variant.resolved.update(LLAMASERVER_CTX_SIZE="65536", LLAMASERVER_PARALLEL="8")
+    assert soak.served_context("http://h", variant) == 8192
+    variant.resolved = {}
+    with pytest.raises(soak.SoakError, match="states no context .* LLAMASERVER_CTX_SIZE in its config.env"):
+        soak.served_context("http://h", variant)

@@ -46,6 +46,13 @@ STATS_EVERY = 32
 HEAD_OWNER = {"Qwen3_5ForConditionalGeneration": "language_model"}
 
 
+def scatter_kept(kept_logits, kept_ids, full_vocab: int):
+    """A pruned-only head's logits: each kept logit at its original id in a full-vocabulary row of -inf, so a dropped
+    token has probability 0 and greedy decoding picks the best kept id."""
+    full = kept_logits.new_full((kept_logits.shape[0], full_vocab), float("-inf"))
+    return full.index_copy_(1, kept_ids, kept_logits)
+
+
 def register() -> None:
     """The entry point: lazy registrations only (the module below is imported when a pruned checkpoint is served).
 
@@ -134,7 +141,7 @@ def _wrap(base_name: str):
                 return None
             if self.tail is not None:
                 return self._fallback(hidden_states, kept)
-            return kept.new_full((kept.shape[0], self.full_vocab), float("-inf")).index_copy_(1, self.kept_ids, kept)
+            return scatter_kept(kept, self.kept_ids, self.full_vocab)
 
     Pruned.__name__ = Pruned.__qualname__ = PREFIX + base_name
     return Pruned
