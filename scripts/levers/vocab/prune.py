@@ -33,6 +33,7 @@ from scripts.common.checkpoint import CheckpointError, copy_side_files, verify
 from scripts.common.hardware import hardware
 from scripts.common.records import git_state, now_utc, versions
 from scripts.common.variants import VariantError, load_variant
+from scripts.data.bigbench import BigBenchError
 from scripts.levers.vocab import tail
 from scripts.levers.vocab.keep import ID_MAP, PLUGIN_BASES, PLUGIN_PREFIX, VocabError, load_keep_list
 
@@ -169,11 +170,14 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
     if with_tail and rows_name == "lm_head.weight":
         raise VocabError(f"{parent.name}'s output layer is untied: the tail fallback reads full rows from the input "
                          f"embedding, which then is not the output matrix")
+    reported = with_tail and "quantization_config" not in cfg
+    if reported:  # its held-out data before any work: a missing set is one line, not a traceback after minutes
+        tail.held_out_sources(s["BASE"], tail_sets)
     timing = time_head(rows, kept, repeat=timing_repeat)
     tail_report = None
     if with_tail:
         timing["tail_screen"] = time_screen(rows, kept, repeat=min(timing_repeat, SCREEN_REPEAT_MAX))
-        if "quantization_config" in cfg:
+        if not reported:
             tail_report = {"skipped": f"{parent.name} is quantized ({cfg['quantization_config'].get('format', '?')}): "
                                       f"transformers cannot run its forward on a CPU; the served engine's counters "
                                       f"report the screen"}
@@ -243,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         prune(args.variant, force=args.force, timing_repeat=args.timing_repeat)
-    except (VocabError, VariantError, CheckpointError) as e:
+    except (VocabError, VariantError, CheckpointError, BigBenchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -252,32 +252,48 @@ REPORT_SETS = {"text/held_out": None, "answers/held_out": "bigbench-held_out-*",
                "generations/held_out": "spec-v1-eval.jsonl-*"}
 
 
-def held_out_sequences(tok, base: str, max_positions: int, chunk: int = 256,
-                       sets=None) -> dict[str, list[tuple[list, int]]]:
-    """Per set (REPORT_SETS, or the named ones), (token ids, first scored position) pairs, up to max_positions scored
-    positions each."""
+def held_out_sources(base: str, sets=None) -> dict:
+    """Per held-out set to report (REPORT_SETS, or the named ones): None for BIG-bench's held-out text, else the newest
+    answers file. Raises TailError (a missing answers file names `make analyze-vocab`) or BigBenchError (no BIG-bench
+    sdist: `make datasets`) before any work is done."""
     from scripts.common import paths
     from scripts.data import bigbench_corpus
-    from scripts.levers.vocab.analyze import read_answers
     from scripts.levers.vocab.keep import vocab_dir
 
-    out: dict[str, list[tuple[list, int]]] = {}
     unknown = sorted(set(sets or ()) - set(REPORT_SETS))
     if unknown:
         raise TailError(f"no held-out set {', '.join(unknown)}: the sets are {', '.join(REPORT_SETS)}")
+    out = {}
     for name, glob in REPORT_SETS.items():
         if sets is not None and name not in sets:
             continue
         if glob is None:
+            bigbench_corpus.tasks("held_out")  # the extracted sdist, or BigBenchError naming `make datasets`
+            out[name] = None
+            continue
+        files = sorted((vocab_dir(base) / "answers").glob(glob + ".json.gz"))
+        if not files:
+            raise TailError(f"no {paths.shown(vocab_dir(base) / 'answers')}/{glob}.json.gz: run `make analyze-vocab` "
+                            f"first")
+        out[name] = files[-1]
+    return out
+
+
+def held_out_sequences(tok, base: str, max_positions: int, chunk: int = 256,
+                       sets=None) -> dict[str, list[tuple[list, int]]]:
+    """Per set (REPORT_SETS, or the named ones), (token ids, first scored position) pairs, up to max_positions scored
+    positions each."""
+    from scripts.data import bigbench_corpus
+    from scripts.levers.vocab.analyze import read_answers
+
+    out: dict[str, list[tuple[list, int]]] = {}
+    for name, source in held_out_sources(base, sets).items():
+        if source is None:
             pairs, _ = bigbench_corpus.texts("held_out", 2_000)
             rows = [(ids[:chunk], 1) for ids in tok([t for _, t in pairs], add_special_tokens=False)["input_ids"]
                     if len(ids) >= 8]
         else:
-            files = sorted((vocab_dir(base) / "answers").glob(glob + ".json.gz"))
-            if not files:
-                raise TailError(f"no {paths.shown(vocab_dir(base) / 'answers')}/{glob}.json.gz: run "
-                                f"`make analyze-vocab` first")
-            rows = [(a["prompt_ids"] + a["ids"], len(a["prompt_ids"])) for a in read_answers(files[-1]) if a["ids"]]
+            rows = [(a["prompt_ids"] + a["ids"], len(a["prompt_ids"])) for a in read_answers(source) if a["ids"]]
         seqs, n = [], 0
         for ids, start in rows:
             if n >= max_positions:
