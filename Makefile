@@ -47,7 +47,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak eval-think profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare list check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak fuzz eval-think profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare list check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -209,6 +209,9 @@ eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2)
 
 soak: weights ## bounded soak of VARIANT's server: 120 streamed requests at c=1, 8, 32 with disconnects and refusals, then idle and RSS checks (SOAK_ARGS) -> experiments/VARIANT/soak_*.json
 	$(PY) -m scripts.measure.soak $(VARIANT) $(ENGINE_SET) $(SOAK_ARGS)
+
+fuzz: weights ## fuzzed OpenAI bodies against VARIANT's server (250 by default; FUZZ_ARGS): 2xx or 4xx only, healthy after each -> experiments/VARIANT/fuzz_*.json
+	$(PY) -m scripts.measure.fuzz $(VARIANT) $(ENGINE_SET) $(FUZZ_ARGS)
 
 eval-think: weights ## VARIANT's thinking budget: think tokens per answer, forced </think>, TTFT to content and E2E per budget (THINK_ARGS, e.g. --budgets none,64) -> experiments/VARIANT/think_*.json
 	$(PY) -m scripts.measure.think_budget $(VARIANT) $(THINK_ARGS)

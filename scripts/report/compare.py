@@ -484,7 +484,23 @@ def judge_all(records: list[tuple[Path, dict]], experiments: Path,
     """Every variant with a latency record judged by its gate (chained up to BF16), and its newest config
     (`quality`: every variant's quality records, newest first, when the caller has read them: by_variant)."""
     configs = {r["variant"]: r["config"] for _, r in records}  # records run oldest first: the newest config wins
-    return chain({v: judge(v, config, experiments, quality) for v, config in configs.items()}, configs), configs
+    judged = chain({v: judge(v, config, experiments, quality) for v, config in configs.items()}, configs)
+    soaked = {r["variant"]: r["status"] == "ok" for _, r in all_records("soak", experiments)}  # the newest wins
+    return deployable(judged, configs, soaked), configs
+
+
+def deployable(judged: dict[str, Judged], configs: dict[str, dict[str, str]],
+               soaked: dict[str, bool]) -> dict[str, Judged]:
+    """A variant served by llama-cpp-python's server (ENGINE=llamacpp: one request at a time; it failed the soak) is
+    not named a winner unless its newest soak passed. Its file's quality stays certified for the variants that take
+    it as their reference (the llama-server rung of the same file): applied after chain(), to the variant alone."""
+    out = dict(judged)
+    for v, j in judged.items():
+        if j.certified and configs.get(v, {}).get("ENGINE") == "llamacpp" and not soaked.get(v):
+            why = "a failed soak" if v in soaked else "no soak record"
+            out[v] = Judged("missing", j.criteria, note=f"its gate passes; llama-cpp-python's server has {why} "
+                                                        f"(make soak VARIANT={v}): not offered as a deployable winner")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -309,3 +309,15 @@ def test_compare_gpu_table_shows_percent_of_roofline_and_a_dash_without_bandwidt
     records.write_record(cpu, tmp_path / "cpu" / "smollm2-bf16", "latency")
     text, _ = compare.build_report(records.all_records("latency", tmp_path / "cpu"), {"smollm2-bf16": compare.Judged("reference")})
     assert "roofline" not in next(x for x in text.splitlines() if x.startswith("| variant"))
+
+
+def test_a_variant_on_llama_cpp_pythons_server_needs_a_passing_soak_to_be_offered():
+    """compare.deployable: the serial llama-cpp-python server is no winner without a passing soak; the variants that
+    take it as their reference (chain) are judged before, so the same file served by llama-server stays certified."""
+    judged = {v: compare.Judged("pass") for v in ("gguf", "gguf-server", "vllm")}
+    configs = {"gguf": {"ENGINE": "llamacpp"}, "gguf-server": {"ENGINE": "llamaserver"}, "vllm": {}}
+    out = compare.deployable(judged, configs, {})
+    assert out["gguf"].verdict == "missing" and "no soak record" in out["gguf"].note
+    assert out["gguf-server"].certified and out["vllm"].certified
+    assert "a failed soak" in compare.deployable(judged, configs, {"gguf": False})["gguf"].note
+    assert compare.deployable(judged, configs, {"gguf": True})["gguf"].certified

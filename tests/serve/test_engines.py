@@ -360,3 +360,20 @@ def test_llama_server_ngram_speculation_drafts_and_keeps_greedy_output(bf16_expo
     assert rec["summary"]["identity"]["sequences"] == 8 and rec["summary"]["identity"]["divergences_beyond_tie"] == 0
     spec = rec["engine_counters"]["speculative"]
     assert spec["draft_tokens"] > 0 and 0 <= spec["acceptance_rate"] <= 1 and spec["mean_tokens_per_step"] >= 1
+
+
+@pytest.mark.slow
+def test_llama_server_answers_fuzzed_bodies_with_2xx_or_4xx(bf16_export, tmp_path):
+    """`make fuzz VARIANT=smollm2-gguf-bf16-server` in small: scripts.measure.fuzz starts llama-server, sends 60 of the
+    drawn bodies (named for its served model) and writes a record that passes its schema; every answer is 2xx or 4xx
+    and the server is healthy after each (the full 250 draws: the variant's committed fuzz record)."""
+    from scripts.measure import fuzz
+    from scripts.report import schemas as check_schemas
+    from tests.conftest import free_port
+
+    rc = fuzz.main(["smollm2-gguf-bf16-server", "--cases", "60", "--port", str(free_port()), "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("fuzz_*.json")
+    rec = json.loads(path.read_text())
+    assert check_schemas.check_file(path) == []
+    assert rec["engine"]["name"] == "llamaserver" and rec["summary"]["cases"] == 60
+    assert rc == 0, rec.get("failure")

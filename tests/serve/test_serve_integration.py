@@ -8,11 +8,11 @@ import urllib.request
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from scripts.common.metrics import near_tie
 from scripts.common.server import http_get
-from tests.conftest import teacher_forced_gaps
+from scripts.measure import fuzz
+from tests.conftest import EMBEDDED_VARIANT, teacher_forced_gaps
 
 pytestmark = pytest.mark.slow
 
@@ -141,77 +141,12 @@ def test_metrics_exposed(embedded_server):
 # values, unknown fields added, or raw bytes. Every answer must be 2xx or 4xx (never 5xx, never an error event with a
 # 5xx code inside a stream, never a hang) and the server stays healthy. Lengths are clamped so a valid draw stays short.
 FUZZ_CASES = 250
-_SCALARS = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
-            | st.text(max_size=24))
-_JSON = st.recursive(_SCALARS, lambda ch: st.lists(ch, max_size=4) | st.dictionaries(st.text(max_size=10), ch, max_size=4),
-                     max_leaves=10)
-_EDGE = st.sampled_from([-1, 0, 1, 2, 20, 21, 8193, 2**31, 2**63, -2**63, 1e308, -1e-9, 0.5, "", "1", "\ud800", "\x00",
-                         "😀" * 50, [], {}, None, True, [0], [-1], [2**40], [49151, 49152], ["a", 1]])
-_MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", "x"]),
-                                            "content": st.one_of(st.text(max_size=40), _JSON)}), max_size=3)
-_BASE = {
-    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4},
-    "/v1/completions": {"prompt": "Hello", "max_tokens": 4},
-    "/tokenize": {"prompt": "Hello"},
-    "/detokenize": {"tokens": [1, 2, 3]},
-}
-_FIELDS = {
-    "/v1/chat/completions": ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-                             "min_p", "n", "stop", "logprobs", "top_logprobs", "stream", "stream_options", "seed",
-                             "logit_bias", "response_format", "tools", "tool_choice", "presence_penalty",
-                             "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "prompt_logprobs",
-                             "echo", "add_generation_prompt", "continue_final_message", "structured_outputs",
-                             "chat_template_kwargs"],
-    "/v1/completions": ["model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "logprobs", "echo",
-                        "stream", "suffix", "seed", "logit_bias", "prompt_logprobs", "min_tokens", "ignore_eos"],
-    "/tokenize": ["model", "prompt", "messages", "add_special_tokens", "return_token_strs"],
-    "/detokenize": ["model", "tokens"],
-}
-_LENGTHS = ("max_tokens", "max_completion_tokens", "min_tokens", "n", "prompt_logprobs")
-
-
-def _clamped(body: dict) -> dict:
-    """A drawn body whose valid lengths stay short: 8 < length < 10^6 becomes 8; no max_tokens becomes 8."""
-    for k in _LENGTHS:
-        v = body.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and 8 < v < 10**6:
-            body[k] = 8
-    if "prompt" in body or "messages" in body:
-        for k in ("max_tokens", "max_completion_tokens"):
-            if body.get(k) is None:
-                body[k] = 8
-    return body
-
-
-@st.composite
-def _fuzz_case(draw) -> tuple[str, bytes]:
-    path = draw(st.sampled_from(sorted(_BASE)))
-    if draw(st.integers(0, 19)) == 0:  # 1 in 20: raw bytes (mostly not JSON) or JSON nested deeper than parsers recurse
-        return path, draw(st.binary(max_size=200) | st.integers(100, 60_000).map(
-            lambda n: b'{"model": "smollm2-bf16", "prompt": ' + b"[" * n + b"]" * n + b"}"))
-    body = {"model": "smollm2-bf16", **_BASE[path]}
-    for key in draw(st.lists(st.sampled_from(_FIELDS[path]), max_size=4, unique=True)):
-        body[key] = draw(st.one_of(_EDGE, _JSON, _MESSAGES if key == "messages" else _EDGE,
-                                   st.lists(st.integers(-5, 60_000), max_size=6) if key in ("prompt", "tokens") else _EDGE))
-    body.update(draw(st.dictionaries(st.text(min_size=1, max_size=12), _JSON, max_size=2)))
-    if draw(st.booleans()):
-        body.pop(draw(st.sampled_from(sorted(body))), None)
-    return path, json.dumps(_clamped(body)).encode()
 
 
 @settings(max_examples=FUZZ_CASES, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(case=_fuzz_case())
+@given(case=fuzz.fuzz_case(EMBEDDED_VARIANT))
 def test_fuzzed_openai_bodies_get_2xx_or_4xx_and_the_server_stays_healthy(embedded_server, case):
-    import httpx
-
-    path, raw = case
-    with httpx.Client(timeout=60) as c, c.stream("POST", embedded_server.base_url + path, content=raw,
-                                                 headers={"Content-Type": "application/json"}) as r:
-        text = r.read().decode(errors="replace")
-    assert r.status_code < 500, f"HTTP {r.status_code} for {path} {raw[:300]!r}: {text[:300]}"
-    for line in text.splitlines():  # an error event inside a 200 stream
-        if line.startswith("data: {") and '"error"' in line:
-            err = json.loads(line[6:]).get("error") or {}
-            assert not (isinstance(err, dict) and isinstance(err.get("code"), int) and err["code"] >= 500), line[:300]
-    assert http_get(f"{embedded_server.base_url}/health")[0] == 200
+    """scripts.measure.fuzz's bodies, one hypothesis example each (a failure shrinks to the smallest body)."""
+    out = fuzz.send(embedded_server.base_url, *case, "/health")
+    assert out["outcome"] == "ok", out
