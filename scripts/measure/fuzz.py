@@ -4,8 +4,8 @@ event with a 5xx code inside a 200 stream, never no answer), and the server is h
     python -m scripts.measure.fuzz smollm2-gguf-bf16-server              # make fuzz VARIANT=… (FUZZ_ARGS): starts it
     python -m scripts.measure.fuzz smollm2-bf16 --cases 100 --base-url http://127.0.0.1:8000 --out-dir /tmp/fuzz
 
-The bodies are hypothesis draws (derandomized: the same --cases bodies on every run of one hypothesis version; no
-shrinking): one of the four endpoints vLLM serves (chat and text completions, /tokenize, /detokenize; llama-server has
+The bodies are hypothesis draws (derandomized, no shrinking: the same --cases bodies on every run of this script with
+one hypothesis version, which also draws from constants of the modules a process has loaded): one of the four endpoints vLLM serves (chat and text completions, /tokenize, /detokenize; llama-server has
 all four, with its own fields), its minimal valid body with up to four known fields set to edge values (negative, zero,
 huge and fractional numbers, empty strings, NUL, a lone surrogate, long emoji runs, nested JSON, wrong types), up to two
 unknown fields, one field sometimes removed; one body in twenty is raw bytes or JSON nested deeper than parsers recurse.

@@ -16,7 +16,9 @@ def test_valid_lengths_are_clamped_and_a_missing_max_tokens_is_set():
     assert fuzz.clamped({"tokens": [1], "n": -3}) == {"tokens": [1], "n": -3}
 
 
-def test_the_draws_are_the_same_bodies_every_run_and_name_the_served_model(monkeypatch):
+def test_the_draws_repeat_in_one_process_and_name_the_served_model(monkeypatch):
+    """Derandomized: the same bodies again in one process (hypothesis also draws from constants of the loaded modules,
+    so another process with other modules loaded draws others; the script's own runs load the same)."""
     sent = []
     monkeypatch.setattr(fuzz, "send", lambda url, path, raw, health: sent.append((path, raw)) or {"outcome": "ok"})
     fuzz.run_cases("http://h", "my-model", 40, "/health")
@@ -30,7 +32,8 @@ def test_the_draws_are_the_same_bodies_every_run_and_name_the_served_model(monke
             return None
 
     bodies = [b for _, raw in first if isinstance(b := parsed(raw), dict)]
-    assert len(bodies) > 30 and sum(b.get("model") == "my-model" for b in bodies) > len(bodies) // 2
+    models = {b.get("model") for b in bodies if isinstance(b.get("model"), str)}
+    assert len(bodies) > 20 and "my-model" in models and "smollm2-bf16" not in models
 
 
 @pytest.mark.parametrize("outcome", fuzz.FAILING)
