@@ -17,8 +17,9 @@ a 200 stream (vLLM checks some limits, e.g. top_logprobs, after the stream start
 and the record keeps it apart (rejected_in_stream).
 
 After the last request the server must be idle again within --idle-timeout seconds: vLLM's /metrics shows no running
-or waiting request and 0 KV-cache usage; an engine without /metrics (llama.cpp) must answer a one-token probe. The
-server's resident memory (its whole process group) is sampled after every hundred requests and may grow by less than
+or waiting request and 0 KV-cache usage, llama-server's none processing or deferred; an engine without /metrics
+(llama-cpp-python) must answer a one-token probe. The server's resident memory (its whole process group) is sampled
+after every hundred requests and may grow by less than
 MAX_RSS_GROWTH between the second hundred and the end. Writes experiments/<variant>/soak_<YYYYMMDD-HHMMSS>.json; a
 run that misses a criterion is recorded as failed, with every criterion's value.
 """
@@ -257,18 +258,32 @@ def served_context(base_url: str, variant) -> int:
                     f"the variant sets none (LLAMACPP_N_CTX or LLAMASERVER_CTX_SIZE in its config.env)")
 
 
+# The gauges that say a server is idle, per engine that exports Prometheus /metrics: all 0 when nothing runs.
+IDLE_GAUGES = {
+    "vllm": {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+             "kv_cache_usage_perc": "vllm:kv_cache_usage_perc"},
+    "llamaserver": {"running": "llamacpp:requests_processing", "waiting": "llamacpp:requests_deferred"},
+}
+
+
+def idle_gauges(values: dict) -> dict | None:
+    """The idle gauges of the engine whose metrics these are (by their names), or None for metrics of neither."""
+    for gauges in IDLE_GAUGES.values():
+        if gauges["running"] in values:
+            return {k: values.get(name) for k, name in gauges.items()}
+    return None
+
+
 def idle_state(base_url: str, model: str, timeout_s: float) -> dict:
-    """How the server stands after the soak: vLLM's running/waiting requests and KV usage polled until all are 0, or
-    (no /metrics) a one-token probe's answer time."""
+    """How the server stands after the soak: its running and waiting requests (and vLLM's KV usage) polled from
+    /metrics until all are 0, or (no /metrics: llama-cpp-python) a one-token probe's answer time."""
     t0 = time.monotonic()
     last = None
     while time.monotonic() - t0 < timeout_s:
         got = scrape(base_url)
-        if got is None:
+        if got is None or (gauges := idle_gauges(got[0])) is None:
             break
-        values, _ = got
-        last = {"running": values.get("vllm:num_requests_running"), "waiting": values.get("vllm:num_requests_waiting"),
-                "kv_cache_usage_perc": values.get("vllm:kv_cache_usage_perc")}
+        last = gauges
         if all(v == 0 for v in last.values()):
             return {"method": "metrics", "idle": True, "seconds": round(time.monotonic() - t0, 2), **last}
         time.sleep(0.5)

@@ -124,3 +124,13 @@ def test_the_context_comes_from_the_engine_else_the_variant(monkeypatch):
     variant.resolved = {}
     with pytest.raises(soak.SoakError, match="states no context .* LLAMASERVER_CTX_SIZE in its config.env"):
         soak.served_context("http://h", variant)
+
+
+def test_idle_is_read_from_each_engines_gauges():
+    """vLLM's and llama-server's /metrics name their running and waiting requests differently; metrics of neither
+    (or none) fall back to the one-token probe."""
+    assert soak.idle_gauges({"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 1.0,
+                             "vllm:kv_cache_usage_perc": 0.0}) == {"running": 0.0, "waiting": 1.0, "kv_cache_usage_perc": 0.0}
+    assert soak.idle_gauges({"llamacpp:requests_processing": 0.0, "llamacpp:requests_deferred": 0.0,
+                             "llamacpp:n_decode_total": 9.0}) == {"running": 0.0, "waiting": 0.0}
+    assert soak.idle_gauges({"process_cpu_seconds_total": 1.0}) is None
