@@ -2,7 +2,7 @@
 clients that disconnect mid-stream and requests built to be refused; afterwards the server must be idle again.
 
     python -m scripts.measure.soak smollm2-bf16                      # starts the server, soaks it, stops it
-    python -m scripts.measure.soak smollm2-gguf-q8-0                 # the same for llama.cpp (ENGINE=llamacpp)
+    python -m scripts.measure.soak smollm2-gguf-bf16-server          # the same for llama-server (ENGINE=llamaserver)
     python -m scripts.measure.soak smollm2-bf16 --requests 12 --concurrency 1,8 --out-dir /tmp/soak   # a short one
     python -m scripts.measure.soak smollm2-bf16 --base-url http://127.0.0.1:8000 --server-pid 4242
 
@@ -19,9 +19,9 @@ and the record keeps it apart (rejected_in_stream).
 After the last request the server must be idle again within --idle-timeout seconds: vLLM's /metrics shows no running
 or waiting request and 0 KV-cache usage, llama-server's none processing or deferred; an engine without /metrics
 (llama-cpp-python) must answer a one-token probe. The server's resident memory (its whole process group) is sampled
-after every hundred requests and may grow by less than
-MAX_RSS_GROWTH between the second hundred and the end. Writes experiments/<variant>/soak_<YYYYMMDD-HHMMSS>.json; a
-run that misses a criterion is recorded as failed, with every criterion's value.
+after every hundred requests and may grow by less than MAX_RSS_GROWTH between the second hundred and the end. Writes
+experiments/<variant>/soak_<YYYYMMDD-HHMMSS>.json; a run that misses a criterion is recorded as failed, with every
+criterion's value.
 """
 
 from __future__ import annotations
