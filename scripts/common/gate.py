@@ -38,7 +38,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.hardware import hardware_key
-from scripts.common.variants import reference_name
+from scripts.common.variants import VariantError, load_variant, reference_name
 
 Z = 1.6448536269514722  # one-sided 95% normal quantile
 # Parity criteria: config key -> (summary field, per-chunk sample field, "max" | "min")
@@ -54,7 +54,10 @@ TASK_KEY = "GATE_MAX_TASK_DROP"
 SUITE_KEY = "GATE_MAX_SUITE_DROP"
 IDENTITY_KEY = "GATE_GREEDY_IDENTITY"
 TEXT_KEY = "GATE_MIN_TEXT_IDENTITY"
-GATE_KEYS = (*PARITY_CRITERIA, SUITE_KEY, TASK_KEY, IDENTITY_KEY, TEXT_KEY, "GATE_REFERENCE")
+# GATE_QUALITY_OF=<variant>: judge on that variant's quality records, which score the same weights file (its MODEL)
+# served by another engine (a GGUF's llama-server rung: llama.cpp scores the file in-process for every GGUF variant)
+QUALITY_OF_KEY = "GATE_QUALITY_OF"
+GATE_KEYS = (*PARITY_CRITERIA, SUITE_KEY, TASK_KEY, IDENTITY_KEY, TEXT_KEY, "GATE_REFERENCE", QUALITY_OF_KEY)
 MAIN_METRICS = ("acc", "exact_match", "prompt_level_strict_acc", "acc_norm", "multiple_choice_grade", "exact_str_match")  # first one a task reports
 ITEMS_COMMAND = "make eval-quality-full VARIANT={v}"  # with no TASKS: the suite of record
 STATUSES = ("pass", "inconclusive", "missing", "fail")  # verdict precedence: the last present wins
@@ -418,7 +421,7 @@ def gate_for(variant: str, settings: dict[str, str], root: Path | None = None,
     def records_of(v: str) -> list[dict]:
         return quality.get(v, []) if quality is not None else quality_records(v, root)
 
-    mine = records_of(variant)
+    mine = records_of(quality_source(variant, settings, root))
     parity = parity_record(mine, reference)
     out = judged_on(parity, parity_criteria(settings, parity))
     if SUITE_KEY in settings:
@@ -437,6 +440,22 @@ def gate_for(variant: str, settings: dict[str, str], root: Path | None = None,
     if not out:
         out = [Criterion(NO_GATE, 0, "max", detail=f"{variant} sets no GATE_* tolerance")]
     return reference, out
+
+
+def quality_source(variant: str, settings: dict[str, str], root: Path | None = None) -> str:
+    """Whose quality records judge `variant`: its own, or GATE_QUALITY_OF's when that variant serves the same MODEL
+    file (GateError otherwise: another file's scores are no evidence)."""
+    source = settings.get(QUALITY_OF_KEY)
+    if not source:
+        return variant
+    try:
+        theirs = load_variant(source, root=root).resolved.get("MODEL")
+    except VariantError as e:
+        raise GateError(f"{variant}: {QUALITY_OF_KEY}={source}: {e}") from None
+    if theirs != settings.get("MODEL"):
+        raise GateError(f"{variant}: {QUALITY_OF_KEY}={source} serves MODEL={theirs}, {variant} MODEL={settings.get('MODEL')}: "
+                        f"only the same file's records stand for it")
+    return source
 
 
 def verdict(criteria: list[Criterion]) -> str:

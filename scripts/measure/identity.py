@@ -148,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         if not ref_name:
             raise IdentityError(f"{var.name} has no PARENT or GATE_REFERENCE: nothing to compare it with")
         ref = load_variant(ref_name)
+        for v in (var, ref):  # before any server starts
+            if v.engine == "llamacpp":
+                raise IdentityError(f"{v.name} is served by llama-cpp-python, whose answers carry no token ids: compare "
+                                    f"a vLLM or llama-server variant (--reference, or GATE_REFERENCE in config.env)")
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
         rows, info = load_prompts(args.prompts, args.limit)
         reset_counters(var)

@@ -273,3 +273,14 @@ def test_parity_refuses_to_read_past_the_held_out_text(embedded_weights, capsys)
     assert eval_parity.main(["smollm2-bf16", "--reference", "smollm2-bf16", "--corpus", "cpython-docs",
                              "--tokens", "16384"]) == 1
     assert "held out from calibration" in capsys.readouterr().err
+
+
+def test_a_rung_serving_the_same_file_is_judged_on_that_variants_records(tmp_path):
+    """GATE_QUALITY_OF: the llama-server rung of a GGUF takes the parity and suite records of the variant that serves
+    the same MODEL file (scored in-process by llama.cpp); another file's records are refused."""
+    settings = load_variant("smollm2-gguf-q8-0-server").resolved
+    own = gate_lib.gate_for("smollm2-gguf-q8-0", load_variant("smollm2-gguf-q8-0").resolved)
+    assert gate_lib.gate_for("smollm2-gguf-q8-0-server", settings) == own
+    assert own[0] == "smollm2-bf16" and gate_lib.verdict(own[1]) == "pass"
+    with pytest.raises(gate_lib.GateError, match="GATE_QUALITY_OF=smollm2-gguf-q8-0 serves MODEL=.*only the same file"):
+        gate_lib.gate_for("smollm2-gguf-q8-0-server", {**settings, "MODEL": "weights/smollm2-gguf-q6-k/model.gguf"})

@@ -363,8 +363,9 @@ def test_llama_server_ngram_speculation_drafts_and_keeps_greedy_output(bf16_expo
 
 
 # llama-server's own 5xx on bodies that are the client's error (build 11434; docs/reliability.md): a `tools` field
-# that is not an array answers 500 "Failed to parse tools". No hook of llama-server lets the project refuse it first.
-LLAMA_SERVER_KNOWN_5XX = ("Failed to parse tools",)
+# that is not an array ("Failed to parse tools"), a negative token id to /detokenize (C++'s vector range check). No
+# hook of llama-server lets the project refuse them first.
+LLAMA_SERVER_KNOWN_5XX = ("Failed to parse tools", "vector::_M_range_check")
 
 
 @pytest.mark.slow
