@@ -284,3 +284,12 @@ def test_a_rung_serving_the_same_file_is_judged_on_that_variants_records(tmp_pat
     assert own[0] == "smollm2-bf16" and gate_lib.verdict(own[1]) == "pass"
     with pytest.raises(gate_lib.GateError, match="GATE_QUALITY_OF=smollm2-gguf-q8-0 serves MODEL=.*only the same file"):
         gate_lib.gate_for("smollm2-gguf-q8-0-server", {**settings, "MODEL": "weights/smollm2-gguf-q6-k/model.gguf"})
+
+
+def test_identity_against_llama_cpp_pythons_server_is_one_line_before_any_server(capsys):
+    """Its answers carry no token ids: `make eval-identity` names that and the way out, and starts nothing."""
+    from scripts.measure import identity
+
+    assert identity.main(["smollm2-gguf-q8-0-server", "--reference", "smollm2-gguf-q8-0"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: smollm2-gguf-q8-0 is served by llama-cpp-python") and "\n" not in err, err
