@@ -127,6 +127,23 @@ def save_record(record: dict[str, Any], directory: Path, kind: str) -> Path | No
         return None
 
 
+def mark_unmet(record: dict[str, Any]) -> None:
+    """A record whose summary judges named criteria ({name: {value, target, pass}}, and "pass"): failed, naming each
+    criterion it missed with its value."""
+    if not record["summary"]["pass"]:
+        unmet = [f"{k}={c['value']}" for k, c in record["summary"]["criteria"].items() if not c["pass"]]
+        record["status"], record["failure"] = "failed", "criteria not met: " + ", ".join(unmet)
+
+
+def exit_status(record: dict[str, Any], path: Path) -> int:
+    """After a record is saved: where it went and its status, its failure in one line; 0 only for status ok."""
+    print(f"wrote {paths.shown(path)} (status {record['status']})")
+    if record["status"] != "ok":
+        print(f"error: {record['failure']}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def finish_record(record: dict[str, Any], directory: Path, kind: str, error: Exception | None = None) -> int:
     """The end of a measuring script's main: a run that raised `error` is recorded as failed (and says why), the
     record is written, and the exit status returned (0 only for a record with status ok)."""

@@ -23,10 +23,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of
-from scripts.common.records import envelope, save_record
+from scripts.common.records import envelope, exit_status, mark_unmet, save_record
 from scripts.common.server import ServerError, http_get
 from scripts.common.variants import VariantError, load_variant, parse_overrides
 from scripts.serve.launch import variant_server
@@ -190,9 +189,7 @@ def fuzz(args, variant, base_url: str, server) -> dict:
     record["duration_s"] = round(time.monotonic() - t0, 2)
     record["samples"] = outs
     record["summary"] = summarize(outs)
-    if not record["summary"]["pass"]:
-        unmet = [f"{k}={c['value']}" for k, c in record["summary"]["criteria"].items() if not c["pass"]]
-        record["status"], record["failure"] = "failed", "criteria not met: " + ", ".join(unmet)
+    mark_unmet(record)
     return record
 
 
@@ -209,11 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     s = record["summary"]
     print(f"{s['cases']} bodies: {s['by_outcome']}; HTTP {s['by_status']}")
-    print(f"wrote {paths.shown(path)} (status {record['status']})")
-    if record["status"] != "ok":
-        print(f"error: {record['failure']}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(record, path)
 
 
 if __name__ == "__main__":

@@ -37,12 +37,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of
 from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, parse_levels
 from scripts.common.metrics import percentile
-from scripts.common.records import envelope, save_record
+from scripts.common.records import envelope, exit_status, mark_unmet, save_record
 from scripts.common.server import ServerError, group_rss_mib, http_get, is_healthy
 from scripts.common.variants import VariantError, load_variant, parse_overrides
 from scripts.measure.prom import scrape
@@ -425,9 +424,7 @@ def soak(args, variant, base_url: str, server) -> dict:
     record["samples"] = [asdict(o) for o in outs]
     record["summary"] = summarize(outs, rss, idle, healthy, levels)
     record["duration_s"] = round(time.monotonic() - t_run, 2)
-    if not record["summary"]["pass"]:
-        unmet = [f"{k}={c['value']}" for k, c in record["summary"]["criteria"].items() if not c["pass"]]
-        record["status"], record["failure"] = "failed", "criteria not met: " + ", ".join(unmet)
+    mark_unmet(record)
     return record
 
 
@@ -444,11 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     s = record["summary"]
     print(f"{s['requests']} requests: {s['by_outcome']}; idle after: {s['idle']['idle']}; RSS growth: {s['rss_growth']}")
-    print(f"wrote {paths.shown(path)} (status {record['status']})")
-    if record["status"] != "ok":
-        print(f"error: {record['failure']}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(record, path)
 
 
 if __name__ == "__main__":
