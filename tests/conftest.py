@@ -25,6 +25,12 @@ from scripts.common.hardware import cpu_model_and_flags, native_bf16
 from scripts.common.server import group_pids
 
 EMBEDDED_VARIANT = paths.DEFAULT_VARIANT
+# OpenMP threads that finish their work sleep at once instead of spinning (libiomp5 and libgomp spin ~200 ms by
+# default, which serving wants): the tests run a server, a transformers reference and a trainer at the same time on
+# few cores, two lanes of them under `make test`, and a spinning thread takes the core another process is waiting for.
+# Set here, before torch is imported, for this process and every server a test starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("KMP_BLOCKTIME", "0")
 # The dtype of every server a test starts and of every transformers reference it compares them with: BF16 (the
 # project's default) where the CPU has native BF16 kernels, FP32 where BF16 is converted in software (AVX2-only,
 # AVX-512 without BF16). There the same checks hold between FP32 server and FP32 reference, and the suite does less
@@ -43,9 +49,17 @@ def reference_dtype():
     return getattr(torch, TEST_DTYPE)
 
 
-def dtype_args() -> list[str]:
-    """The arguments a server-starting script gets for TEST_DTYPE: none where it is the variants' own BF16."""
-    return [] if TEST_DTYPE == "bfloat16" else ["--set", f"SERVE_DTYPE={TEST_DTYPE}"]
+# The KV cache of every server a test starts, in GiB (the variants' 4 is sized for serving): the tests' prompts need
+# a few thousand tokens, and two lanes of servers then fit the 24 GiB of the smallest machine met (an engine with 4
+# GiB held ~6 GB resident on the AVX2-only EPYC, 2026-11-27).
+TEST_KV_GIB = "1"
+
+
+def server_args() -> list[str]:
+    """The arguments a server-starting script gets: TEST_DTYPE (none where it is the variants' own BF16) and the
+    tests' KV cache size."""
+    dtype = [] if TEST_DTYPE == "bfloat16" else ["--set", f"SERVE_DTYPE={TEST_DTYPE}"]
+    return [*dtype, "--set", f"ENV_VLLM_CPU_KVCACHE_SPACE={TEST_KV_GIB}"]
 
 
 def free_port() -> int:
@@ -90,7 +104,7 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen, timeout_s: fl
 @contextmanager
 def serve(variant: str, log_dir: Path, sets: list[str], cancel: threading.Event | None = None
           ) -> Iterator[RunningServer]:
-    """`python -m scripts.serve <variant> --set …` (TEST_DTYPE first) on a free port, stopped by SIGTERM when the
+    """`python -m scripts.serve <variant> --set …` (server_args() first) on a free port, stopped by SIGTERM when the
     block exits; `cancel` set while it starts kills it."""
     port = free_port()
     log = log_dir / "serve.log"
@@ -98,7 +112,7 @@ def serve(variant: str, log_dir: Path, sets: list[str], cancel: threading.Event 
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "scripts.serve", variant, "--port", str(port), "--log", str(engine_log),
-             *dtype_args(), *[a for kv in sets for a in ("--set", kv)]],
+             *server_args(), *[a for kv in sets for a in ("--set", kv)]],
             cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
@@ -158,13 +172,32 @@ def _uses_session_server(item: pytest.Item) -> bool:
     return "embedded_server" in getattr(item, "fixturenames", ())
 
 
+# `make test` runs the suite as two pytest processes side by side (--lane): "server", the modules that share the
+# session server, and "rest", every other module. One lane alone leaves a core idle whenever it waits on a server
+# starting (two interpreters' imports and inductor's compile are one core's work each) or answering; two fill it.
+LANES = ("server", "rest")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--lane", choices=LANES, help="only the modules that share the session server (server) or only "
+                     "the others (rest); make test runs both side by side")
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Test modules that use the session server run after those that do not (each module's order kept)."""
+    """Test modules that use the session server run after those that do not (each module's order kept); with --lane,
+    only the lane's modules are kept (a module is in the server lane when one of its tests uses the server)."""
     modules: dict[str, list] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    ordered = sorted(modules.values(), key=lambda group: any(map(_uses_session_server, group)))
-    items[:] = [item for group in ordered for item in group]
+    uses = {name: any(map(_uses_session_server, group)) for name, group in modules.items()}
+    lane = config.getoption("lane")
+    if lane is not None:
+        dropped = [item for name, group in modules.items() if uses[name] != (lane == "server") for item in group]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        modules = {name: group for name, group in modules.items() if uses[name] == (lane == "server")}
+    ordered = sorted(modules, key=uses.__getitem__)
+    items[:] = [item for name in ordered for item in modules[name]]
 
 
 def pytest_collection_finish(session):

@@ -122,14 +122,14 @@ def test_the_cpu_profile_of_a_real_server_and_llamacpp(embedded_server, tmp_path
     from scripts.common.variants import load_variant
     from scripts.levers.gguf.export import export
     from scripts.report import schemas as check_schemas
-    from tests.conftest import dtype_args, free_port
+    from tests.conftest import server_args, free_port
 
     if not (paths.ROOT / load_variant("smollm2-gguf-bf16").resolved["MODEL"]).exists():
         export("smollm2-gguf-bf16", record_dir=tmp_path / "export")
     # the session server's dtype (tests/conftest.py TEST_DTYPE): the same compiled graphs, so its compile cache serves
     rc = cp.main(["smollm2-bf16", "--concurrency", "1", "--output-tokens", "40", "--window-steps", "16",
                   "--peer", "smollm2-gguf-bf16", "--port", str(free_port()), "--out-dir", str(tmp_path),
-                  *dtype_args()])
+                  *server_args()])
     (path,) = tmp_path.glob("profile_*.json")
     rec = json.loads(path.read_text())
     assert rc == 0 and rec["status"] == "ok" and check_schemas.check_file(path) == []

@@ -20,7 +20,7 @@ from scripts.common.server import group_pids, http_get
 from scripts.common.variants import load_variant
 from scripts.measure.prom import parse
 from scripts.serve.replicas import ReplicaError, parallel_size, placements, router_argv
-from tests.conftest import assert_every_route_guarded, assert_key_guarded, dtype_args, free_port, wait_for_line
+from tests.conftest import assert_every_route_guarded, assert_key_guarded, server_args, free_port, wait_for_line
 
 
 def test_cpu_cores_split_between_replicas():
@@ -99,8 +99,8 @@ def test_two_cpu_replicas_behind_vllm_router(embedded_weights, tmp_path):
     log, topology = tmp_path / "replicas.log", tmp_path / "topology.json"
     argv = [sys.executable, "-m", "scripts.serve.replicas", "smollm2-bf16", "--replicas", "2", "--policy",
             "round_robin", "--port", str(port), "--topology", str(topology), "--log-dir", str(tmp_path),
-            "--set", "ENV_VLLM_CPU_KVCACHE_SPACE=1", "--set", "SERVE_MAX_MODEL_LEN=2048",
-            "--set", "SERVE_ENFORCE_EAGER=1", *dtype_args()]
+            "--set", "SERVE_MAX_MODEL_LEN=2048",
+            "--set", "SERVE_ENFORCE_EAGER=1", *server_args()]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "API_KEY": key, "PYTHONUNBUFFERED": "1"})
