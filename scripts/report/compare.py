@@ -180,6 +180,51 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
     return "—" if x is None else format(x, spec)
 
 
+# The levers that leave a model's BF16 weights as they are: the reference itself, another engine serving it, and a GGUF
+# export of unquantized weights. Every other lever (quantization, pruning, speculation, adapters, serving settings
+# such as an FP8 KV cache or FP32) makes a variant, not a BF16 server.
+BF16_SERVER_LEVERS = ("base", "engine")
+UNQUANTIZED_GGUF = ("BF16", "F16", "F32")
+
+
+def bf16_server(variant: str, configs: dict[str, dict[str, str]]) -> bool:
+    """Whether `variant` serves its base's unchanged BF16 weights: its PARENT chain down to the reference holds only
+    BF16_SERVER_LEVERS and unquantized GGUF exports (a config missing from `configs` answers no)."""
+    seen: set[str] = set()
+    while variant:
+        config = configs.get(variant)
+        if config is None or variant in seen:
+            return False
+        seen.add(variant)
+        lever = lever_of(config)
+        if lever == "gguf" and config.get("GGUF_TYPE", "").upper() not in UNQUANTIZED_GGUF:
+            return False
+        if lever not in (*BF16_SERVER_LEVERS, "gguf"):
+            return False
+        variant = config.get("PARENT", "")
+    return True
+
+
+def fastest_bf16_servers(rows: list[dict], judged: dict[str, Judged],
+                         configs: dict[str, dict[str, str]]) -> dict[str, dict]:
+    """Per level, the fastest BF16 server among `rows` (one machine and prompt set) that is deployable: the reference,
+    or a BF16 server whose gate certifies it."""
+    servers = [r for r in rows if bf16_server(r["variant"], configs)
+               and (judged[r["variant"]].verdict == "reference" or judged[r["variant"]].certified)]
+    best = {}
+    for level in LEVELS:
+        timed = [r for r in servers if r["tput"].get(level)]
+        if timed:
+            best[level] = max(timed, key=lambda r: (r["tput"][level], r["variant"]))
+    return best
+
+
+def vs_fastest_bf16(row: dict, level: str) -> float | None:
+    """The row's throughput at `level` ÷ that of the fastest BF16 server of its machine (build_report sets it)."""
+    server = row.get("bf16_server", {}).get(level)
+    return ratio(row["tput"].get(level), server["tput"][level]) if server else None
+
+
 def winner_lines(group_rows: list[dict], judged: dict[str, Judged], undecided: bool = True) -> list[str]:
     """The fastest certified variant at each level with its evidence, or why none is certified (and, with
     `undecided`, the variants not yet decided with what would decide them)."""
@@ -201,9 +246,13 @@ def winner_lines(group_rows: list[dict], judged: dict[str, Judged], undecided: b
                 why = j.note or "; ".join(f"{c.status} {c.name}" for c in j.blocking())
                 lines.append(f"- {r['variant']} ({r['vs_base'][level]:.2f}×): {why}")
         else:
+            server = best.get("bf16_server", {}).get(level)
+            beside = (f"; {vs_fastest_bf16(best, level):.2f}× the fastest BF16 server here, {server['variant']} "
+                      f"({server['engine']}, {server['tput'][level]:.1f} tok/s)"
+                      if server and server["variant"] != best["base"] else "")
             lines.append(f"**Fastest at certified parity, c={level}: {best['variant']}** — "
                          f"{best['vs_base'][level]:.2f}× {best['base']} ({best['tput'][level]:.1f} vs "
-                         f"{best['base_tput'][level]:.1f} output tok/s, back-to-back: {best['b2b']}). Evidence:")
+                         f"{best['base_tput'][level]:.1f} output tok/s, back-to-back: {best['b2b']}){beside}. Evidence:")
             lines += [f"- {c.line()}" for c in judged[best["variant"]].criteria]
         lines.append("")
     pending = [r for r in group_rows if judged[r["variant"]].verdict in ("inconclusive", "missing")] if undecided else []
@@ -249,8 +298,8 @@ def winners_table(rows: list[dict], judged: dict[str, Judged], configs: dict[str
         if r["base"]:
             by_group.setdefault(r["group"], []).append(r)
     lines = ["| hardware | prompts | at | fastest certified | lever | engine | × BF16 c=1 | × BF16 c=8 | "
-             "evidence (one-sided 95% bound, limit) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "× fastest BF16 server c=1 / c=8 | evidence (one-sided 95% bound, limit) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (hw, _), group in sorted(by_group.items()):
         where = f"{hw.replace('(R)', '').replace(' Processor', '')} | {group[0]['prompt_set']}"
         picks: dict[str, list[str]] = {}
@@ -261,12 +310,16 @@ def winners_table(rows: list[dict], judged: dict[str, Judged], configs: dict[str
         for variant, levels in picks.items():
             at = ", ".join(levels)
             if not variant:
-                lines.append(f"| {where} | {at} | the BF16 reference | — | — | 1.00 | 1.00 | no certified variant is "
-                             "faster |")
+                lines.append(f"| {where} | {at} | the BF16 reference | — | — | 1.00 | 1.00 | — | no certified variant "
+                             "is faster |")
                 continue
             r = next(x for x in group if x["variant"] == variant)
+            servers = r.get("bf16_server", {})
+            beside = " / ".join(f"{fmt(vs_fastest_bf16(r, c))} ({servers[c]['variant']})" if c in servers else "—"
+                                for c in LEVELS)
             lines.append(f"| {where} | {at} | {variant} | {lever_of(configs.get(variant, {}))} | {r['engine']} | "
-                         + " | ".join(fmt(r["vs_base"].get(c)) for c in LEVELS) + f" | {evidence(judged[variant])} |")
+                         + " | ".join(fmt(r["vs_base"].get(c)) for c in LEVELS)
+                         + f" | {beside} | {evidence(judged[variant])} |")
     return lines
 
 
@@ -292,6 +345,7 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
     """The speed tables. `leave_out` ({variant: its successor}, the superseded): no row of their own, still a parent's or
     BF16's speed for the rows that name them."""
     leave_out = leave_out or {}
+    configs = {r["variant"]: r["config"] for _, r in records}  # oldest first: the newest config wins
     groups, not_comparable = comparable_groups(records)
     excluded = [(f"{v} ({hw})", why) for v, hw, why in not_comparable if v not in leave_out]
     lines = [f"# Variant comparison ({now_utc():%Y-%m-%d})", "",
@@ -343,6 +397,10 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
             rows.append(row)
             if base:
                 group_rows.append(row)
+        all_rows = [r for r in rows if r["group"] == (hw, prompts)]
+        servers = fastest_bf16_servers(all_rows, judged, configs)
+        for r in all_rows:
+            r["bf16_server"] = servers
         engines = sorted({r["engine"] for r in group_rows}, key=lambda e: (not e.startswith("vLLM"), e))
         for engine in engines:  # one verdict per engine: a peer never takes the vLLM variants' place, nor they its
             lines += [""] + ([f"### {engine}", ""] if len(engines) > 1 else [])

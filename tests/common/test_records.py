@@ -200,6 +200,44 @@ def test_compare_names_one_winner_across_engines(tmp_path):
     assert "Fastest at certified parity, c=1: smollm2-a** — 1.50×" in text.split("### Across engines")[0]
 
 
+def test_bf16_servers_are_the_reference_and_other_engines_on_unquantized_weights():
+    configs = {"b": {}, "gguf": {"PARENT": "b", "GGUF_TYPE": "BF16"}, "srv": {"PARENT": "gguf", "ENGINE": "llamaserver"},
+               "q8": {"PARENT": "b", "GGUF_TYPE": "Q8_0"}, "q8-srv": {"PARENT": "q8", "ENGINE": "llamaserver"},
+               "srv-ngram": {"PARENT": "srv", "ENGINE": "llamaserver", "LLAMASERVER_SPEC_TYPE": "ngram-simple"},
+               "fp32": {"PARENT": "b", "SERVE_DTYPE": "float32"}, "orphan": {"PARENT": "gone", "ENGINE": "llamaserver"}}
+    assert [v for v in configs if compare.bf16_server(v, configs)] == ["b", "gguf", "srv"]
+
+
+def test_compare_gives_the_winner_against_the_fastest_bf16_server(tmp_path):
+    """Across engines: the winner (a Q8_0 llama-server rung) is named with its ratio to the fastest deployable BF16
+    server of the machine (here llama-server on the BF16 GGUF, faster than vLLM's BF16), in the report and the README
+    table; an uncertified BF16 server (llama-cpp-python without a soak) is not that server."""
+    exp = tmp_path / "experiments"
+    rungs = {"smollm2-gguf-bf16": (1.8, {"GGUF_TYPE": "BF16", "ENGINE": "llamacpp"}),
+             "smollm2-srv": (1.5, {"PARENT": "smollm2-gguf-bf16", "ENGINE": "llamaserver"}),
+             "smollm2-gguf-q8-0": (1.0, {"GGUF_TYPE": "Q8_0", "ENGINE": "llamacpp"}),
+             "smollm2-q8-srv": (3.0, {"PARENT": "smollm2-gguf-q8-0", "ENGINE": "llamaserver"})}
+    records.write_record(make_record("smollm2-bf16", 1.0, ladder="L"), exp / "smollm2-bf16", "latency")
+    for name, (scale, keys) in rungs.items():
+        rec = make_record("smollm2-bf16", scale, ladder="L")
+        rec["variant"] = name
+        rec["config"] = {k: v for k, v in rec["config"].items() if not k.startswith(("SERVE_", "ENV_"))}
+        rec["config"].update({"PARENT": "smollm2-bf16", **keys})
+        rec["engine"] = {"name": keys["ENGINE"], "version": "1"}
+        records.write_record(rec, exp / name, "latency")
+    ok = compare.Judged("pass", [Criterion("GATE_GREEDY_IDENTITY", 0, "max", value=0, status="pass")])
+    judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-gguf-bf16": compare.Judged("missing", note="x"),
+              "smollm2-srv": ok, "smollm2-gguf-q8-0": compare.Judged("missing", note="x"), "smollm2-q8-srv": ok}
+    recs = records.all_records("latency", exp)
+    text, rows = compare.build_report(recs, judged)
+    across = text.split("### Across engines")[1]
+    assert "c=1: smollm2-q8-srv** — 3.00× smollm2-bf16" in across
+    assert "; 2.00× the fastest BF16 server here, smollm2-srv (" in across
+    configs = {r["variant"]: r["config"] for _, r in recs}
+    (row,) = [line for line in compare.winners_table(rows, judged, configs) if "smollm2-q8-srv" in line]
+    assert "| 3.00 | — | 2.00 (smollm2-srv) / — |" in row
+
+
 def test_compare_leaves_superseded_variants_out_of_its_tables(tmp_path):
     """A superseded variant gets no row and is never the winner, but still serves as the parent speed of a row that
     names it; a line counts what was left out. main reads SUPERSEDED_BY from the config.env files."""
