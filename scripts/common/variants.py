@@ -354,6 +354,19 @@ def build_target(settings: dict[str, str]) -> str:
     return "calibrate"
 
 
+def how_to_build(variant: Variant) -> str:
+    """The command that puts a variant's MODEL in place: its lever's target for one built from its PARENT
+    (SOURCE=lever), `make weights` for a base, a download or a shape proxy."""
+    if variant.resolved.get("SOURCE") == "lever":
+        return f"make {build_target(variant.resolved)} VARIANT={variant.name}"
+    return f"make weights VARIANT={variant.name}"
+
+
+def missing_model(variant: Variant) -> str:
+    """The one-line error for a variant whose MODEL is not on disk, naming the command that builds it."""
+    return f"{variant.resolved['MODEL']} does not exist: run `{how_to_build(variant)}`"
+
+
 def lever_of(settings: dict[str, str]) -> str:
     """The lever that makes a variant what it is, from its config.env keys (the last one applied, for a stack: a
     speculative head on an INT8 parent is `speculate`)."""

@@ -36,7 +36,7 @@ from scripts.common.loadgen import openai_client
 from scripts.common.metrics import parity_stats
 from scripts.common.records import envelope, save_record
 from scripts.common.server import ServerError
-from scripts.common.variants import Variant, VariantError, load_variant, reference_name
+from scripts.common.variants import Variant, VariantError, load_variant, missing_model, reference_name
 from scripts.data.corpus import EVAL_FRACTION, CorpusError, load_corpus
 from scripts.levers.gguf import logits as llamacpp_logits
 from scripts.levers.vocab.keep import kept_ids
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             if v.is_shape_proxy:
                 raise ParityError(f"{v.name} is a shape proxy (random weights): quality is never measured on it")
             if v.resolved["MODEL"].startswith("weights/") and not Path(v.model).exists():
-                raise ParityError(f"{v.resolved['MODEL']} does not exist: build {v.name} first")
+                raise ParityError(missing_model(v))
         engine = engine_of(var).name
         gguf = engine_of(var).gguf  # llama-cpp-python's server or llama-server: the GGUF file, scored by llama.cpp
         if args.backend == "auto":

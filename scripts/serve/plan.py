@@ -21,7 +21,7 @@ from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import Engine, engine_of, vllm_version
 from scripts.common.hardware import cpu_dtype_note, cpu_model_and_flags
 from scripts.common.server import Server, local_base_url
-from scripts.common.variants import Variant, build_target, check_think_budget, cpu_preload, head_dir
+from scripts.common.variants import Variant, check_think_budget, cpu_preload, head_dir, missing_model
 from scripts.serve import guard
 from scripts.serve.command import printable, serve_argv, serve_env
 
@@ -98,8 +98,7 @@ def check_model_present(variant: Variant) -> None:
         return
     path = paths.ROOT / model
     if not path.exists():
-        raise CheckpointError(f"{model} does not exist: run `make weights VARIANT={variant.name}` "
-                              f"(or `make {build_target(variant.resolved)} VARIANT={variant.name}` for a lever-built variant)")
+        raise CheckpointError(missing_model(variant))
     if path.is_file():  # a GGUF file (llama.cpp): its engine reads and checks it
         return
     read_checkpoint(path)  # files present, config parses, shards whole; full checks: scripts.weights.verify

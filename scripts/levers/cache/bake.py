@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
              args.device_name)
     except (VariantError, CheckpointError, ServerError, CacheError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

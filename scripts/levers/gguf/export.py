@@ -35,7 +35,7 @@ from scripts.common.checkpoint import CheckpointError, embedded_gguf, read_check
 from scripts.common.engines import LLAMACPP_VENV, EngineError, version
 from scripts.common.hardware import hardware
 from scripts.common.records import git_state, now_utc, versions, write_record
-from scripts.common.variants import VariantError, load_variant
+from scripts.common.variants import VariantError, load_variant, missing_model
 
 PLAIN = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
 EMBEDDED = "embedded"
@@ -180,9 +180,10 @@ def export(variant_name: str, record_dir: Path | None = None) -> Path:
             raise ExportError(f"{variant_name}: GGUF_SOURCE={source} is not a checkpoint here: build it first "
                               f"(a draft model: make draft VARIANT={parent.name if parent else '<parent>'})")
         parent_dir = paths.ROOT / source
-    elif parent is None or not Path(parent.model).is_dir():
-        raise ExportError(f"{variant_name}: PARENT {parent.name if parent else '(none)'} has no checkpoint here: run "
-                          f"`make weights VARIANT={parent.name if parent else '<parent>'}`")
+    elif parent is None:
+        raise ExportError(f"{var.path / 'config.env'}: no PARENT (the checkpoint to export)")
+    elif not Path(parent.model).is_dir():
+        raise ExportError(f"{variant_name}: PARENT {missing_model(parent)}")
     else:
         parent_dir = Path(parent.model)
     report = read_checkpoint(parent_dir)
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         export(args.variant)
     except (ExportError, VariantError, CheckpointError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

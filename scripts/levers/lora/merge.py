@@ -21,7 +21,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, copy_side_files, verify
 from scripts.common.hardware import hardware
 from scripts.common.records import git_state, now_utc, versions, write_record
-from scripts.common.variants import VariantError, load_variant
+from scripts.common.variants import VariantError, load_variant, missing_model
 from scripts.levers.lora import adapters as lora
 
 
@@ -40,7 +40,7 @@ def merge(name: str, overrides: dict[str, str] | None = None, record_dir: Path |
     if dest == base_dir:
         raise lora.LoraError(f"{name}: MODEL is PARENT's folder; a merge writes a new checkpoint")
     if not (base_dir / "config.json").exists():
-        raise lora.LoraError(f"{paths.shown(base_dir)} is missing: make weights VARIANT={parent.name}")
+        raise lora.LoraError(missing_model(parent))
     if lora.quantized(base_dir):
         raise lora.LoraError(f"{parent.name} is quantized: merge into the BF16 model, then quantize the merged one "
                              f"(a variant with PARENT={name} and CALIBRATE_RECIPE=…)")
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         merge(args.variant)
     except (VariantError, lora.LoraError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.hardware import hardware, training_dtype
 from scripts.common.records import git_state, now_utc, versions, write_record
-from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
+from scripts.common.variants import VariantError, list_variants, load_variant, missing_model, parse_overrides
 from scripts.levers.lora import adapters as lora
 
 PROMPTS = ("What is the capital of France?", "Explain what a Python list is in one sentence.",
@@ -100,7 +100,7 @@ def train(name: str, overrides: dict[str, str] | None = None, record_dir: Path |
         raise lora.LoraError(f"{name}: no PARENT (the BF16 variant the adapter is trained on)")
     base_dir = Path(parent.model)
     if not (base_dir / "config.json").exists():
-        raise lora.LoraError(f"{paths.shown(base_dir)} is missing: make weights VARIANT={parent.name}")
+        raise lora.LoraError(missing_model(parent))
     if lora.quantized(base_dir):
         raise lora.LoraError(f"{parent.name} is quantized: train on its BF16 parent, merge (make merge-lora), then "
                              "quantize the merged model")
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             train(name, parse_overrides(args.set))
     except (VariantError, lora.LoraError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, check_dropped, read_checkpoint
-from scripts.common.variants import VariantError, load_variant
+from scripts.common.variants import VariantError, load_variant, missing_model
 
 RECIPES = paths.ROOT / "scripts" / "levers" / "quantize" / "recipes"
 ALGORITHMS = ("rtn", "awq", "gptq", "smoothquant-gptq")
@@ -295,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             if "CALIBRATE_RECIPE" not in v.resolved or "PARENT" not in v.resolved:
                 raise CalibrateError(f"{v.name}: config.env needs CALIBRATE_RECIPE and PARENT")
             args.recipe = args.recipe or v.resolved["CALIBRATE_RECIPE"]
-            args.model = args.model or Path(load_variant(v.resolved["PARENT"]).model)
+            parent = load_variant(v.resolved["PARENT"])
+            if args.model is None and not Path(parent.model).is_dir():
+                raise CalibrateError(missing_model(parent))
+            args.model = args.model or Path(parent.model)
             args.out = args.out or Path(v.model)
             args.samples = args.samples or (int(v.resolved["CALIBRATE_SAMPLES"]) if "CALIBRATE_SAMPLES" in v.resolved else None)
             args.seq_len = args.seq_len or (int(v.resolved["CALIBRATE_SEQ_LEN"]) if "CALIBRATE_SEQ_LEN" in v.resolved else None)
@@ -315,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             verify(tmp)
     except (CalibrateError, CheckpointError, VariantError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(json.dumps(prov, indent=2))
     print(f"wrote {args.out}")
     return 0

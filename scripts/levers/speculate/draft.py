@@ -21,7 +21,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, copy_side_files, verify
-from scripts.common.variants import VariantError, head_dir, load_variant
+from scripts.common.variants import VariantError, head_dir, load_variant, missing_model
 
 LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             raise DraftError(f"{variant.path / 'config.env'}: needs PARENT and DRAFT_LAYERS=<number of layers>")
         parent = load_variant(variant.resolved["PARENT"])
         if not Path(parent.model).is_dir():
-            raise DraftError(f"{parent.resolved['MODEL']} does not exist: run `make weights VARIANT={parent.name}`")
+            raise DraftError(missing_model(parent))
         with paths.staged(out) as tmp:
             info = truncate(Path(parent.model), tmp, int(variant.resolved["DRAFT_LAYERS"]))
             (tmp / "PROVENANCE.json").write_text(json.dumps({
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             verify(tmp)
     except (DraftError, VariantError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {paths.shown(out)}: {info['layers']} of {info['parent_layers']} layers, {info['params'] / 1e6:.1f}M parameters")
     return 0
 

@@ -53,7 +53,7 @@ from scripts.common.checkpoint import CheckpointError
 from scripts.common.hardware import training_dtype
 from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts
 from scripts.common.server import ServerError
-from scripts.common.variants import VariantError, head_dir, load_variant, parse_overrides
+from scripts.common.variants import VariantError, head_dir, load_variant, missing_model, parse_overrides
 from scripts.serve.launch import variant_server
 
 TRAIN_PROMPTS = paths.EVAL / "prompts" / "spec-v1-train.jsonl"
@@ -707,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RedistillError(f"{variant.name} has no PARENT: the target to distill from")
         target = load_variant(variant.resolved["PARENT"], overrides=parse_overrides(args.target_set))
         if not Path(target.model).is_dir():
-            raise RedistillError(f"{target.resolved['MODEL']} does not exist: build {target.name} first")
+            raise RedistillError(missing_model(target))
         cfg = settings_of(variant)
         n_prompts, max_tokens, steps = BUDGETS[args.budget]
         if args.budget == "tiny":
@@ -789,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RedistillError, VariantError, PromptSetError, ServerError, CheckpointError) as e:
         kept = f"; its last snapshot is {paths.shown(snap)} (REDISTILL_INIT=)" if data and snap.is_dir() else ""
         print(f"error: {e}{kept}", file=sys.stderr)
-        return 1
+        return 2
     except Exception as e:  # a failure while training: the cached answers (and the last snapshot) stay for a retry
         if data is None:
             raise

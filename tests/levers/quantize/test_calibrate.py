@@ -52,12 +52,12 @@ def test_every_recipe_loads_and_unknown_is_refused():
 
 def test_cli_refuses_existing_output(tmp_path, capsys):
     (tmp_path / "out").mkdir()
-    assert cal.main(["int8-w8a8", "--model", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    assert cal.main(["int8-w8a8", "--model", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     assert "exists; remove it first" in capsys.readouterr().err
 
 
 def test_cli_refuses_a_source_that_fails_verification(tmp_path, capsys):
-    assert cal.main(["int8-w8a8", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 1
+    assert cal.main(["int8-w8a8", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
     assert "no such checkpoint directory" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
@@ -82,7 +82,7 @@ def test_bad_set_is_refused_with_one_line(item, message):
 
 
 def test_bad_set_fails_before_any_work(embedded_weights, tmp_path, capsys):
-    assert cal.main(["awq-w4a16", "--model", str(embedded_weights), "--out", str(tmp_path / "o"), "--set", "bogus=1"]) == 1
+    assert cal.main(["awq-w4a16", "--model", str(embedded_weights), "--out", str(tmp_path / "o"), "--set", "bogus=1"]) == 2
     assert "bogus=1" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 

@@ -298,7 +298,7 @@ def test_base_model_chat_template_joins_contents_after_bos():
 def test_a_tail_build_without_the_held_out_data_is_one_line_before_any_work(embedded_weights, tmp_path, monkeypatch,
                                                                             capsys):
     """`make prune-vocab` of a tail variant whose held-out report reads BIG-bench, without `make datasets`: one line
-    naming the command, exit 1, weights/<variant> untouched."""
+    naming the command, exit 2, weights/<variant> untouched."""
     from scripts.common import paths
     from scripts.data import bigbench
     from scripts.levers.vocab import prune
@@ -307,7 +307,7 @@ def test_a_tail_build_without_the_held_out_data_is_one_line_before_any_work(embe
     monkeypatch.setattr(prune, "time_head", lambda *a, **k: pytest.fail("the build went on without its data"))
     dest = paths.WEIGHTS / "smollm2-v16k-tail"
     before = dest.stat().st_mtime if dest.exists() else None
-    assert prune.main(["smollm2-v16k-tail", "--force"]) == 1
+    assert prune.main(["smollm2-v16k-tail", "--force"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "make datasets" in err and "\n" not in err, err
     assert (dest.stat().st_mtime if dest.exists() else None) == before
