@@ -1,7 +1,7 @@
 """Engines behind one HTTP interface: argv, refusals, the fixed-length request (pure logic); the GGUF export's rotary
 permutation and tensor names (tiny arrays); and llama.cpp for real (slow): a BF16 and a Q8_0 export of smollm2-bf16
 served by llama-cpp-python's server, benched into a record that names the engine, scored by llama.cpp's own logits,
-and a server killed mid-run recorded as failed."""
+and a server killed mid-run recorded as failed (llama-cpp-python's and llama-server alike)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from scripts.serve import command
 
 GGUF_VARIANT = "smollm2-gguf-q8-0"
 SERVER_VARIANT = "smollm2-gguf-bf16-server"
+# The fault tests run against both llama.cpp servers on the same Q8_0 file: llama-cpp-python's and llama-server
+FAULT_VARIANTS = pytest.mark.parametrize("variant", [GGUF_VARIANT, "smollm2-gguf-q8-0-server"])
 
 
 def test_engine_of_defaults_to_vllm_and_refuses_unknown_and_foreign_flags(tmp_path):
@@ -218,24 +220,28 @@ def test_llamacpp_parity_is_scored_by_llamacpp(q8_export, tmp_path):
 
 
 @pytest.mark.slow
-def test_llamacpp_bench_names_engine_and_a_killed_server_fails_the_record(q8_export, tmp_path):
+@FAULT_VARIANTS
+def test_llamacpp_bench_names_engine_and_a_killed_server_fails_the_record(q8_export, tmp_path, variant):
     from scripts.measure import latency as bench_latency
     from scripts.serve.launch import variant_server
     from tests.conftest import free_port
 
-    v = load_variant(GGUF_VARIANT)
+    v = load_variant(variant)
+    engine = engine_of(v).name
     with variant_server(v, base_url=None, port=free_port(), purpose="test") as (url, server):
         args = ["--base-url", url, "--concurrency", "1,2", "--modes", "fixed", "--limit", "4", "--out-dir", str(tmp_path)]
-        assert bench_latency.main([GGUF_VARIANT, *args]) == 0
+        assert bench_latency.main([variant, *args]) == 0
         rec = json.loads(next(tmp_path.glob("latency_*.json")).read_text())
-        assert rec["engine"]["name"] == "llamacpp" and rec["engine"]["version"] == engines.version("llamacpp")
+        assert rec["engine"]["name"] == engine and rec["engine"]["version"] == engines.version(engine)
         reqs = [q for s in rec["samples"] for q in s["requests"]]
-        # fixed mode: every request ran to exactly its max_tokens (end-of-sequence banned by logit bias)
-        assert all(q["output_tokens"] == 32 and q["tokens_from"] == "stream chunks" for q in reqs[:4])
+        # fixed mode: every request ran to exactly its max_tokens (end-of-sequence banned); llama-cpp-python's stream
+        # carries no usage (its tokens are counted from the chunks), llama-server's does
+        counted = "stream chunks" if engine == "llamacpp" else "usage"
+        assert all(q["output_tokens"] == 32 and q["tokens_from"] == counted for q in reqs[:4])
         died = tmp_path / "died"
         killer = threading.Timer(4.0, server.stop)
         killer.start()
-        rc = bench_latency.main([GGUF_VARIANT, *args[:-1], str(died), "--concurrency", "1", "--limit", "16"])
+        rc = bench_latency.main([variant, *args[:-1], str(died), "--concurrency", "1", "--limit", "16"])
         killer.join()
     assert rc == 1
     failed = json.loads(next(died.glob("latency_*.json")).read_text())
@@ -243,11 +249,12 @@ def test_llamacpp_bench_names_engine_and_a_killed_server_fails_the_record(q8_exp
     from scripts.report.compare import build_report
 
     report, rows = build_report([(died, failed)], {})  # a failed record is listed as not comparable, never ranked
-    assert rows == [] and "## Not comparable" in report and f"{GGUF_VARIANT} (" in report
+    assert rows == [] and "## Not comparable" in report and f"{variant} (" in report
 
 
 @pytest.mark.slow
-def test_a_server_killed_during_a_quality_run_leaves_a_failed_record(q8_export, tmp_path):
+@FAULT_VARIANTS
+def test_a_server_killed_during_a_quality_run_leaves_a_failed_record(q8_export, tmp_path, variant):
     """lm-eval against a llama.cpp server stopped mid-run: exit 1, one complete record with status failed that says
     why and passes its schema, no temp file."""
     from scripts.measure import quality as eval_quality
@@ -255,11 +262,11 @@ def test_a_server_killed_during_a_quality_run_leaves_a_failed_record(q8_export, 
     from scripts.serve.launch import variant_server
     from tests.conftest import free_port
 
-    v = load_variant(GGUF_VARIANT)
+    v = load_variant(variant)
     with variant_server(v, base_url=None, port=free_port(), purpose="test") as (url, server):
         killer = threading.Timer(12.0, server.stop)  # lm-eval loads in ~5 s; 1,200 items take minutes
         killer.start()
-        rc = eval_quality.main([GGUF_VARIANT, "--tasks", "lab_arith_gen", "--limit", "1200", "--base-url", url,
+        rc = eval_quality.main([variant, "--tasks", "lab_arith_gen", "--limit", "1200", "--base-url", url,
                                 "--out-dir", str(tmp_path)])
         killer.join()
     assert rc == 1
@@ -271,7 +278,8 @@ def test_a_server_killed_during_a_quality_run_leaves_a_failed_record(q8_export, 
 
 
 @pytest.mark.slow
-def test_a_measuring_script_terminated_midway_stops_its_server_and_writes_nothing(q8_export, tmp_path):
+@FAULT_VARIANTS
+def test_a_measuring_script_terminated_midway_stops_its_server_and_writes_nothing(q8_export, tmp_path, variant):
     """SIGTERM to a latency run that started its own server: the server's port is free again afterwards (no orphan
     left to answer the next run's health checks) and no record, partial or not, is written."""
     import signal
@@ -285,7 +293,7 @@ def test_a_measuring_script_terminated_midway_stops_its_server_and_writes_nothin
     port = free_port()
     log = tmp_path / "bench.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "scripts.measure.latency", GGUF_VARIANT, "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "scripts.measure.latency", variant, "--port", str(port),
                                  "--concurrency", "1", "--limit", "16", "--out-dir", str(tmp_path / "rec")],
                                 cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
