@@ -207,8 +207,8 @@ def bf16_server(variant: str, configs: dict[str, dict[str, str]]) -> bool:
 
 def fastest_bf16_servers(rows: list[dict], judged: dict[str, Judged],
                          configs: dict[str, dict[str, str]]) -> dict[str, dict]:
-    """Per level, the fastest BF16 server among `rows` (one machine and prompt set) that is deployable: the reference,
-    or a BF16 server whose gate certifies it."""
+    """Per level, the fastest BF16 server among `rows` (one model's, on one machine and prompt set) that is deployable:
+    the reference, or a BF16 server whose gate certifies it."""
     servers = [r for r in rows if bf16_server(r["variant"], configs)
                and (judged[r["variant"]].verdict == "reference" or judged[r["variant"]].certified)]
     best = {}
@@ -397,10 +397,14 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
             rows.append(row)
             if base:
                 group_rows.append(row)
-        all_rows = [r for r in rows if r["group"] == (hw, prompts)]
-        servers = fastest_bf16_servers(all_rows, judged, configs)
-        for r in all_rows:
-            r["bf16_server"] = servers
+        by_reference: dict[str, list[dict]] = {}  # one model's rows: its BF16 reference and the variants measured against it
+        for r in rows:
+            if r["group"] == (hw, prompts):
+                by_reference.setdefault(r["base"] or r["variant"], []).append(r)
+        for same_model in by_reference.values():
+            servers = fastest_bf16_servers(same_model, judged, configs)
+            for r in same_model:
+                r["bf16_server"] = servers
         engines = sorted({r["engine"] for r in group_rows}, key=lambda e: (not e.startswith("vLLM"), e))
         for engine in engines:  # one verdict per engine: a peer never takes the vLLM variants' place, nor they its
             lines += [""] + ([f"### {engine}", ""] if len(engines) > 1 else [])

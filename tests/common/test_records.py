@@ -236,6 +236,16 @@ def test_compare_gives_the_winner_against_the_fastest_bf16_server(tmp_path):
     configs = {r["variant"]: r["config"] for _, r in recs}
     (row,) = [line for line in compare.winners_table(rows, judged, configs) if "smollm2-q8-srv" in line]
     assert "| 3.00 | — | 2.00 (smollm2-srv) / — |" in row
+    # another model on the same machine is measured against its own BF16 servers only
+    other = make_record("gemma3-270m-bf16", 1.0, ladder="L")
+    records.write_record(other, exp / "gemma3-270m-bf16", "latency")
+    fast = make_record("gemma3-270m-bf16", 1.2, ladder="L")
+    fast["variant"], fast["config"]["PARENT"] = "gemma3-270m-fast", "gemma3-270m-bf16"
+    records.write_record(fast, exp / "gemma3-270m-fast", "latency")
+    text, _ = compare.build_report(records.all_records("latency", exp), {**judged, "gemma3-270m-bf16":
+                                   compare.Judged("reference"), "gemma3-270m-fast": ok})
+    line = next(x for x in text.splitlines() if "c=1: gemma3-270m-fast**" in x)
+    assert "the fastest BF16 server" not in line, line  # its fastest BF16 server is its own reference
 
 
 def test_compare_leaves_superseded_variants_out_of_its_tables(tmp_path):
