@@ -333,7 +333,7 @@ def kill_midway(argv: list[str], dest: Path, sig: int, *, timeout_s: float = 600
                 proc.wait()
                 out.seek(0)
                 raise AssertionError(f"{argv[2:]} never wrote into a staging directory of {dest}: {out.read()[-2000:]}")
-            time.sleep(0.02)
+            time.sleep(0.005)
         proc.send_signal(sig)
         proc.wait(timeout=120)
         out.seek(0)
