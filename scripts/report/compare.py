@@ -340,12 +340,17 @@ def write_readme_table(readme: Path, table: list[str]) -> bool:
     return True
 
 
+def newest_configs(records: list[tuple[Path, dict]]) -> dict[str, dict[str, str]]:
+    """Each variant's config.env as its newest record holds it (records run oldest first)."""
+    return {r["variant"]: r["config"] for _, r in records}
+
+
 def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                  leave_out: dict[str, str] | None = None) -> tuple[str, list[dict]]:
     """The speed tables. `leave_out` ({variant: its successor}, the superseded): no row of their own, still a parent's or
     BF16's speed for the rows that name them."""
     leave_out = leave_out or {}
-    configs = {r["variant"]: r["config"] for _, r in records}  # oldest first: the newest config wins
+    configs = newest_configs(records)
     groups, not_comparable = comparable_groups(records)
     excluded = [(f"{v} ({hw})", why) for v, hw, why in not_comparable if v not in leave_out]
     lines = [f"# Variant comparison ({now_utc():%Y-%m-%d})", "",
@@ -545,7 +550,7 @@ def judge_all(records: list[tuple[Path, dict]], experiments: Path,
               quality: dict[str, list[dict]] | None = None) -> tuple[dict[str, Judged], dict[str, dict]]:
     """Every variant with a latency record judged by its gate (chained up to BF16), and its newest config
     (`quality`: every variant's quality records, newest first, when the caller has read them: by_variant)."""
-    configs = {r["variant"]: r["config"] for _, r in records}  # records run oldest first: the newest config wins
+    configs = newest_configs(records)
     judged = chain({v: judge(v, config, experiments, quality) for v, config in configs.items()}, configs)
     soaked = {r["variant"]: r["status"] == "ok" for _, r in all_records("soak", experiments)}  # the newest wins
     return deployable(judged, configs, soaked), configs
