@@ -260,10 +260,23 @@ def ladder(r: Runner, rungs: list[str]) -> dict[str, str | None]:
     return out
 
 
+def reference_weights(base: str) -> None:
+    """`make weights` for the base's BF16 variant when its checkpoint is not here (a fresh clone): the plan reads it."""
+    ref = load_variant(f"{base}-bf16")
+    if (paths.ROOT / ref.settings["MODEL"] / "config.json").is_file():
+        return
+    log = STATE / base / "logs" / "weights.log"
+    print(f"[plan] make weights VARIANT={ref.name} (log {paths.shown(log)})", flush=True)
+    with log.open("w") as out:
+        if run_step(["make", "--no-print-directory", "weights", f"VARIANT={ref.name}"], out) != 0:
+            raise OptimizeError(f"make weights VARIANT={ref.name} failed: {last_error(log)}")
+
+
 def run(args) -> int:
     t0 = time.monotonic()
+    STATE.joinpath(args.base, "logs").mkdir(parents=True, exist_ok=True)
+    reference_weights(args.base)
     plan, written = make_plan(args)
-    STATE.joinpath(plan.base, "logs").mkdir(parents=True, exist_ok=True)
     r = Runner(plan, State.load(plan.base), plan.hardware, STATE / plan.base / "logs")
     r.phase_s["plan"] = round(time.monotonic() - t0, 1)
     ok = [c for c in plan.candidates if build(r, c)]
