@@ -4,6 +4,8 @@
 VARIANT ?= smollm2-bf16
 BASE ?= smollm2
 BENCH_ARGS ?=
+PARITY_ARGS ?=
+IDENTITY_ARGS ?=
 CORPUS ?= auto
 BACKEND ?= auto
 BASE_URL ?= http://127.0.0.1:8000
@@ -47,7 +49,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak fuzz eval-think profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep gate datasets datasets-hub compare list check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak fuzz eval-think profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep optimize gate datasets datasets-hub compare list check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -180,8 +182,8 @@ lock-cuda: ## resolve requirements/cuda.in into the hashed lock requirements/cud
 hash-locks: ## hash every lock under requirements/ in place: SHA-256 of each release's files (PyPI; pip's find-links for local wheels)
 	$(PYTHON_BASE) -m scripts.image.locks
 
-download: $(STAMP) ## materialize base weights: MODEL=embedded (default) | org/repo | shape-proxy:qwen35-4b
-	$(PY) -m scripts.weights.download $(MODEL)
+download: $(STAMP) ## materialize base weights: MODEL=embedded (default) | gemma3-270m | org/repo | shape-proxy:qwen35-4b | /path/to/hf-folder NAME=<base> (registers a new base)
+	$(PY) -m scripts.weights.download $(MODEL) $(if $(NAME),--name $(NAME))
 
 weights: $(STAMP) ## materialize what VARIANT's MODEL needs (no-op when present)
 	$(PY) -m scripts.weights.download --for-variant $(VARIANT)
@@ -235,13 +237,16 @@ eval-smoke: weights ## the project's plumbing tasks on VARIANT (its EVAL_TASKS),
 	$(PY) -m scripts.measure.quality $(VARIANT) --profile smoke $(if $(TASKS),--tasks $(TASKS))
 
 eval-parity: weights ## KL divergence / top-1 agreement / perplexity of VARIANT vs its reference (BACKEND=auto|transformers|vllm|llamacpp, CORPUS=auto|cpython-docs|bigbench-held-out)
-	$(PY) -m scripts.measure.parity $(VARIANT) --backend $(BACKEND) --corpus $(CORPUS)
+	$(PY) -m scripts.measure.parity $(VARIANT) --backend $(BACKEND) --corpus $(CORPUS) $(PARITY_ARGS)
 
 sweep: $(STAMP) $(QSTAMP) weights ## build and score every attempt of a recipe sweep file (SWEEP, eval/sweeps/*.yaml)
 	$(PY) -m scripts.levers.quantize.sweep $(SWEEP)
 
 eval-identity: weights ## greedy token ids of VARIANT vs its reference at c=1 and 8, near-ties teacher-forced (speculative variants)
-	$(PY) -m scripts.measure.identity $(VARIANT)
+	$(PY) -m scripts.measure.identity $(VARIANT) $(IDENTITY_ARGS)
+
+optimize: $(STAMP) ## BASE's certified fastest variant on this machine: plan the candidates (eval/optimize/BASE.yaml), build, one ladder, parity / identity / the suite cheapest first, the gate -> results/optimize_BASE_<date>.md (BUDGET=tiny|normal|full, CONCURRENCY=1,8, SLO_TPOT_MS, REPLAN=1); resumable
+	$(PY) -m scripts.optimize.run $(BASE) $(if $(filter command line environment,$(origin BUDGET)),--budget $(BUDGET)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(SLO_TPOT_MS),--slo-tpot-ms $(SLO_TPOT_MS)) $(if $(REPLAN),--replan)
 
 gate: $(STAMP) ## VARIANT's GATE_* criteria with one-sided 95% bounds: pass | fail | inconclusive (and what decides it)
 	$(PY) -m scripts.report.gate $(VARIANT)

@@ -80,12 +80,16 @@ def clear_stale(dest: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def terminate_raises() -> Iterator[None]:
-    """Inside the block SIGTERM raises SystemExit (exit status 143), so `finally` clauses run as on Ctrl-C."""
+    """Inside the block the first SIGTERM raises SystemExit (exit status 143), so `finally` clauses run as on Ctrl-C;
+    later ones are ignored while they run."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, _frame):
+        # once: the clean-up the exit runs is not cut short by a second SIGTERM (make forwards the one its process
+        # group got to its child, so a script run by make receives two); SIGKILL still ends it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, handler)

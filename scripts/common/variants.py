@@ -134,7 +134,7 @@ CPU_PRELOAD = (("libiomp5.so", "PyPI intel-openmp 2024.2.1, in requirements/cpu.
 
 _KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # C0 controls but tab (and \n, which ends a line)
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 
 
 class VariantError(ValueError):
@@ -408,7 +408,7 @@ def load_variant(
 ) -> Variant:
     root = root or paths.EXPERIMENTS
     known = list_variants(root)
-    if not _NAME_RE.match(name or "") or name not in known:
+    if not NAME_RE.match(name or "") or name not in known:
         raise VariantError(f"unknown variant {shorten(name or '')}; {closest(name or '', known)}")
     path = root / name / "config.env"
     settings = parse_config_env(path)

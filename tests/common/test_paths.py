@@ -72,3 +72,29 @@ def test_the_next_run_after_a_kill_starts_clean_and_completes(tmp_path):
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["part0", "part1", "part2"] and paths.staging_dirs(dest) == []
     assert time.time() - dest.stat().st_mtime < 60
+
+
+CLEANUP = """
+import os, signal, sys, time
+from pathlib import Path
+from scripts.common import paths
+with paths.terminate_raises():
+    try:
+        Path(sys.argv[1]).write_text("started")
+        time.sleep(60)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM while cleaning up (make forwards the group's one)
+        time.sleep(0.5)
+        Path(sys.argv[1]).write_text("cleaned up")
+"""
+
+
+def test_a_second_sigterm_does_not_cut_the_clean_up_short(tmp_path):
+    flag = tmp_path / "flag"
+    p = subprocess.Popen([sys.executable, "-c", CLEANUP, str(flag)], cwd=paths.ROOT)
+    deadline = time.monotonic() + 60
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    assert flag.read_text() == "cleaned up"

@@ -95,6 +95,20 @@ def check_tokenizer(reader, parent_dir: Path) -> None:
                           f"({len(theirs)} tokens): its ids would not match")
 
 
+def check_exportable(parent_dir: Path, embedded: Path):
+    """ExportError unless this lever can write parent_dir as a GGUF: the llama architecture, and the embedded GGUF's
+    token list equal to the parent tokenizer's. Returns the embedded file's reader."""
+    import gguf
+
+    cfg = json.loads((parent_dir / "config.json").read_text())
+    if cfg.get("model_type") != "llama":
+        raise ExportError(f"{paths.shown(parent_dir)} is {cfg.get('model_type')!r}: export-gguf writes the llama "
+                          f"architecture (SmolLM2) only")
+    reader = gguf.GGUFReader(embedded)
+    check_tokenizer(reader, parent_dir)
+    return reader
+
+
 def write_plain(parent_dir: Path, embedded: Path, out: Path, dtype: str) -> dict[str, int]:
     """The parent's tensors as a GGUF of `dtype` (2-D weights; 1-D norms stay F32) with the embedded tokenizer."""
     import gguf
@@ -103,11 +117,7 @@ def write_plain(parent_dir: Path, embedded: Path, out: Path, dtype: str) -> dict
     from safetensors.torch import load_file
 
     cfg = json.loads((parent_dir / "config.json").read_text())
-    if cfg.get("model_type") != "llama":
-        raise ExportError(f"{paths.shown(parent_dir)} is {cfg.get('model_type')!r}: export-gguf writes the llama "
-                          f"architecture (SmolLM2) only")
-    reader = gguf.GGUFReader(embedded)
-    check_tokenizer(reader, parent_dir)
+    reader = check_exportable(parent_dir, embedded)
     state = {}
     for shard in sorted(parent_dir.glob("*.safetensors")):
         state.update(load_file(shard))

@@ -1,0 +1,141 @@
+"""make optimize's quality evidence, cheapest first, and the certified winner per concurrency.
+
+Parity for every lossy candidate and greedy identity for every lossless one (minutes each); then, per concurrency,
+candidates in order of speed: one slower than the best certified so far (the BF16 reference to begin with) is not
+pursued; one whose gate fails is rejected; one whose gate lacks only the suite gets it (the 10% sample, then every
+item under BUDGET=full where the sample does not decide), for itself and for any variant up its chain whose pass it
+needs (a lossless speculation's lossy parent). The first certified one is that concurrency's winner. Verdicts are the
+gate's (scripts/common/gate.py through scripts/report/compare.py: judge, then chain), the same as `make compare`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scripts.common.gate import SUITE_KEY, quality_source
+from scripts.common.variants import load_variant, reference_name
+from scripts.data.bigbench_tasks import SUITE_DIR
+from scripts.optimize.plan import BUDGETS, Candidate
+from scripts.optimize.report import criterion_text, throughput
+from scripts.report.compare import Judged, chain, judge
+
+
+@dataclass
+class Outcome:
+    """What the run concluded about one candidate: certified | rejected | not certified | not pursued | failed."""
+    status: str
+    why: str
+    judged: Judged | None = None
+    winner_at: list[int] = field(default_factory=list)
+
+
+def judge_plan(variants: list[str]) -> dict[str, Judged]:
+    """The gate's verdict of each variant and of every variant up its chain, chained (a pass needs its reference's)."""
+    configs: dict[str, dict[str, str]] = {}
+    todo = list(variants)
+    while todo:
+        v = todo.pop()
+        if v in configs:
+            continue
+        configs[v] = load_variant(v).resolved
+        if ref := reference_name(configs[v]):
+            todo.append(ref)
+    return chain({v: judge(v, cfg) for v, cfg in configs.items()}, configs)
+
+
+def suite_only(j: Judged) -> bool:
+    """Every criterion passes but the suite's, which is missing or inconclusive."""
+    return any(c.name.startswith(SUITE_KEY) for c in j.blocking()) and all(
+        c.name.startswith(SUITE_KEY) or c.status == "pass" for c in j.criteria) and not any(
+        c.status == "fail" for c in j.criteria)
+
+
+def needs_suite(variant: str, judged: dict[str, Judged]) -> list[str]:
+    """The variants up the chain from `variant` (itself first) whose own verdict waits on the suite alone."""
+    out, v = [], variant
+    while v in judged and judged[v].verdict != "reference":
+        if judged[v].criteria and suite_only(judged[v]):
+            out.append(v)
+        v = reference_name(load_variant(v).resolved)
+    return out
+
+
+def run_suite(r, variant: str, reference: str, kind: str) -> bool:
+    """The suite records the gate pairs: the reference's on this machine, then the variant's quality source's."""
+    target = "eval-quality" if kind == "sample" else "eval-quality-full"
+    if not (SUITE_DIR / "manifest.json").is_file():
+        e = r.step("suite", "datasets", reference)
+        if e["status"] != "ok":
+            r.note(variant, f"make datasets failed: {e.get('error')}")
+            return False
+    src = quality_source(variant, load_variant(variant).resolved)
+    for v in (reference, src):
+        e = r.step("suite", target, v, records="quality")
+        if e["status"] != "ok":
+            r.note(variant, f"{target} on {v} failed: {e.get('error')}")
+            return False
+    return True
+
+
+def speed(speeds: dict[str, str | None], variant: str, level: int) -> float | None:
+    return throughput(speeds.get(variant), level)
+
+
+def certify(r, measured: list[Candidate], speeds: dict[str, str | None]) -> dict[str, Outcome]:
+    plan, budget = r.plan, BUDGETS[r.plan.budget]
+    out: dict[str, Outcome] = {}
+    for c in measured:
+        if c.evidence == "parity":
+            e = r.step("parity", "eval-parity", c.quality_of or c.variant, budget.parity, records="quality")
+        else:
+            e = r.step("identity", "eval-identity", c.variant, budget.identity, records="quality")
+        if e["status"] != "ok":
+            out[c.variant] = Outcome("failed", f"its {c.evidence} run failed: {e.get('error')}")
+    judged = judge_plan([c.variant for c in measured])
+    won: dict[int, float] = {}
+    for level in plan.concurrency:
+        best = speed(speeds, plan.reference, level)
+        for c in sorted(measured, key=lambda c: -(speed(speeds, c.variant, level) or 0)):
+            s = speed(speeds, c.variant, level)
+            if c.variant in out and out[c.variant].status == "failed":
+                continue
+            if s is None or best is None or s <= best:
+                break
+            if any(x.status == "fail" for x in judged[c.variant].criteria):
+                continue
+            waiting = needs_suite(c.variant, judged)
+            if waiting and budget.suite is None:
+                r.note(c.variant, f"the suite was cut by BUDGET={plan.budget} ({', '.join(waiting)} waited on it)")
+            elif waiting:
+                for v in reversed(waiting):  # the chain's top first: a parent's verdict before its child's
+                    ref = reference_name(load_variant(v).resolved)
+                    if not run_suite(r, v, ref, "sample"):
+                        break
+                    again = judge_plan([v])[v]
+                    if budget.suite == "full" and suite_only(again) and not run_suite(r, v, ref, "full"):
+                        break
+                judged = judge_plan([c.variant for c in measured])
+            if judged[c.variant].certified:
+                won[level] = s
+                out.setdefault(c.variant, Outcome("certified", "", judged[c.variant])).winner_at.append(level)
+                break
+    for c in measured:
+        j = judged[c.variant]
+        if c.variant in out:
+            out[c.variant].judged = out[c.variant].judged or j
+            continue
+        failed = [x for x in j.criteria if x.status == "fail"]
+        faster = [lv for lv in plan.concurrency
+                  if (speed(speeds, c.variant, lv) or 0) > (speed(speeds, plan.reference, lv) or float("inf"))]
+        if failed:
+            out[c.variant] = Outcome("rejected", "; ".join(criterion_text(x) for x in failed), j)
+        elif j.certified:
+            out[c.variant] = Outcome("certified", "a faster certified variant won every level", j)
+        elif not faster:
+            out[c.variant] = Outcome("not pursued", "not faster than the BF16 reference at any level measured", j)
+        elif all(lv in won and (speed(speeds, c.variant, lv) or 0) <= won[lv] for lv in faster):
+            out[c.variant] = Outcome("not pursued", "slower than the certified winner wherever it beats BF16: its "
+                                     "remaining evidence was not bought", j)
+        else:
+            out[c.variant] = Outcome("not certified", "", j)
+    return out

@@ -1,0 +1,175 @@
+"""make optimize's report: results/optimize_<base>_<YYYYMMDD-HHMMSS>.md and .png.
+
+The certified winner per concurrency (and under SLO_TPOT_MS when given) with its evidence and its ratio to the BF16
+reference and to the fastest BF16 server of the ladder, every candidate with its verdict and the criterion that
+decided it, the levers left out of the plan and why, the wall time per phase, every record, and the commands that
+serve the winner and build its image. The plot: speed over BF16 (x) against mean KL divergence (y) per concurrency,
+lossless candidates on a row of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.metrics import ratio
+from scripts.common.records import git_state, now_utc
+from scripts.common.variants import load_variant
+from scripts.report.compare import MARKERS, bf16_server, engine_label, evidence, fmt, pareto_front
+
+
+def level_stat(record: str | None, level: int, key: str) -> float | None:
+    """One statistic of a latency record (a path under the repository) at one concurrency, fixed length."""
+    if not record:
+        return None
+    rec = json.loads((paths.ROOT / record).read_text())
+    return ((rec.get("summary", {}).get("fixed", {}).get(str(level))) or {}).get(key)
+
+
+def throughput(record: str | None, level: int) -> float | None:
+    return level_stat(record, level, "output_throughput")
+
+
+def tpot_p50(record: str | None, level: int) -> float | None:
+    return level_stat(record, level, "p50_tpot_ms")
+
+
+def plot(r, speeds, outcomes, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = r.plan.concurrency
+    fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 4.5), squeeze=False)
+    for ax, level in zip(axes[0], levels, strict=True):
+        base = throughput(speeds.get(r.plan.reference), level)
+        pts = []
+        for v, o in outcomes.items():
+            x = ratio(throughput(speeds.get(v), level), base)
+            if x is None:
+                continue
+            kld = o.judged.kld if o.judged else None
+            pts.append((x, kld, v, o.status))
+        lossy = [p for p in pts if p[1]]
+        floor = min((p[1] for p in lossy), default=1e-3) / 10
+        for x, y, v, status in pts:
+            verdict = {"certified": "pass", "rejected": "fail"}.get(status, "inconclusive")
+            marker, color = MARKERS[verdict]
+            ax.scatter(x, y or floor, marker=marker, color=color, s=50)
+            ax.annotate(v.removeprefix(f"{r.plan.base}-") + ("" if y else " (lossless)"), (x, y or floor), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
+        front = pareto_front([(x, y) for x, y, _, s in lossy if s == "certified"])
+        if front:
+            ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="tab:blue", alpha=0.5)
+        ax.axvline(1.0, color="gray", lw=0.8, ls="--")
+        ax.axhline(floor * 1.6, color="gray", lw=0.5, ls=":")
+        ax.set_yscale("log")
+        ax.set_title(f"{r.plan.base}, c={level}: green certified, red rejected, orange undecided", fontsize=9)
+        ax.set(xlabel=f"output tok/s × {r.plan.reference}", ylabel="mean KLD vs reference (nats; lossless: bottom row)")
+        ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def evidence_line(o) -> str:
+    """A candidate's gate in one phrase: the evidence of each criterion (compare's), or what keeps it undecided."""
+    if not o.judged or not o.judged.criteria:
+        return o.why
+    if o.status == "certified":
+        return evidence(o.judged)
+    return "; ".join(criterion_text(c) for c in o.judged.blocking()) or o.judged.note
+
+
+def criterion_text(c) -> str:
+    value = "" if c.value is None else f" {c.value:.4g}" + (f" [{c.lo:.4g}, {c.hi:.4g}]" if c.lo is not None else "")
+    tail = "; ".join(x for x in (c.detail, c.decide) if x)
+    return f"{c.name} {c.status}{value} (limit {'≤' if c.kind == 'max' else '≥'} {c.limit:g}){': ' + tail if tail else ''}"
+
+
+def write(r, speeds: dict[str, str | None], outcomes: dict, wall_s: float) -> Path:
+    plan = r.plan
+    stamp = f"{now_utc():%Y%m%d-%H%M%S}"
+    md = paths.RESULTS / f"optimize_{plan.base}_{stamp}.md"
+    png = md.with_suffix(".png")
+    configs = {v: load_variant(v).resolved for v in (plan.reference, *outcomes)}
+    for v in list(configs):  # the chain of each, for the BF16-server test
+        p = configs[v].get("PARENT")
+        while p and p not in configs:
+            configs[p] = load_variant(p).resolved
+            p = configs[p].get("PARENT")
+    servers = [plan.reference] + [v for v, o in outcomes.items() if o.status == "certified" and bf16_server(v, configs)]
+    fastest = {lv: max(servers, key=lambda v: throughput(speeds.get(v), lv) or 0) for lv in plan.concurrency}
+    ref_rec = json.loads((paths.ROOT / speeds[plan.reference]).read_text())
+    git = git_state()
+    lines = [f"# make optimize {plan.base}: the certified fastest variant on {plan.hardware}", "",
+             f"`make optimize BASE={plan.base} BUDGET={plan.budget} CONCURRENCY={','.join(map(str, plan.concurrency))}"
+             + (f" SLO_TPOT_MS={plan.slo_tpot_ms:g}" if plan.slo_tpot_ms else "") + "`, finished "
+             f"{now_utc():%Y-%m-%d %H:%M} UTC; git {git['commit'][:12]}{' (dirty)' if git.get('dirty') else ''}; plan "
+             f"`{paths.shown(paths.EVAL / 'optimize' / (plan.base + '.yaml'))}`; ladder `{r.state.ladder_id}` "
+             f"({ref_rec['inputs']['prompt_set']}, {ref_rec['inputs']['num_prompts']} prompts, fixed output length"
+             + (f", max_tokens capped at {ref_rec['inputs']['max_tokens_cap']}" if ref_rec['inputs'].get('max_tokens_cap') else "")
+             + "). Speed is output tok/s of one ladder run on this machine, one server at a time; verdicts are the "
+             "parity gate's (one-sided 95% bounds), as `make gate` prints them.", "", "## The winner", "",
+             "| concurrency | certified winner | engine | tok/s | × " + plan.reference + " | × fastest BF16 server | TPOT p50 ms | evidence |",
+             "| --- | --- | --- | ---: | ---: | --- | ---: | --- |"]
+    winners = {}
+    for lv in plan.concurrency:
+        w = next((v for v, o in outcomes.items() if lv in o.winner_at), None)
+        winners[lv] = w or plan.reference
+        v = winners[lv]
+        rec = json.loads((paths.ROOT / speeds[v]).read_text())
+        t, f = throughput(speeds[v], lv), fastest[lv]
+        lines.append(f"| c={lv} | {v if w else plan.reference + ' (no certified candidate is faster)'} | {engine_label(rec)} | "
+                     f"{fmt(t, '.1f')} | {fmt(ratio(t, throughput(speeds[plan.reference], lv)))} | "
+                     f"{fmt(ratio(t, throughput(speeds[f], lv)))} ({f}) | {fmt(tpot_p50(speeds[v], lv), '.1f')} | "
+                     f"{evidence_line(outcomes[v]) if w else 'the reference'} |")
+    if plan.slo_tpot_ms:
+        lines += ["", f"Under SLO_TPOT_MS={plan.slo_tpot_ms:g} (TPOT p50):"]
+        for lv in plan.concurrency:
+            ok = [v for v in [plan.reference, *(v for v, o in outcomes.items() if o.status == "certified")]
+                  if (tpot_p50(speeds.get(v), lv) or float("inf")) <= plan.slo_tpot_ms]
+            best = max(ok, key=lambda v: throughput(speeds.get(v), lv) or 0, default=None)
+            lines.append(f"- c={lv}: " + (f"{best}, {fmt(throughput(speeds[best], lv), '.1f')} tok/s at TPOT p50 "
+                                          f"{fmt(tpot_p50(speeds[best], lv), '.1f')} ms" if best else
+                                          "no certified variant meets it"))
+    w1 = winners[plan.concurrency[0]]
+    lines += ["", "## Serve it", "", "```bash"] + [f"make serve VARIANT={w}    # the winner at c={','.join(str(lv) for lv in plan.concurrency if winners[lv] == w)}"
+                                                   for w in dict.fromkeys(winners.values())] + [
+        f"make build VARIANT={w1}    # its serving image (buildah), then make verify-image VARIANT={w1}", "```", "",
+        "## Every candidate", "",
+        "| variant | lever | " + " | ".join(f"c={lv} tok/s | × BF16" for lv in plan.concurrency) + " | verdict | why |",
+        "| --- | --- | " + " | ".join("---: | ---:" for _ in plan.concurrency) + " | --- | --- |"]
+    levers = {c.variant: c.lever for c in plan.candidates}
+    for v in [plan.reference, *(c.variant for c in plan.candidates)]:
+        o = outcomes.get(v)
+        cells = " | ".join(f"{fmt(throughput(speeds.get(v), lv), '.1f')} | "
+                           f"{fmt(ratio(throughput(speeds.get(v), lv), throughput(speeds[plan.reference], lv)))}"
+                           for lv in plan.concurrency)
+        if v == plan.reference:
+            verdict, why = "reference", "BF16 weights served by vLLM"
+        elif o is None:
+            verdict, why = "failed", "; ".join(r.notes.get(v, ["not measured"]))
+        else:
+            verdict = o.status + (f" (winner at c={','.join(map(str, o.winner_at))})" if o.winner_at else "")
+            why = "; ".join(dict.fromkeys([evidence_line(o) if o.status in ("certified", "not certified") else o.why,
+                                           *r.notes.get(v, [])])).replace("|", "/")
+        lines.append(f"| {v} | {levers.get(v, 'the reference')} | {cells} | {verdict} | {why} |")
+    lines += ["", "## Left out of the plan", ""] + [f"- {x['lever']}: {x['why']}" for x in plan.left_out]
+    total = sum(r.phase_s.values())
+    lines += ["", "## Wall time per phase (this run; a reused step counts 0)", "", "| phase | seconds |", "| --- | ---: |"]
+    lines += [f"| {p} | {t:.0f} |" for p, t in r.phase_s.items()] + [
+        f"| **total** | **{wall_s:.0f}** ({total:.0f} in steps; {r.ran} steps run, {r.reused} reused) |", "",
+        "## Steps and records", "", "| step | status | seconds | record |", "| --- | --- | ---: | --- |"]
+    lines += [f"| `{sid}` | {e['status']}{' (adopted)' if e.get('adopted') else ''} | {e.get('seconds', 0):.0f} | "
+              f"{e.get('record') or '—'} |" for sid, e in r.state.steps.items()]
+    lines += ["", f"![speed against KL divergence]({png.name})", ""]
+    md.parent.mkdir(parents=True, exist_ok=True)
+    plot(r, speeds, outcomes, png)
+    tmp = md.with_name(f".{md.name}.partial-{os.getpid()}")
+    tmp.write_text("\n".join(lines))
+    tmp.rename(md)
+    return md

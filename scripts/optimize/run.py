@@ -1,0 +1,333 @@
+"""make optimize: from a base checkpoint to its certified fastest variant on this machine, resumable.
+
+    python -m scripts.optimize.run smollm2 --budget tiny          # `make optimize BASE=smollm2 BUDGET=tiny`
+    make optimize BASE=myft BUDGET=normal CONCURRENCY=1,8 SLO_TPOT_MS=50
+
+Phases, each step the make target a person would run (its log under .cache/optimize/<base>/logs/):
+  plan      eval/optimize/<base>.yaml (scripts/optimize/plan.py) and the candidates' config.env files
+  build     the weights each candidate needs (make export-gguf | calibrate)
+  ladder    one latency ladder, reference first, every rung at CONCURRENCY, fixed length (make eval-latency)
+  parity    KL divergence, top-1, perplexity of every lossy candidate (make eval-parity)
+  identity  greedy identity of every lossless speculative candidate (make eval-identity)
+  suite     BIG-bench Lite only for a candidate faster than the best certified so far at some concurrency whose
+            parity passes: the 10% sample (make eval-quality), then every item where the sample does not decide
+            and BUDGET=full (make eval-quality-full); the reference's own suite record first
+  report    results/optimize_<base>_<date>.{md,png} (scripts/optimize/report.py)
+The gate (scripts/common/gate.py, the same verdicts as make gate and make compare) decides after each piece of
+evidence. A step is skipped when .cache/optimize/<base>/state.json holds it with the same inputs: the variant's
+config.env and those of every variant it derives from, the base's PROVENANCE.json, the lever's or measuring script's
+files, the budget's arguments and this machine's hardware key. The state is rewritten after each step (temp file,
+rename) and every record and weight is written atomically by its own script, so Ctrl-C or a kill loses at most the
+step under way; the next run continues from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.hardware import hardware, hardware_key
+from scripts.common.records import now_utc
+from scripts.common.server import group_pids
+from scripts.common.variants import VariantError, build_target, list_variants, load_variant, reference_name
+from scripts.optimize import evidence, report
+from scripts.optimize.plan import (
+    BUDGETS,
+    CONCURRENCY,
+    Candidate,
+    Plan,
+    PlanError,
+    plan_path,
+    propose,
+    read_plan,
+    write_configs,
+    write_plan,
+)
+
+STATE = paths.CACHE / "optimize"
+STOP_GRACE_S = 60  # what an interrupted step gets to stop its servers before SIGKILL
+PHASES = ("plan", "build", "ladder", "parity", "identity", "suite", "report")
+# the files a step's result depends on besides the variants: a lever's folder or a measuring script
+STEP_CODE = {"export-gguf": "scripts/levers/gguf", "calibrate": "scripts/levers/quantize",
+             "eval-latency": "scripts/measure/latency.py", "eval-parity": "scripts/measure/parity.py",
+             "eval-identity": "scripts/measure/identity.py", "eval-quality": "scripts/measure/quality.py",
+             "eval-quality-full": "scripts/measure/quality.py", "datasets": "scripts/data/bigbench_tasks.py"}
+
+
+class OptimizeError(RuntimeError):
+    pass
+
+
+def digest(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p if isinstance(p, bytes) else p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def code_hash(rel: str) -> str:
+    """SHA-256 over a folder's (or one file's) contents: the lever's or script's code as it is now."""
+    root = paths.ROOT / rel
+    files = sorted(f for f in root.rglob("*.py")) if root.is_dir() else [root]
+    return digest(*(f"{f.relative_to(paths.ROOT)}:{f.read_bytes().hex()}" for f in files))
+
+
+def lineage(variant: str, seen: tuple[str, ...] = ()) -> str:
+    """The variant's config.env and those of every variant it derives from or is judged by, and the base's
+    PROVENANCE.json: what its weights and records depend on."""
+    v = load_variant(variant)
+    parts = [(v.path / "config.env").read_text()]
+    for up in sorted({v.settings.get("PARENT"), v.settings.get("GATE_QUALITY_OF"), reference_name(v.settings)} - {None, variant}):
+        if up not in seen:
+            parts.append(lineage(up, (*seen, variant)))
+    prov = paths.ROOT / v.settings["MODEL"] / "PROVENANCE.json"
+    if not v.settings.get("PARENT") and prov.is_file():
+        parts.append(prov.read_text())
+    return digest(*parts)
+
+
+@dataclass
+class State:
+    path: Path
+    steps: dict[str, dict] = field(default_factory=dict)
+    ladder_id: str | None = None
+
+    @classmethod
+    def load(cls, base: str) -> State:
+        path = STATE / base / "state.json"
+        if path.is_file():
+            raw = json.loads(path.read_text())
+            return cls(path, raw.get("steps", {}), raw.get("ladder_id"))
+        return cls(path)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".state.json.partial-{os.getpid()}")
+        tmp.write_text(json.dumps({"steps": self.steps, "ladder_id": self.ladder_id}, indent=1) + "\n")
+        tmp.replace(self.path)
+
+
+@dataclass
+class Runner:
+    plan: Plan
+    state: State
+    hw: str
+    log_dir: Path
+    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    notes: dict[str, list[str]] = field(default_factory=dict)  # variant -> what happened to it, in order
+    reused: int = 0
+    ran: int = 0
+
+    def note(self, variant: str, text: str) -> None:
+        if text not in self.notes.setdefault(variant, []):
+            self.notes[variant].append(text)
+
+    def step(self, phase: str, target: str, variant: str, args: tuple[str, ...] = (), extra_key: str = "",
+             records: str | None = None) -> dict:
+        """Run `make <target> VARIANT=<variant>` (args through the target's *_ARGS variable) unless the state holds
+        it with the same inputs. Returns its state entry: status ok | failed, record (the new record's path), error."""
+        sid = f"{target}:{variant}"
+        key = digest(lineage(variant), code_hash(STEP_CODE[target]), self.hw, " ".join(args), extra_key)
+        old = self.state.steps.get(sid)
+        if old and old["key"] == key and (old.get("record") is None or (paths.ROOT / old["record"]).is_file()):
+            self.reused += 1
+            print(f"[{phase}] {sid}: reused ({old['status']}{', ' + old['record'] if old.get('record') else ''})")
+            return old
+        var = {"eval-latency": "BENCH_ARGS", "eval-parity": "PARITY_ARGS", "eval-identity": "IDENTITY_ARGS"}.get(target)
+        cmd = ["make", "--no-print-directory", target, f"VARIANT={variant}"]
+        if var:
+            cmd.append(f"{var}={' '.join(args)}")
+        folder = paths.variant_dir(variant)
+        before = set(folder.glob(f"{records}_*.json")) if records else set()
+        log = self.log_dir / f"{sid.replace(':', '_')}.log"
+        print(f"[{phase}] {sid}: {shlex.join(cmd)} (log {paths.shown(log)})", flush=True)
+        t0 = time.monotonic()
+        with log.open("w") as out:
+            rc = run_step(cmd, out)
+        seconds = round(time.monotonic() - t0, 1)
+        self.phase_s[phase] += seconds
+        self.ran += 1
+        new = sorted(set(folder.glob(f"{records}_*.json")) - before) if records else []
+        entry = {"key": key, "status": "ok" if rc == 0 else "failed", "seconds": seconds, "command": shlex.join(cmd),
+                 "record": paths.shown(new[-1]) if new else None}
+        if rc != 0:
+            entry["error"] = last_error(log)
+            print(f"[{phase}] {sid}: failed after {seconds} s: {entry['error']}", flush=True)
+        else:
+            print(f"[{phase}] {sid}: done in {seconds} s", flush=True)
+        self.state.steps[sid] = entry
+        self.state.save()
+        return entry
+
+
+def run_step(cmd: list[str], out) -> int:
+    """The step in a process group of its own; when this run is interrupted (Ctrl-C, SIGTERM) the whole group gets
+    SIGTERM, so the measuring script stops its servers and removes what it was writing, as when run by hand."""
+    p = subprocess.Popen(cmd, cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return p.wait()
+    except BaseException:
+        for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+            deadline = time.monotonic() + wait
+            while group_pids(p.pid) and time.monotonic() < deadline:  # make exits first; its script stops its server
+                p.poll()
+                time.sleep(0.2)
+            if not group_pids(p.pid):
+                break
+        p.wait()
+        raise
+
+
+def last_error(log: Path) -> str:
+    """The log's last `error:` line (the scripts' one-line errors), else its last line."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    errs = [ln for ln in lines if ln.startswith("error:") or "Error" in ln.split(":")[0]]
+    return (errs or lines or ["(no output)"])[-1][:300]
+
+
+# ------------------------------------------------------------------------------------------------------- the phases
+def make_plan(args) -> tuple[Plan, list[str]]:
+    path = plan_path(args.base)
+    hw = hardware_key(hardware())
+    if path.is_file() and not args.replan:
+        plan = read_plan(path)
+        if plan.base != args.base:
+            raise PlanError(f"{paths.shown(path)} is the plan of base {plan.base}, not {args.base}")
+        changed = args.budget is not None and args.budget != plan.budget
+        if not changed:
+            plan.concurrency = args.concurrency or plan.concurrency
+            plan.slo_tpot_ms = args.slo_tpot_ms if args.slo_tpot_ms is not None else plan.slo_tpot_ms
+            plan.hardware = hw
+            for c in plan.candidates:
+                load_variant(c.variant)  # an edited plan naming a variant that does not exist: one line
+            print(f"[plan] read {paths.shown(path)} ({len(plan.candidates)} candidates)")
+            return plan, []
+        print(f"[plan] BUDGET={args.budget} differs from the plan's {plan.budget}: proposing again")
+    plan, configs = propose(args.base, args.budget or "normal", args.concurrency or list(CONCURRENCY), args.slo_tpot_ms, hw)
+    levers = {c.variant: c.lever for c in plan.candidates}
+    written = write_configs(configs, levers)
+    write_plan(plan, path)
+    print(f"[plan] wrote {paths.shown(path)}: {len(plan.candidates)} candidates, {len(plan.left_out)} levers left out"
+          + (f"; new variants {', '.join(written)}" if written else ""))
+    return plan, written
+
+
+def build(r: Runner, c: Candidate) -> bool:
+    for v in c.builds:
+        settings = load_variant(v).resolved
+        target = build_target(settings)
+        model = paths.ROOT / settings["MODEL"]
+        sid = f"{target}:{v}"
+        if model.exists() and sid not in r.state.steps:
+            r.note(c.variant, f"{v}'s weights were already here (built before this plan): used as they are")
+            r.state.steps[sid] = {"key": None, "status": "ok", "seconds": 0, "record": None, "adopted": True}
+            r.state.save()
+            continue
+        if model.exists() and r.state.steps[sid].get("adopted"):
+            continue
+        entry = r.step("build", target, v)
+        if entry["status"] != "ok":
+            r.note(c.variant, f"build of {v} failed: {entry['error']}")
+            return False
+    return True
+
+
+def ladder(r: Runner, rungs: list[str]) -> dict[str, str | None]:
+    budget = BUDGETS[r.plan.budget]
+    args = ("--concurrency", ",".join(map(str, r.plan.concurrency)), "--modes", "fixed", *budget.ladder)
+    out = {}
+    if r.state.ladder_id is None or all(f"eval-latency:{v}" not in r.state.steps for v in rungs):
+        r.state.ladder_id = f"{r.plan.base}-optimize-{now_utc():%Y%m%d-%H%M%S}"
+    for v in rungs:
+        e = r.step("ladder", "eval-latency", v, (*args, "--ladder-id", r.state.ladder_id), records="latency")
+        out[v] = e["record"] if e["status"] == "ok" else None
+        if e["status"] != "ok":
+            r.note(v, f"latency run failed: {e.get('error')}")
+    return out
+
+
+def reference_weights(base: str) -> None:
+    """`make weights` for the base's BF16 variant when its checkpoint is not here (a fresh clone): the plan reads it."""
+    ref = load_variant(f"{base}-bf16")
+    if (paths.ROOT / ref.settings["MODEL"] / "config.json").is_file():
+        return
+    log = STATE / base / "logs" / "weights.log"
+    print(f"[plan] make weights VARIANT={ref.name} (log {paths.shown(log)})", flush=True)
+    with log.open("w") as out:
+        if run_step(["make", "--no-print-directory", "weights", f"VARIANT={ref.name}"], out) != 0:
+            raise OptimizeError(f"make weights VARIANT={ref.name} failed: {last_error(log)}")
+
+
+def run(args) -> int:
+    t0 = time.monotonic()
+    STATE.joinpath(args.base, "logs").mkdir(parents=True, exist_ok=True)
+    reference_weights(args.base)
+    plan, written = make_plan(args)
+    r = Runner(plan, State.load(plan.base), plan.hardware, STATE / plan.base / "logs")
+    r.phase_s["plan"] = round(time.monotonic() - t0, 1)
+    ok = [c for c in plan.candidates if build(r, c)]
+    speeds = ladder(r, [plan.reference, *(c.variant for c in ok)])
+    measured = [c for c in ok if speeds.get(c.variant)]
+    if speeds.get(plan.reference) is None:
+        raise OptimizeError(f"the reference {plan.reference} could not be measured: {r.notes.get(plan.reference, ['?'])[-1]}")
+    verdicts = evidence.certify(r, measured, speeds)
+    md = report.write(r, speeds, verdicts, time.monotonic() - t0)
+    print(f"wrote {paths.shown(md)} ({r.ran} steps run, {r.reused} reused)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("base", help="a base model: experiments/<base>-bf16/ exists (make download registers one)")
+    p.add_argument("--budget", choices=sorted(BUDGETS), help="evidence per phase (default: the plan's, else normal)")
+    p.add_argument("--concurrency", help="comma-separated levels (default: the plan's, else 1,8)")
+    p.add_argument("--slo-tpot-ms", type=float, help="name the fastest certified variant whose TPOT p50 meets this")
+    p.add_argument("--replan", action="store_true", help="propose the candidates again (the plan file is rewritten)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.concurrency:
+            args.concurrency = [int(x) for x in args.concurrency.split(",")]
+            if any(c < 1 for c in args.concurrency):
+                raise ValueError
+    except ValueError:
+        print(f"error: CONCURRENCY={args.concurrency}: expected comma-separated whole numbers >= 1, e.g. 1,8", file=sys.stderr)
+        return 2
+    if args.base not in {n.rsplit("-bf16", 1)[0] for n in list_variants() if n.endswith("-bf16")}:
+        print(f"error: unknown BASE={args.base}: no experiments/{args.base}-bf16/config.env (register a checkpoint: "
+              f"`make download MODEL=/path/to/hf-folder NAME={args.base}`)", file=sys.stderr)
+        return 2
+    try:
+        with paths.terminate_raises():
+            return run(args)
+    except (PlanError, VariantError, OptimizeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: every finished step is kept; run the same command again to continue", file=sys.stderr)
+        return 130
+    except SystemExit as e:
+        if e.code == 143:
+            print("terminated: every finished step is kept; run the same command again to continue", file=sys.stderr)
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""make optimize's order of evidence (scripts/optimize/evidence.py), on fake verdicts and speeds: the suite is bought
+only for a candidate faster than the best certified so far whose other criteria pass, a lossless child's lossy
+parent gets it first, a failing candidate is rejected without it, and BUDGET=tiny cuts it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from scripts.common.gate import Criterion
+from scripts.optimize import evidence
+from scripts.optimize.plan import Candidate, Plan
+from scripts.report.compare import Judged
+
+SUITE = "GATE_MAX_SUITE_DROP[bigbench_lite]"
+REFS = {"x-q8": "x-bf16", "x-q8-ngram": "x-q8", "x-int8": "x-bf16", "x-slow": "x-bf16", "x-bad": "x-bf16"}
+
+
+def judged(status_by_criterion: dict[str, str]) -> Judged:
+    crit = [Criterion(n, 1.0, "max", value=0.1 if s != "missing" else None, status=s)
+            for n, s in status_by_criterion.items()]
+    verdict = max((c.status for c in crit), key=("pass", "inconclusive", "missing", "fail").index)
+    return Judged(verdict, crit)
+
+
+@dataclass
+class FakeRunner:
+    plan: Plan
+    steps: list[str] = field(default_factory=list)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+
+    def step(self, phase, target, variant, args=(), extra_key="", records=None):
+        self.steps.append(f"{target}:{variant}")
+        return {"status": "ok", "record": None}
+
+    def note(self, variant, text):
+        self.notes.setdefault(variant, []).append(text)
+
+
+@pytest.fixture
+def world(monkeypatch):
+    state = {"suited": set()}
+    own = {"x-q8": {"GATE_MAX_MEAN_KLD": "pass", SUITE: "missing"},
+           "x-q8-ngram": {"GATE_GREEDY_IDENTITY": "pass"},
+           "x-int8": {"GATE_MAX_MEAN_KLD": "pass", SUITE: "missing"},
+           "x-slow": {"GATE_MAX_MEAN_KLD": "pass", SUITE: "missing"},
+           "x-bad": {"GATE_MAX_MEAN_KLD": "fail", SUITE: "missing"}}
+    speeds = {"x-bf16": (10, 40), "x-q8": (20, 60), "x-q8-ngram": (25, 50), "x-int8": (15, 70), "x-slow": (9, 30),
+              "x-bad": (30, 90)}
+
+    def judge_plan(variants):
+        out = {"x-bf16": Judged("reference")}
+        for v, crit in own.items():
+            crit = {n: ("pass" if n == SUITE and v in state["suited"] else s) for n, s in crit.items()}
+            out[v] = judged(crit)
+        for v in own:  # chained: a pass needs its reference's
+            ref = REFS[v]
+            if out[v].verdict == "pass" and out[ref].verdict not in ("pass", "reference"):
+                out[v] = Judged(out[ref].verdict, out[v].criteria, note=f"its reference {ref} is {out[ref].verdict}")
+        return out
+
+    def run_suite(r, variant, reference, kind):
+        r.steps.append(f"suite-{kind}:{variant}")
+        state["suited"].add(variant)
+        return True
+
+    monkeypatch.setattr(evidence, "judge_plan", judge_plan)
+    monkeypatch.setattr(evidence, "run_suite", run_suite)
+    monkeypatch.setattr(evidence, "speed", lambda s, v, level: speeds[v][0 if level == 1 else 1])
+    monkeypatch.setattr(evidence, "reference_name", lambda settings: settings["ref"])
+    monkeypatch.setattr(evidence, "load_variant", lambda v: type("V", (), {"resolved": {"ref": REFS.get(v)}})())
+    return state
+
+
+def candidates() -> list[Candidate]:
+    return [Candidate("x-q8", "q8", "llamaserver", "parity"), Candidate("x-q8-ngram", "ngram", "llamaserver", "identity"),
+            Candidate("x-int8", "int8", "vllm", "parity"), Candidate("x-slow", "slow", "vllm", "parity"),
+            Candidate("x-bad", "bad", "vllm", "parity")]
+
+
+def plan(budget: str) -> Plan:
+    return Plan("x", "x-bf16", budget, [1, 8], None, "cpu", candidates(), [])
+
+
+def test_evidence_is_bought_for_contenders_only_parents_first(world):
+    r = FakeRunner(plan("normal"))
+    out = evidence.certify(r, candidates(), {})
+    assert [s for s in r.steps if s.startswith("suite")] == ["suite-sample:x-q8", "suite-sample:x-int8"]
+    assert out["x-q8-ngram"].winner_at == [1] and out["x-int8"].winner_at == [8]
+    assert out["x-bad"].status == "rejected" and "GATE_MAX_MEAN_KLD fail" in out["x-bad"].why
+    assert out["x-slow"].status == "not pursued"
+    assert out["x-q8"].status == "certified" and not out["x-q8"].winner_at
+    assert {"eval-parity:x-q8", "eval-identity:x-q8-ngram", "eval-parity:x-bad"} <= set(r.steps)
+
+
+def test_tiny_cuts_the_suite_and_names_what_waited(world):
+    r = FakeRunner(plan("tiny"))
+    out = evidence.certify(r, candidates(), {})
+    assert not [s for s in r.steps if s.startswith("suite")]
+    assert not any(o.winner_at for o in out.values())
+    assert out["x-q8"].status == "not certified" and "cut by BUDGET=tiny" in " ".join(r.notes["x-q8"])

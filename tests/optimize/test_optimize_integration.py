@@ -1,0 +1,95 @@
+"""`make optimize BUDGET=tiny` end to end on a checkpoint the test writes (SmolLM2 cut to two decoder layers), as a
+user would: registered from a plain folder by `make download MODEL=… NAME=…`, then planned, built, laddered, gated
+and reported against the real vLLM and llama-server servers. It runs in a copy of the repository (its code and
+Makefile hard-linked, its environments linked, experiments/ and results/ empty) so nothing it writes reaches this
+checkout; a second run reuses every step."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from scripts.common import paths
+from scripts.optimize.plan import read_plan
+
+pytestmark = pytest.mark.slow
+LINKED = ("Makefile", "pyproject.toml", "scripts", "eval", "schemas", "requirements")
+ENVS = (".venv", ".venv-quant", ".venv-llamacpp", ".venv-llamaserver")
+BASE = "tiny2l"
+
+
+def two_layer_smollm2(src: Path, out: Path) -> Path:
+    """SmolLM2-135M-Instruct with its first two decoder layers: a real model's weights, a user's plain folder."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True)
+    config = json.loads((src / "config.json").read_text())
+    config["num_hidden_layers"] = 2
+    state = {}
+    for f in src.glob("*.safetensors"):
+        state.update(load_file(f))
+    save_file({k: v for k, v in state.items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < 2},
+              out / "model.safetensors", metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for f in src.iterdir():
+        if f.suffix != ".safetensors" and f.name not in ("config.json", "PROVENANCE.json"):
+            shutil.copy2(f, out / f.name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, embedded_weights) -> tuple[Path, Path]:
+    """(the repository copy, the user's folder)"""
+    root = tmp_path_factory.mktemp("lab")
+    for name in LINKED:
+        subprocess.run(["cp", "-al", str(paths.ROOT / name), str(root / name)], check=True)
+    for name in ENVS:
+        if (paths.ROOT / name).exists():
+            (root / name).symlink_to(paths.ROOT / name)
+    for name in ("experiments", "results", "weights"):
+        (root / name).mkdir()
+    return root, two_layer_smollm2(embedded_weights, tmp_path_factory.mktemp("user") / "my-finetune")
+
+
+def make(lab: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=lab, env=env, capture_output=True, text=True,
+                          check=False, timeout=1500)
+
+
+def test_optimize_tiny_from_a_plain_folder_to_a_report(lab):
+    lab, folder = lab
+    before = {f.name: f.stat().st_mtime_ns for f in folder.iterdir()}
+    r = make(lab, "download", f"MODEL={folder}", f"NAME={BASE}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (lab / "experiments" / f"{BASE}-bf16" / "config.env").is_file()
+    r = make(lab, "optimize", f"BASE={BASE}", "BUDGET=tiny")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert {f.name: f.stat().st_mtime_ns for f in folder.iterdir()} == before, "the user's folder was modified"
+
+    plan = read_plan(lab / "eval" / "optimize" / f"{BASE}.yaml")
+    assert plan.budget == "tiny" and plan.reference == f"{BASE}-bf16" and plan.candidates
+    (report,) = sorted((lab / "results").glob(f"optimize_{BASE}_*.md"))
+    text = report.read_text()
+    assert report.with_suffix(".png").is_file()
+    for section in ("## The winner", "## Serve it", "## Every candidate", "## Left out of the plan",
+                    "## Wall time per phase"):
+        assert section in text, section
+    assert re.search(r"\| c=1 \| \S+", text) and re.search(r"\| c=8 \| \S+", text)
+    assert f"make serve VARIANT={BASE}-" in text and f"make build VARIANT={BASE}-" in text
+    for c in plan.candidates:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {c.variant} |"))
+        assert any(v in row for v in ("certified", "rejected", "not certified", "not pursued", "failed")), row
+    ladders = {json.loads(p.read_text())["inputs"]["ladder_id"] for p in (lab / "experiments").glob("*/latency_*.json")}
+    assert len(ladders) == 1, ladders
+
+    r = make(lab, "optimize", f"BASE={BASE}")  # everything matches: nothing is measured again
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert " 0 steps run" in r.stdout or "(0 steps run" in r.stdout, r.stdout[-2000:]
+    assert len(list((lab / "results").glob(f"optimize_{BASE}_*.md"))) >= 1

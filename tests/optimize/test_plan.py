@@ -1,0 +1,138 @@
+"""make optimize's pure parts: the plan file round-trips, registration's checks and template, bad input in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts.common import paths
+from scripts.optimize import plan as plan_mod
+from scripts.optimize import run as run_mod
+from scripts.optimize.plan import Candidate, Plan, PlanError, read_plan, write_plan
+from scripts.weights import download, register
+
+
+def a_plan() -> Plan:
+    return Plan(base="x", reference="x-bf16", budget="tiny", concurrency=[1, 8], slo_tpot_ms=40.0,
+                hardware="AMD EPYC (2 cores, avx2)",
+                candidates=[Candidate("x-gguf-q8-0-server", "GGUF Q8_0, llama-server", "llamaserver", "parity",
+                                      ["x-gguf-q8-0"], "x-gguf-q8-0"),
+                            Candidate("x-ngram4", "n-gram: 'quoted' # not a comment", "vllm", "identity")],
+                left_out=[{"lever": "EAGLE-3 draft head", "why": "no committed head: `make redistill`"}])
+
+
+def test_the_plan_file_round_trips(tmp_path):
+    p = a_plan()
+    path = write_plan(p, tmp_path / "x.yaml")
+    assert read_plan(path) == p
+    assert path.read_text().startswith("# make optimize's plan for base x")
+    assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_an_edited_plan_keeps_the_edit(tmp_path):
+    path = write_plan(a_plan(), tmp_path / "x.yaml")
+    text = path.read_text()
+    cut = text.index("- variant: x-ngram4")
+    path.write_text(text[:cut] + text[text.index("left_out:"):])
+    assert [c.variant for c in read_plan(path).candidates] == ["x-gguf-q8-0-server"]
+
+
+@pytest.mark.parametrize("text", ["base: [unclosed", "base: x\ncandidates: []\n", "- just\n- a list\n"])
+def test_a_broken_plan_file_is_one_line_naming_it(tmp_path, text):
+    (tmp_path / "x.yaml").write_text(text)
+    with pytest.raises(PlanError) as e:
+        read_plan(tmp_path / "x.yaml")
+    assert "x.yaml" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_budgets_cut_evidence_in_order():
+    tiny, normal, full = (plan_mod.BUDGETS[b] for b in ("tiny", "normal", "full"))
+    assert tiny.suite is None and normal.suite == "sample" and full.suite == "full"
+    assert set(tiny.levers) < set(plan_mod.templates("x", {"MODEL": "weights/x"}))
+    assert normal.levers is None and full.levers is None
+
+
+def test_templates_give_each_candidate_its_gate():
+    t = plan_mod.templates("x", {"MODEL": "weights/x", "SERVE_MAX_NUM_SEQS": "8", "EVAL_TASKS": "lab_arith_mc"})
+    q8 = t["gguf-q8-0-server"][2]
+    assert q8["GATE_QUALITY_OF"] == "x-gguf-q8-0" and q8["GATE_REFERENCE"] == "x-bf16"
+    assert q8["GATE_MAX_MEAN_KLD"] == plan_mod.LOSSY_GATE["GATE_MAX_MEAN_KLD"]
+    ngram = t["gguf-q8-0-server-ngram4"][2]
+    assert ngram["PARENT"] == "x-gguf-q8-0-server" and ngram["GATE_GREEDY_IDENTITY"] == "1"
+    assert not {k for k in ngram if k.startswith("GATE_")} - {"GATE_GREEDY_IDENTITY"}
+    assert t["gguf-bf16-server"][2]["GATE_GREEDY_IDENTITY"] == "1"
+    assert t["int8sq"][2]["MODEL"] == "weights/x-int8sq" and t["int8sq"][2]["PARENT"] == "x-bf16"
+
+
+def test_lineage_changes_when_an_ancestor_config_changes(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "EXPERIMENTS", tmp_path)
+    for name, text in {"x-bf16": "MODEL=weights/.absent-x\nSOURCE=embedded\nBASE=x\n",
+                       "x-int8": "MODEL=weights/.absent-x-int8\nSOURCE=lever\nPARENT=x-bf16\nBASE=x\n"
+                                 "CALIBRATE_RECIPE=int8-w8a8\n"}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.env").write_text(text)
+    before = run_mod.lineage("x-int8")
+    assert run_mod.lineage("x-int8") == before
+    (tmp_path / "x-bf16" / "config.env").write_text("MODEL=weights/.absent-x\nSOURCE=embedded\nBASE=x\n"
+                                                    "SERVE_MAX_NUM_SEQS=4\n")
+    assert run_mod.lineage("x-int8") != before
+
+
+def test_kv_budget_and_template_follow_the_model(tmp_path):
+    cfg = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "hidden_size": 576, "max_position_embeddings": 2048}
+    gib, per_token = register.kv_gib(cfg, 2048, 8)
+    assert per_token == 2 * 30 * 3 * 64 * 2 and gib == 1
+    text = register.config_env("mine", tmp_path, cfg, has_chat_template=False)
+    assert "SERVE_MAX_MODEL_LEN=2048\n" in text and "SOURCE=local:" in text
+    assert "SERVE_CHAT_TEMPLATE=./eval/templates/base-plain.jinja" in text
+    assert "SERVE_CHAT_TEMPLATE" not in register.config_env("mine", tmp_path, cfg, has_chat_template=True)
+
+
+def hf_folder(tmp_path, *, config=True, weights=True, tokenizer=True):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    if config:
+        (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    if weights:
+        (d / "model.safetensors").write_bytes(b"\0" * 8)
+    if tokenizer:
+        (d / "tokenizer.json").write_text("{}")
+    return d
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("missing", "no such folder"), ("file", "not a folder"), ("no-config", "no config.json"),
+    ("no-weights", "no *.safetensors"), ("no-tokenizer", "no tokenizer"), ("bad-name", "a base name is"),
+])
+def test_registering_a_bad_folder_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, case, expect):
+    monkeypatch.setattr(paths, "EXPERIMENTS", tmp_path / "experiments")
+    monkeypatch.setattr(paths, "WEIGHTS", tmp_path / "weights")
+    source = {"missing": lambda: tmp_path / "nowhere", "file": lambda: hf_folder(tmp_path) / "config.json",
+              "no-config": lambda: hf_folder(tmp_path, config=False),
+              "no-weights": lambda: hf_folder(tmp_path, weights=False),
+              "no-tokenizer": lambda: hf_folder(tmp_path, tokenizer=False),
+              "bad-name": lambda: hf_folder(tmp_path)}[case]()
+    rc = download.main([str(source), "--name", "Bad_Name" if case == "bad-name" else "mine"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and "\n" not in err and expect in err, err
+    assert not (tmp_path / "weights").exists() or not any((tmp_path / "weights").iterdir())
+    assert not (tmp_path / "experiments").exists()
+
+
+def test_a_name_taken_by_another_source_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(paths, "EXPERIMENTS", tmp_path / "experiments")
+    (tmp_path / "experiments" / "mine-bf16").mkdir(parents=True)
+    (tmp_path / "experiments" / "mine-bf16" / "config.env").write_text("MODEL=weights/mine\nSOURCE=embedded\nBASE=mine\n")
+    rc = download.main([str(hf_folder(tmp_path)), "--name", "mine"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "base mine is taken" in err and "\n" not in err
+
+
+def test_an_unknown_base_is_one_line_and_exit_2(capsys):
+    rc = run_mod.main(["no-such-base"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: unknown BASE=no-such-base") and "make download MODEL=" in err
+    assert "\n" not in err
+    assert run_mod.main(["smollm2", "--concurrency", "1,x"]) == 2
