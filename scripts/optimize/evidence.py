@@ -81,10 +81,28 @@ def speed(speeds: dict[str, str | None], variant: str, level: int) -> float | No
     return throughput(speeds.get(variant), level)
 
 
+def contenders(plan, measured: list[Candidate], speeds: dict[str, str | None]) -> set[str]:
+    """The candidates worth evidence: faster than the reference at some level, and every candidate up the chain of
+    one (a lossless speculation needs its lossy parent certified, however fast the parent is)."""
+    names = {c.variant for c in measured}
+    out = {c.variant for c in measured if any((speed(speeds, c.variant, lv) or 0) > (speed(speeds, plan.reference, lv)
+                                                                                      or float("inf"))
+                                              for lv in plan.concurrency)}
+    for v in list(out):
+        while (v := reference_name(load_variant(v).resolved)) in names:
+            out.add(v)
+    return out
+
+
 def certify(r, measured: list[Candidate], speeds: dict[str, str | None]) -> dict[str, Outcome]:
     plan, budget = r.plan, BUDGETS[r.plan.budget]
     out: dict[str, Outcome] = {}
+    worth = contenders(plan, measured, speeds)
     for c in measured:
+        if c.variant not in worth:
+            out[c.variant] = Outcome("not pursued", "not faster than the BF16 reference at any level measured: no "
+                                     "quality evidence bought")
+            continue
         if c.evidence == "parity":
             e = r.step("parity", "eval-parity", c.quality_of or c.variant, budget.parity, records="quality")
         else:
