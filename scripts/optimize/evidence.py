@@ -122,8 +122,9 @@ def certify(r, measured: list[Candidate], speeds: dict[str, str | None]) -> dict
             if any(x.status == "fail" for x in judged[c.variant].criteria):
                 continue
             waiting = needs_suite(c.variant, judged)
-            if waiting and budget.suite is None:
-                r.note(c.variant, f"the suite was cut by BUDGET={plan.budget} ({', '.join(waiting)} waited on it)")
+            if waiting and (budget.suite is None or r.no_suite):
+                why = "SUITE=0" if r.no_suite else f"BUDGET={plan.budget}"
+                r.note(c.variant, f"the suite was cut by {why} ({', '.join(waiting)} waited on it)")
             elif waiting:
                 for v in reversed(waiting):  # the chain's top first: a parent's verdict before its child's
                     ref = reference_name(load_variant(v).resolved)

@@ -107,7 +107,8 @@ def write(r, speeds: dict[str, str | None], outcomes: dict, wall_s: float) -> Pa
     git = git_state()
     lines = [f"# make optimize {plan.base}: the certified fastest variant on {plan.hardware}", "",
              f"`make optimize BASE={plan.base} BUDGET={plan.budget} CONCURRENCY={','.join(map(str, plan.concurrency))}"
-             + (f" SLO_TPOT_MS={plan.slo_tpot_ms:g}" if plan.slo_tpot_ms else "") + "`, finished "
+             + (f" SLO_TPOT_MS={plan.slo_tpot_ms:g}" if plan.slo_tpot_ms else "") + (" SUITE=0" if r.no_suite else "")
+             + "`, finished "
              f"{now_utc():%Y-%m-%d %H:%M} UTC; git {git['commit'][:12]}{' (dirty)' if git.get('dirty') else ''}; plan "
              f"`{paths.shown(paths.EVAL / 'optimize' / (plan.base + '.yaml'))}`; ladder `{r.state.ladder_id}` "
              f"({ref_rec['inputs']['prompt_set']}, {ref_rec['inputs']['num_prompts']} prompts, fixed output length"

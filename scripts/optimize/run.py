@@ -129,6 +129,7 @@ class Runner:
     notes: dict[str, list[str]] = field(default_factory=dict)  # variant -> what happened to it, in order
     reused: int = 0
     ran: int = 0
+    no_suite: bool = False  # SUITE=0: certify on parity and identity alone, saying what waited on the suite
 
     def note(self, variant: str, text: str) -> None:
         if text not in self.notes.setdefault(variant, []):
@@ -277,7 +278,7 @@ def run(args) -> int:
     STATE.joinpath(args.base, "logs").mkdir(parents=True, exist_ok=True)
     reference_weights(args.base)
     plan, written = make_plan(args)
-    r = Runner(plan, State.load(plan.base), plan.hardware, STATE / plan.base / "logs")
+    r = Runner(plan, State.load(plan.base), plan.hardware, STATE / plan.base / "logs", no_suite=args.no_suite)
     r.phase_s["plan"] = round(time.monotonic() - t0, 1)
     ok = [c for c in plan.candidates if build(r, c)]
     speeds = ladder(r, [plan.reference, *(c.variant for c in ok)])
@@ -296,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", choices=sorted(BUDGETS), help="evidence per phase (default: the plan's, else normal)")
     p.add_argument("--concurrency", help="comma-separated levels (default: the plan's, else 1,8)")
     p.add_argument("--slo-tpot-ms", type=float, help="name the fastest certified variant whose TPOT p50 meets this")
+    p.add_argument("--no-suite", action="store_true", help="buy no BIG-bench Lite evidence (SUITE=0): on a CPU without "
+                   "native BF16 its sample of the reference alone takes hours; the report names what waited on it")
     p.add_argument("--replan", action="store_true", help="propose the candidates again (the plan file is rewritten)")
     return p
 

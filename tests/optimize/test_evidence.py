@@ -28,6 +28,7 @@ def judged(status_by_criterion: dict[str, str]) -> Judged:
 class FakeRunner:
     plan: Plan
     steps: list[str] = field(default_factory=list)
+    no_suite: bool = False
     notes: dict[str, list[str]] = field(default_factory=dict)
 
     def step(self, phase, target, variant, args=(), extra_key="", records=None):
