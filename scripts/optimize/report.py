@@ -19,6 +19,9 @@ from scripts.common.records import git_state, now_utc
 from scripts.common.variants import load_variant
 from scripts.report.compare import MARKERS, bf16_server, engine_label, evidence, fmt, pareto_front
 
+PHASE_OF = {"export-gguf": "build", "calibrate": "build", "eval-latency": "ladder", "eval-parity": "parity",
+            "eval-identity": "identity"}
+
 
 def level_stat(record: str | None, level: int, key: str) -> float | None:
     """One statistic of a latency record (a path under the repository) at one concurrency, fixed length."""
@@ -161,9 +164,15 @@ def write(r, speeds: dict[str, str | None], outcomes: dict, wall_s: float) -> Pa
         lines.append(f"| {v} | {levers.get(v, 'the reference')} | {cells} | {verdict} | {why} |")
     lines += ["", "## Left out of the plan", ""] + [f"- {x['lever']}: {x['why']}" for x in plan.left_out]
     total = sum(r.phase_s.values())
-    lines += ["", "## Wall time per phase (this run; a reused step counts 0)", "", "| phase | seconds |", "| --- | ---: |"]
-    lines += [f"| {p} | {t:.0f} |" for p, t in r.phase_s.items()] + [
-        f"| **total** | **{wall_s:.0f}** ({total:.0f} in steps; {r.ran} steps run, {r.reused} reused) |", "",
+    spent = dict.fromkeys(r.phase_s, 0.0)
+    for sid, e in r.state.steps.items():
+        spent[PHASE_OF.get(sid.split(":")[0], "suite")] += e.get("seconds") or 0
+    lines += ["", "## Wall time per phase", "", "Steps of this run, and every step the state holds (the runs that made "
+              "the reused records; a step that was stopped midway is not counted)", "",
+              "| phase | this run, s | all steps kept, s |", "| --- | ---: | ---: |"]
+    lines += [f"| {p} | {t:.0f} | {spent[p]:.0f} |" for p, t in r.phase_s.items()] + [
+        f"| **total** | **{wall_s:.0f}** ({total:.0f} in steps; {r.ran} steps run, {r.reused} reused) | "
+        f"**{sum(spent.values()):.0f}** |", "",
         "## Steps and records", "", "| step | status | seconds | record |", "| --- | --- | ---: | --- |"]
     lines += [f"| `{sid}` | {e['status']}{' (adopted)' if e.get('adopted') else ''} | {e.get('seconds', 0):.0f} | "
               f"{e.get('record') or '—'} |" for sid, e in r.state.steps.items()]
