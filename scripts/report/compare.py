@@ -123,13 +123,17 @@ def comparable_groups(records: list[tuple[Path, dict]]) -> tuple[dict[tuple[str,
                                                                    list[tuple[str, str, str]]]:
     """({group (hardware, prompt set): {variant: its newest latency record there}}, [(variant, hardware, why) where
     that newest record cannot be compared]). Only records with status ok and fixed-length results compare; replicas
-    behind a router are a deployment (make plan), not the variant, and are left out."""
+    behind a router are a deployment (make plan), not the variant, and are left out, and so are shortened runs
+    (max_tokens capped: make optimize BUDGET=tiny, smoke runs), whose tok/s is not a ladder's."""
     newest: dict[tuple[str, str], dict[str, dict]] = {}
+    excluded = []
     for _, r in records:  # oldest first per variant: later ones replace earlier ones
-        if not (r.get("topology") or {}).get("router"):
+        if r["inputs"].get("max_tokens_cap"):  # a shortened run (make optimize BUDGET=tiny, smoke runs): not a ladder's
+            excluded.append((r["variant"], group_key(r)[0], f"max_tokens capped at {r['inputs']['max_tokens_cap']} "
+                             f"({r['inputs'].get('num_prompts')} prompts): a shortened run"))
+        elif not (r.get("topology") or {}).get("router"):
             newest.setdefault(group_key(r), {})[r["variant"]] = r
     groups: dict[tuple[str, str], dict[str, dict]] = {}
-    excluded = []
     for g, members in newest.items():
         for v, r in members.items():
             if r["status"] == "ok" and MODE in r["summary"]:

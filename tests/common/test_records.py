@@ -369,3 +369,17 @@ def test_a_variant_on_llama_cpp_pythons_server_needs_a_passing_soak_to_be_offere
     assert out["gguf-server"].certified and out["vllm"].certified
     assert "a failed soak" in compare.deployable(judged, configs, {"gguf": False})["gguf"].note
     assert compare.deployable(judged, configs, {"gguf": True})["gguf"].certified
+
+
+def test_compare_leaves_out_a_shortened_run(tmp_path):
+    """A newer run with max_tokens capped (make optimize BUDGET=tiny) does not replace the ladder's record."""
+    exp = tmp_path / "experiments"
+    full = make_record("smollm2-bf16", 1.0)
+    short = make_record("smollm2-bf16", 9.0)
+    short["inputs"]["max_tokens_cap"] = 32
+    records.write_record(full, exp / "smollm2-bf16", "latency", when=records.now_utc())
+    records.write_record(short, exp / "smollm2-bf16", "latency", when=records.now_utc() + dt.timedelta(seconds=5))
+    groups, excluded = compare.comparable_groups(records.all_records("latency", exp))
+    (members,) = groups.values()
+    assert members["smollm2-bf16"]["summary"] == full["summary"]
+    assert excluded and "shortened run" in excluded[0][2]
