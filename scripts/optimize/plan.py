@@ -209,7 +209,7 @@ def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float |
     wanted = BUDGETS[budget].levers
     tpl = templates(base, ref)
     sources = gguf_sources(base, ref)
-    gguf_err = gguf_refusal(model_dir) if any(k.startswith("gguf") for k in tpl) else None
+    gguf_err = gguf_refusal(model_dir)
     configs: dict[str, dict[str, str]] = {}
     candidates = []
     for suffix, (lever, engine, cfg, needs) in tpl.items():

@@ -277,7 +277,7 @@ def run(args) -> int:
     t0 = time.monotonic()
     STATE.joinpath(args.base, "logs").mkdir(parents=True, exist_ok=True)
     reference_weights(args.base)
-    plan, written = make_plan(args)
+    plan, _ = make_plan(args)
     r = Runner(plan, State.load(plan.base), plan.hardware, STATE / plan.base / "logs", no_suite=args.no_suite)
     r.phase_s["plan"] = round(time.monotonic() - t0, 1)
     ok = [c for c in plan.candidates if build(r, c)]
