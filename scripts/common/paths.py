@@ -123,3 +123,14 @@ def staged(dest: Path) -> Iterator[Path]:
             tmp.rename(dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write a small text file all at once: a hidden sibling (.<name>.partial-<pid>) renamed onto path, so a reader or
+    a killed run never sees half of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}{STAGING}{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path

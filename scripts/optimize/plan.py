@@ -14,7 +14,6 @@ candidate from it to skip it, add any existing variant of the base to measure it
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -260,11 +259,8 @@ HEADER = ("# make optimize's plan for base {base}: edit it and run `make optimiz
 
 
 def write_plan(plan: Plan, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    tmp.write_text(HEADER.format(base=plan.base) + yaml.safe_dump(asdict(plan), sort_keys=False, width=120))
-    tmp.rename(path)
-    return path
+    return paths.write_text_atomic(path, HEADER.format(base=plan.base) + yaml.safe_dump(asdict(plan), sort_keys=False,
+                                                                                       width=120))
 
 
 def read_plan(path: Path) -> Plan:
@@ -300,16 +296,13 @@ def write_configs(configs: dict[str, dict[str, str]], lever_of: dict[str, str]) 
         env = paths.variant_dir(name) / "config.env"
         if env.exists():
             continue
-        env.parent.mkdir(parents=True, exist_ok=True)
-        tmp = env.with_name(f".config.env.partial-{os.getpid()}")
         lever = lever_of.get(name, "a GGUF file llama.cpp scores in process: the quality source of its llama-server rung")
-        tmp.write_text(f"# {lever}: written by make optimize from its template (scripts/optimize/plan.py)\n"
-                       + "".join(("".join(f"# {c}\n" for c in COMMENTS[k]) if k in COMMENTS else "") + f"{k}={v}\n"
-                                 for k, v in cfg.items()))
         readme = env.with_name("README.md")
         if not readme.exists():
-            readme.write_text(variant_readme(name, lever, cfg))
-        tmp.rename(env)
+            paths.write_text_atomic(readme, variant_readme(name, lever, cfg))
+        paths.write_text_atomic(env, f"# {lever}: written by make optimize from its template (scripts/optimize/plan.py)\n"
+                                + "".join(("".join(f"# {c}\n" for c in COMMENTS[k]) if k in COMMENTS else "")
+                                          + f"{k}={v}\n" for k, v in cfg.items()))
         written.append(name)
     return written
 

@@ -10,7 +10,6 @@ lossless candidates on a row of their own.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from scripts.common import paths
@@ -179,7 +178,4 @@ def write(r, speeds: dict[str, str | None], outcomes: dict, wall_s: float) -> Pa
     lines += ["", f"![speed against KL divergence]({png.name})", ""]
     md.parent.mkdir(parents=True, exist_ok=True)
     plot(r, speeds, outcomes, png)
-    tmp = md.with_name(f".{md.name}.partial-{os.getpid()}")
-    tmp.write_text("\n".join(lines))
-    tmp.rename(md)
-    return md
+    return paths.write_text_atomic(md, "\n".join(lines))

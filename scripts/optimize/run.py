@@ -113,10 +113,7 @@ class State:
         return cls(path)
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".state.json.partial-{os.getpid()}")
-        tmp.write_text(json.dumps({"steps": self.steps, "ladder_id": self.ladder_id}, indent=1) + "\n")
-        tmp.replace(self.path)
+        paths.write_text_atomic(self.path, json.dumps({"steps": self.steps, "ladder_id": self.ladder_id}, indent=1) + "\n")
 
 
 @dataclass

@@ -159,17 +159,13 @@ def write_variant(name: str, folder: Path) -> Path:
     if env.exists():
         return env
     config = json.loads((folder / "config.json").read_text())
-    env.parent.mkdir(parents=True, exist_ok=True)
-    tmp = env.with_name(f".config.env.partial-{os.getpid()}")
-    tmp.write_text(config_env(name, folder, config, chat_template_of(folder)))
     readme = env.with_name("README.md")
     if not readme.exists():
-        readme.write_text(f"# {name}-bf16 — the registered checkpoint, BF16 on vLLM\n\n**Source:** {folder} "
+        paths.write_text_atomic(readme, f"# {name}-bf16 — the registered checkpoint, BF16 on vLLM\n\n**Source:** {folder} "
                           f"(`make download MODEL={folder} NAME={name}`), hard-linked or copied into weights/{name}/, "
                           f"never modified. The reference of base {name}: `make optimize BASE={name}` measures and "
                           f"judges every variant against it.\n")
-    tmp.rename(env)
-    return env
+    return paths.write_text_atomic(env, config_env(name, folder, config, chat_template_of(folder)))
 
 
 def register(source: str, name: str | None, materialize) -> Path:
