@@ -62,10 +62,28 @@ def server_args() -> list[str]:
     return [*dtype, "--set", f"ENV_VLLM_CPU_KVCACHE_SPACE={TEST_KV_GIB}"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive free ports, drawn below the kernel's ephemeral range: a port bind(0) hands
+    out is also the source port of some client connection in the other test lane, and a server that binds it a moment
+    later fails with 'Address already in use' (test_replicas' replica ports)."""
+    low, high = 20000, _ephemeral_low() - count
+    for _ in range(200):
+        base = low + int.from_bytes(os.urandom(4), "big") % max(1, high - low)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports in {low}..{high}")
 
 
 @pytest.fixture(scope="session")

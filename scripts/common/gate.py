@@ -38,6 +38,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.hardware import hardware_key
+from scripts.common.records import of_record
 from scripts.common.variants import VariantError, load_variant, reference_name
 
 Z = 1.6448536269514722  # one-sided 95% normal quantile
@@ -328,9 +329,10 @@ def main_metric(task_scores: dict) -> str | None:
 
 
 def quality_records(variant: str, root: Path | None = None) -> list[dict]:
-    """All quality records of a variant, newest first."""
+    """All quality records of a variant, newest first (a trial's only for that trial's reader: records.of_record)."""
     d = (root or paths.EXPERIMENTS) / variant
-    return [json.loads(p.read_text()) for p in sorted(d.glob("quality_*.json"), reverse=True)]
+    return [r for r in (json.loads(p.read_text()) for p in sorted(d.glob("quality_*.json"), reverse=True))
+            if of_record(r)]
 
 
 def newest(records: list[dict], **inputs) -> dict | None:

@@ -65,8 +65,20 @@ def now_utc() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+# A trial run's records (make optimize BUDGET=tiny: 4 prompts, 1,024 parity tokens) carry "trial": <name> and count only
+# for readers that set the same name: make compare, make gate and the catalog never mistake them for a variant's evidence.
+TRIAL_ENV = "LAB_RECORD_TRIAL"
+
+
+def of_record(record: dict[str, Any]) -> bool:
+    """Whether a record is evidence for this reader: every untagged record, and a trial's own under LAB_RECORD_TRIAL."""
+    return record.get("trial") in (None, os.environ.get(TRIAL_ENV) or None)
+
+
 def envelope(kind: str, variant, *, command: list[str], server_command: list[str] | None) -> dict[str, Any]:
+    trial = os.environ.get(TRIAL_ENV) or None
     return {
+        **({"trial": trial} if trial else {}),
         "schema": {"kind": kind, "version": SCHEMA_VERSIONS[kind]},
         "variant": variant.name,
         "config": dict(variant.resolved),
@@ -179,7 +191,9 @@ def _write_record(record: dict[str, Any], directory: Path, kind: str, when: dt.d
 
 
 def all_records(kind: str, root: Path | None = None) -> list[tuple[Path, dict]]:
-    """Every record of `kind` under root/<variant>/, oldest first per variant (file names sort by time)."""
+    """Every record of `kind` under root/<variant>/, oldest first per variant (file names sort by time); a trial's
+    records only for that trial's reader (of_record)."""
     root = root or paths.EXPERIMENTS
-    return [(f, json.loads(f.read_text())) for vdir in sorted(p for p in root.iterdir() if p.is_dir())
-            for f in sorted(vdir.glob(f"{kind}_*.json"))]
+    found = [(f, json.loads(f.read_text())) for vdir in sorted(p for p in root.iterdir() if p.is_dir())
+             for f in sorted(vdir.glob(f"{kind}_*.json"))]
+    return [(f, r) for f, r in found if of_record(r)]

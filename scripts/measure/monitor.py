@@ -18,6 +18,7 @@ import time
 
 from scripts.common import paths
 from scripts.common.metrics import summarize
+from scripts.common.records import of_record
 from scripts.common.server import is_healthy
 from scripts.measure.prom import scrape, server_counters
 
@@ -29,7 +30,7 @@ def baseline(variant: str, batch: int) -> dict | None:
     for path in sorted((paths.EXPERIMENTS / variant).glob("latency_*.json"), reverse=True):
         rec = json.loads(path.read_text())
         level = rec.get("summary", {}).get(BASELINE_MODE, {}).get(str(batch))
-        if rec.get("status") == "ok" and level:
+        if rec.get("status") == "ok" and level and of_record(rec):
             return {"record": path.name, **level}
     return None
 

@@ -187,8 +187,13 @@ def committed_heads(base: str, parents: set[str]) -> dict[str, str]:
 
 
 def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float | None, hardware: str,
-            gpu: bool = False) -> tuple[Plan, dict[str, dict[str, str]]]:
-    """(the plan, {variant: config} of every variant it needs): candidates the model and the hardware admit."""
+            gpu: bool = False, cpu_flags: list[str] | None = None) -> tuple[Plan, dict[str, dict[str, str]]]:
+    """(the plan, {variant: config} of every variant it needs): candidates the model and the hardware admit
+    (`cpu_flags`: this machine's unless given)."""
+    from scripts.common.hardware import INT8_DOT_FLAGS, cpu_model_and_flags
+
+    flags = cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags
+    int8_dot = any(f in flags for f in INT8_DOT_FLAGS)
     ref_name = f"{base}-bf16"
     try:
         ref = load_variant(ref_name).settings
@@ -221,6 +226,11 @@ def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float |
             continue
         if suffix.startswith("int8") and not (paths.ROOT / ".venv-quant").is_dir():
             left_out.append({"lever": lever, "why": "llm-compressor is not installed: `make install-quant`"})
+            continue
+        if suffix.startswith("int8") and not int8_dot and budget != "full":
+            left_out.append({"lever": lever, "why": f"this CPU has none of {', '.join(INT8_DOT_FLAGS)}: W8A8 decoded "
+                             "slower than BF16 without them (results/optimize_smoldocs_20261127-140103.md); BUDGET=full "
+                             "or a candidate added to the plan measures it anyway"})
             continue
         builds = [f"{base}-{n}" for n in needs]
         for b in needs:

@@ -10,11 +10,12 @@ lossless candidates on a row of their own.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.metrics import ratio
-from scripts.common.records import git_state, now_utc
+from scripts.common.records import TRIAL_ENV, git_state, now_utc
 from scripts.common.variants import load_variant
 from scripts.report.compare import MARKERS, bf16_server, engine_label, evidence, fmt, pareto_front
 
@@ -116,7 +117,10 @@ def write(r, speeds: dict[str, str | None], outcomes: dict, wall_s: float) -> Pa
              f"({ref_rec['inputs']['prompt_set']}, {ref_rec['inputs']['num_prompts']} prompts, fixed output length"
              + (f", max_tokens capped at {ref_rec['inputs']['max_tokens_cap']}" if ref_rec['inputs'].get('max_tokens_cap') else "")
              + "). Speed is output tok/s of one ladder run on this machine, one server at a time; verdicts are the "
-             "parity gate's (one-sided 95% bounds), as `make gate` prints them.", "", "## The winner", "",
+             "parity gate's (one-sided 95% bounds), as `make gate` prints them."
+             + (f" A trial: its records carry `trial: {os.environ[TRIAL_ENV]}`, which `make compare` and "
+                "`make gate` leave out (scripts/common/records.py)." if os.environ.get(TRIAL_ENV) else ""),
+             "", "## The winner", "",
              "| concurrency | certified winner | engine | tok/s | × " + plan.reference + " | × fastest BF16 server | TPOT p50 ms | evidence |",
              "| --- | --- | --- | ---: | ---: | --- | ---: | --- |"]
     winners = {}

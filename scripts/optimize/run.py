@@ -38,7 +38,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.hardware import hardware, hardware_key
-from scripts.common.records import now_utc
+from scripts.common.records import TRIAL_ENV, now_utc
 from scripts.common.server import group_pids
 from scripts.common.variants import VariantError, build_target, list_variants, load_variant, reference_name
 from scripts.optimize import evidence, report
@@ -275,6 +275,8 @@ def run(args) -> int:
     STATE.joinpath(args.base, "logs").mkdir(parents=True, exist_ok=True)
     reference_weights(args.base)
     plan, _ = make_plan(args)
+    if plan.budget == "tiny":  # a trial: its records are evidence for this run only, never the variants' (of_record)
+        os.environ[TRIAL_ENV] = f"optimize-tiny-{plan.base}"
     r = Runner(plan, State.load(plan.base), plan.hardware, STATE / plan.base / "logs", no_suite=args.no_suite)
     r.phase_s["plan"] = round(time.monotonic() - t0, 1)
     ok = [c for c in plan.candidates if build(r, c)]
@@ -327,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         if e.code == 143:
             print("terminated: every finished step is kept; run the same command again to continue", file=sys.stderr)
         raise
+    finally:
+        os.environ.pop(TRIAL_ENV, None)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,20 @@ def test_valid_record_passes_schema(tmp_path):
     assert check_schemas.check_file(path) == []
 
 
+
+def test_a_trial_records_count_only_for_that_trial(tmp_path, monkeypatch):
+    records.write_record(make_record(), tmp_path / "smollm2-bf16", "latency")
+    monkeypatch.setenv(records.TRIAL_ENV, "optimize-tiny-smollm2")
+    trial = make_record()
+    assert trial["trial"] == "optimize-tiny-smollm2"
+    path = records.write_record(trial, tmp_path / "smollm2-bf16", "latency")
+    assert check_schemas.check_file(path) == []
+    assert len(records.all_records("latency", tmp_path)) == 2  # the trial's reader sees both
+    monkeypatch.setenv(records.TRIAL_ENV, "optimize-tiny-other")
+    assert [r.get("trial") for _, r in records.all_records("latency", tmp_path)] == [None]
+    monkeypatch.delenv(records.TRIAL_ENV)
+    assert [r.get("trial") for _, r in records.all_records("latency", tmp_path)] == [None]
+
 @pytest.mark.parametrize("edit, field", [
     (lambda r: r["summary"]["fixed"]["1"].pop("median_ttft_ms"), "summary/fixed/1"),
     (lambda r: r["git"].update(commit="abc"), "git/commit"),

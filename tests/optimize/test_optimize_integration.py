@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from scripts.common import paths
+from scripts.common.records import all_records
 from scripts.optimize.plan import read_plan
 
 pytestmark = pytest.mark.slow
@@ -88,6 +89,11 @@ def test_optimize_tiny_from_a_plain_folder_to_a_report(lab):
         assert any(v in row for v in ("certified", "rejected", "not certified", "not pursued", "failed")), row
     ladders = {json.loads(p.read_text())["inputs"]["ladder_id"] for p in (lab / "experiments").glob("*/latency_*.json")}
     assert len(ladders) == 1, ladders
+    written = [json.loads(p.read_text()) for kind in ("latency", "quality")
+               for p in (lab / "experiments").glob(f"{BASE}-*/{kind}_*.json")]
+    assert written and all(w.get("trial") == f"optimize-tiny-{BASE}" for w in written), "a trial record not tagged"
+    seen = [r["variant"] for _, r in all_records("quality", lab / "experiments") if r["variant"].startswith(f"{BASE}-")]
+    assert not seen, f"make compare and make gate would read the trial's quality records of {seen}"
 
     r = make(lab, "optimize", f"BASE={BASE}")  # everything matches: nothing is measured again
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

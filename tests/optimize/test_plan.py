@@ -136,3 +136,17 @@ def test_an_unknown_base_is_one_line_and_exit_2(capsys):
     assert rc == 2 and err.startswith("error: unknown BASE=no-such-base") and "make download MODEL=" in err
     assert "\n" not in err
     assert run_mod.main(["smollm2", "--concurrency", "1,x"]) == 2
+
+
+@pytest.mark.skipif(not (paths.ROOT / ".venv-quant").is_dir(), reason="llm-compressor not installed (make install-quant)")
+def test_w8a8_is_proposed_only_where_the_cpu_has_int8_dot_products(embedded_weights):
+    def int8(flags, budget="normal"):
+        plan, _ = plan_mod.propose("smollm2", budget, [1], None, "test", cpu_flags=flags)
+        return ({c.variant for c in plan.candidates if c.variant.startswith("smollm2-int8")},
+                [o["why"] for o in plan.left_out if o["lever"].startswith("W8A8")])
+
+    w8a8 = {"smollm2-int8", "smollm2-int8sq", "smollm2-int8sq-ceagle2"}  # the committed head on int8sq comes along
+    assert int8(["avx2", "avx512f", "avx512_vnni"]) == (w8a8, [])
+    proposed, why = int8(["avx2"])
+    assert proposed == set() and len(why) == 2 and all("none of avx512_vnni" in w for w in why)
+    assert int8(["avx2"], "full")[0] == w8a8

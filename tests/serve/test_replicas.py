@@ -95,7 +95,7 @@ def _served(url: str, key: str) -> float:
 @pytest.mark.slow
 def test_two_cpu_replicas_behind_vllm_router(embedded_weights, tmp_path):
     key = "replica-key-" + os.urandom(8).hex()
-    port = free_port()
+    port = free_port(4)  # the router, two replicas, the router's Prometheus port
     log, topology = tmp_path / "replicas.log", tmp_path / "topology.json"
     argv = [sys.executable, "-m", "scripts.serve.replicas", "smollm2-bf16", "--replicas", "2", "--policy",
             "round_robin", "--port", str(port), "--topology", str(topology), "--log-dir", str(tmp_path),

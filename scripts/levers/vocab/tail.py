@@ -52,8 +52,6 @@ FULL_FRACTION = 0.25  # more dropped rows than this share screened in at one ste
 # where the per-position bound arithmetic would cost more than it saves
 SCREEN_MAX_POSITIONS = 8
 CHECK_VECTORS = 8  # random hidden states build() checks the bound on
-# CPU flags with 8-bit dot products, under which oneDNN's int8 GEMM is exact (step 2 of the docstring)
-INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 ACC_PER_TERM = 2.0 ** -22  # float32 sums of the weight-only kernel: relative error per summed term, with slack
 ONEDNN, WEIGHT_ONLY = "onednn-w8a8", "torch-w8a16"  # the screen's kernels (KERNELS)
 
@@ -78,7 +76,7 @@ def kernel_name(cpu_flags=None) -> str:
     kernel elsewhere (LAB_VOCAB_TAIL_KERNEL names one instead, to compare them on one machine)."""
     import os
 
-    from scripts.common.hardware import cpu_model_and_flags
+    from scripts.common.hardware import INT8_DOT_FLAGS, cpu_model_and_flags
 
     forced = os.environ.get("LAB_VOCAB_TAIL_KERNEL")
     if forced:

@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from scripts.common.hardware import cpu_model_and_flags
+from scripts.common.hardware import INT8_DOT_FLAGS, cpu_model_and_flags
 from scripts.levers.vocab import plugin, tail
 
-INT8_DOT_HERE = any(f in cpu_model_and_flags()[1] for f in tail.INT8_DOT_FLAGS)
+INT8_DOT_HERE = any(f in cpu_model_and_flags()[1] for f in INT8_DOT_FLAGS)
 EXACT_HERE = {"torch-w8a16", "onednn-w8a8"} if INT8_DOT_HERE else {"torch-w8a16"}
 
 
@@ -21,7 +21,7 @@ EXACT_HERE = {"torch-w8a16", "onednn-w8a8"} if INT8_DOT_HERE else {"torch-w8a16"
 def kernel(request, monkeypatch):
     """Each kernel this CPU computes exactly (oneDNN's int8 GEMM saturates without VNNI or AMX)."""
     if request.param not in EXACT_HERE:
-        pytest.skip(f"{request.param}: this CPU has none of {', '.join(tail.INT8_DOT_FLAGS)}")
+        pytest.skip(f"{request.param}: this CPU has none of {', '.join(INT8_DOT_FLAGS)}")
     monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", request.param)
     return request.param
 
