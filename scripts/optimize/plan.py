@@ -110,11 +110,14 @@ NGRAM_VLLM = {"SERVE_SPECULATIVE_CONFIG": '{"method": "ngram", "num_speculative_
               "ENV_VLLM_USE_V2_MODEL_RUNNER": "0", "GATE_GREEDY_IDENTITY": "1"}
 
 
+# the reference's serving settings every vLLM candidate keeps
+VLLM_KEYS = ("SERVE_MAX_MODEL_LEN", "SERVE_MAX_NUM_SEQS", "SERVE_CHAT_TEMPLATE", "ENV_VLLM_CPU_KVCACHE_SPACE", "EVAL_TASKS")
+
+
 def templates(base: str, ref: dict[str, str]) -> dict[str, tuple[str, str, dict[str, str], list[str]]]:
     """{suffix: (lever, engine, config, the suffixes it needs built first)} of the CPU candidates, cheapest first."""
     r = f"{base}-bf16"
-    vllm = {k: v for k, v in ref.items() if k in ("SERVE_MAX_MODEL_LEN", "SERVE_MAX_NUM_SEQS", "SERVE_CHAT_TEMPLATE",
-                                                  "ENV_VLLM_CPU_KVCACHE_SPACE", "EVAL_TASKS")}
+    vllm = {k: v for k, v in ref.items() if k in VLLM_KEYS}
     quant = {"SOURCE": "lever", "PARENT": r, "BASE": base, **vllm, **LOSSY_GATE}
     return {
         "gguf-bf16-server": ("the BF16 weights as a GGUF, served by llama-server", "llamaserver",
@@ -186,6 +189,28 @@ def committed_heads(base: str, parents: set[str]) -> dict[str, str]:
     return {p: min(v)[1] for p, v in found.items()}
 
 
+def vocab_tail(base: str, ref: dict[str, str], config: dict) -> tuple[tuple[str, dict[str, str]] | None, str]:
+    """((variant, config) of the pruned output layer with the exact tail, lever) where a committed keep list of the base
+    (results/vocab/<base>/keep-<N>.json) keeps at most half its vocabulary, else (None, why not). Lossless by
+    construction (greedy output is the parent's), so judged by greedy identity like speculation."""
+    vocab = (config.get("text_config") or config).get("vocab_size") or config.get("vocab_size")
+    folder = paths.RESULTS / "vocab" / base
+    sizes = sorted(int(f.stem.removeprefix("keep-")) for f in folder.glob("keep-*.json")) if folder.is_dir() else []
+    if not sizes:
+        return None, (f"no keep list for base {base}: `make analyze-vocab VOCAB_REFS={base}-bf16` ranks its tokens "
+                      "(it serves the model for its own answers; not run by make optimize)")
+    if not vocab or sizes[0] * 2 > vocab:
+        return None, f"its vocabulary ({vocab} tokens) is not twice its smallest keep list ({sizes[0]}): too small to pay"
+    n = sizes[0]
+    name = f"{base}-v{n // 1024}k-tail" if n % 1024 == 0 else f"{base}-v{n}-tail"
+    vllm = {k: v for k, v in ref.items() if k in VLLM_KEYS}
+    cfg = {"MODEL": f"weights/{name}", "SOURCE": "lever", "PARENT": f"{base}-bf16", "BASE": base, "PRUNE_KEEP": str(n),
+           "PRUNE_TAIL": "1", **vllm, "ENV_LAB_VOCAB_TAIL_STATS": f".cache/vocab-tail/{name}.json",
+           "GATE_GREEDY_IDENTITY": "1"}
+    return (name, cfg), (f"the output layer pruned to {n:,} of {vocab:,} tokens (results/vocab/{base}/keep-{n}.json) "
+                         "with the exact tail fallback")
+
+
 def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float | None, hardware: str,
             gpu: bool = False, cpu_flags: list[str] | None = None) -> tuple[Plan, dict[str, dict[str, str]]]:
     """(the plan, {variant: config} of every variant it needs): candidates the model and the hardware admit
@@ -240,6 +265,16 @@ def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float |
         configs[name] = cfg
         candidates.append(Candidate(name, lever, engine, "identity" if cfg.get("GATE_GREEDY_IDENTITY") else "parity",
                                     builds, cfg.get("GATE_QUALITY_OF")))
+    tail, why = vocab_tail(base, ref, config)
+    if tail is not None and wanted is not None:
+        left_out.append({"lever": "vocabulary pruning with the exact tail",
+                         "why": f"BUDGET={budget} leaves it out (BUDGET=normal proposes {tail[0]})"})
+    elif tail is None:
+        left_out.append({"lever": "vocabulary pruning with the exact tail", "why": why})
+    else:
+        name, cfg = tail
+        configs[name] = cfg
+        candidates.append(Candidate(name, why, "vllm", "identity", [name]))
     heads = committed_heads(base, {ref_name, *(c.variant for c in candidates)})
     if wanted is not None and heads:
         left_out.append({"lever": "EAGLE-3 draft head", "why": f"BUDGET={budget} leaves it out (committed: "
@@ -252,9 +287,6 @@ def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float |
     else:
         left_out.append({"lever": "EAGLE-3 draft head", "why": f"no committed head for base {base} (make redistill "
                          f"trains one: hours on a CPU, not proposed)"})
-    left_out.append({"lever": "vocabulary pruning with the exact tail",
-                     "why": "its keep list needs `make analyze-vocab` over reference corpora for this base: not "
-                            "automated yet"})
     plan = Plan(base, ref_name, budget, list(concurrency), slo_tpot_ms, hardware, candidates, left_out)
     return plan, configs
 

@@ -150,3 +150,15 @@ def test_w8a8_is_proposed_only_where_the_cpu_has_int8_dot_products(embedded_weig
     proposed, why = int8(["avx2"])
     assert proposed == set() and len(why) == 2 and all("none of avx512_vnni" in w for w in why)
     assert int8(["avx2"], "full")[0] == w8a8
+
+
+def test_vocab_pruning_with_the_exact_tail_is_proposed_from_a_committed_keep_list():
+    (name, cfg), lever = plan_mod.vocab_tail("gemma3-270m", {"SERVE_MAX_NUM_SEQS": "8", "MODEL": "w"},
+                                             {"text_config": {"vocab_size": 262144}})
+    assert name == "gemma3-270m-v32k-tail" and "32,768 of 262,144" in lever
+    assert cfg["PRUNE_KEEP"] == "32768" and cfg["PRUNE_TAIL"] == "1" and cfg["GATE_GREEDY_IDENTITY"] == "1"
+    assert cfg["SERVE_MAX_NUM_SEQS"] == "8" and "MODEL" in cfg and cfg["MODEL"] == f"weights/{name}"
+    none, why = plan_mod.vocab_tail("gemma3-270m", {}, {"vocab_size": 40000})
+    assert none is None and "too small to pay" in why
+    none, why = plan_mod.vocab_tail("no-such-base", {}, {"vocab_size": 262144})
+    assert none is None and "make analyze-vocab VOCAB_REFS=no-such-base-bf16" in why
