@@ -60,6 +60,7 @@ STOP_GRACE_S = 60  # what an interrupted step gets to stop its servers before SI
 PHASES = ("plan", "build", "ladder", "parity", "identity", "suite", "report")
 # the files a step's result depends on besides the variants: a lever's folder or a measuring script
 STEP_CODE = {"export-gguf": "scripts/levers/gguf", "calibrate": "scripts/levers/quantize",
+             "prune-vocab": "scripts/levers/vocab", "merge-lora": "scripts/levers/lora",
              "eval-latency": "scripts/measure/latency.py", "eval-parity": "scripts/measure/parity.py",
              "eval-identity": "scripts/measure/identity.py", "eval-quality": "scripts/measure/quality.py",
              "eval-quality-full": "scripts/measure/quality.py", "datasets": "scripts/data/bigbench_tasks.py"}

@@ -162,3 +162,10 @@ def test_vocab_pruning_with_the_exact_tail_is_proposed_from_a_committed_keep_lis
     assert none is None and "too small to pay" in why
     none, why = plan_mod.vocab_tail("no-such-base", {}, {"vocab_size": 262144})
     assert none is None and "make analyze-vocab VOCAB_REFS=no-such-base-bf16" in why
+
+
+@pytest.mark.parametrize("settings", [{"PRUNE_KEEP": "8"}, {"LORA_ADAPTER": "a"}, {"GGUF_TYPE": "Q8_0"}, {}])
+def test_every_build_target_has_its_lever_code_in_the_step_key(settings):
+    from scripts.common.variants import build_target
+
+    assert (paths.ROOT / run_mod.STEP_CODE[build_target(settings)]).exists()
