@@ -19,8 +19,17 @@ from scripts.common.records import TRIAL_ENV, git_state, now_utc
 from scripts.common.variants import load_variant
 from scripts.report.compare import MARKERS, bf16_server, engine_label, evidence, fmt, pareto_front
 
-PHASE_OF = {"export-gguf": "build", "calibrate": "build", "eval-latency": "ladder", "eval-parity": "parity",
-            "eval-identity": "identity"}
+# the phase of a step a state written before steps named their own phase holds
+PHASE_OF = {"export-gguf": "build", "calibrate": "build", "prune-vocab": "build", "merge-lora": "build",
+            "eval-latency": "ladder", "eval-parity": "parity", "eval-identity": "identity"}
+
+
+def kept_seconds(steps: dict[str, dict], phases) -> dict[str, float]:
+    """Seconds per phase of every step a state holds (a step names its phase; an older state's, by its target)."""
+    spent = dict.fromkeys(phases, 0.0)
+    for sid, e in steps.items():
+        spent[e.get("phase") or PHASE_OF.get(sid.split(":")[0], "suite")] += e.get("seconds") or 0
+    return spent
 
 
 def level_stat(record: str | None, level: int, key: str) -> float | None:
@@ -167,9 +176,7 @@ def write(r, speeds: dict[str, str | None], outcomes: dict, wall_s: float) -> Pa
         lines.append(f"| {v} | {levers.get(v, 'the reference')} | {cells} | {verdict} | {why} |")
     lines += ["", "## Left out of the plan", ""] + [f"- {x['lever']}: {x['why']}" for x in plan.left_out]
     total = sum(r.phase_s.values())
-    spent = dict.fromkeys(r.phase_s, 0.0)
-    for sid, e in r.state.steps.items():
-        spent[PHASE_OF.get(sid.split(":")[0], "suite")] += e.get("seconds") or 0
+    spent = kept_seconds(r.state.steps, r.phase_s)
     lines += ["", "## Wall time per phase", "", "Steps of this run, and every step the state holds (the runs that made "
               "the reused records; a step that was stopped midway is not counted)", "",
               "| phase | this run, s | all steps kept, s |", "| --- | ---: | ---: |"]

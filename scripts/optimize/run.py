@@ -104,17 +104,19 @@ class State:
     path: Path
     steps: dict[str, dict] = field(default_factory=dict)
     ladder_id: str | None = None
+    ladder_args: list[str] | None = None  # what the ladder id was measured with (None: a state from before this key)
 
     @classmethod
     def load(cls, base: str) -> State:
         path = STATE / base / "state.json"
         if path.is_file():
             raw = json.loads(path.read_text())
-            return cls(path, raw.get("steps", {}), raw.get("ladder_id"))
+            return cls(path, raw.get("steps", {}), raw.get("ladder_id"), raw.get("ladder_args"))
         return cls(path)
 
     def save(self) -> None:
-        paths.write_text_atomic(self.path, json.dumps({"steps": self.steps, "ladder_id": self.ladder_id}, indent=1) + "\n")
+        paths.write_text_atomic(self.path, json.dumps({"steps": self.steps, "ladder_id": self.ladder_id,
+                                                       "ladder_args": self.ladder_args}, indent=1) + "\n")
 
 
 @dataclass
@@ -159,7 +161,8 @@ class Runner:
         self.phase_s[phase] += seconds
         self.ran += 1
         new = sorted(set(folder.glob(f"{records}_*.json")) - before) if records else []
-        entry = {"key": key, "status": "ok" if rc == 0 else "failed", "seconds": seconds, "command": shlex.join(cmd),
+        entry = {"key": key, "phase": phase, "status": "ok" if rc == 0 else "failed", "seconds": seconds,
+                 "command": shlex.join(cmd),
                  "record": paths.shown(new[-1]) if new else None}
         if rc != 0:
             entry["error"] = last_error(log)
@@ -249,8 +252,10 @@ def ladder(r: Runner, rungs: list[str]) -> dict[str, str | None]:
     budget = BUDGETS[r.plan.budget]
     args = ("--concurrency", ",".join(map(str, r.plan.concurrency)), "--modes", "fixed", *budget.ladder)
     out = {}
-    if r.state.ladder_id is None or all(f"eval-latency:{v}" not in r.state.steps for v in rungs):
+    other_args = r.state.ladder_args is not None and r.state.ladder_args != list(args)  # another BUDGET's ladder
+    if r.state.ladder_id is None or other_args or all(f"eval-latency:{v}" not in r.state.steps for v in rungs):
         r.state.ladder_id = f"{r.plan.base}-optimize-{now_utc():%Y%m%d-%H%M%S}"
+    r.state.ladder_args = list(args)
     for v in rungs:
         e = r.step("ladder", "eval-latency", v, (*args, "--ladder-id", r.state.ladder_id), records="latency")
         out[v] = e["record"] if e["status"] == "ok" else None

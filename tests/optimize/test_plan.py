@@ -169,3 +169,37 @@ def test_every_build_target_has_its_lever_code_in_the_step_key(settings):
     from scripts.common.variants import build_target
 
     assert (paths.ROOT / run_mod.STEP_CODE[build_target(settings)]).exists()
+
+
+def test_kept_steps_are_counted_in_their_own_phase():
+    from scripts.optimize.report import kept_seconds
+
+    steps = {"prune-vocab:x-v32k-tail": {"seconds": 511}, "eval-quality:x-bf16": {"seconds": 40},
+             "eval-latency:x-bf16": {"phase": "ladder", "seconds": 9}, "calibrate:x-int8": {"seconds": 3}}
+    spent = kept_seconds(steps, ("plan", "build", "ladder", "suite"))
+    assert spent == {"plan": 0, "build": 514, "ladder": 9, "suite": 40}
+
+
+def test_a_ladder_of_another_budget_gets_its_own_id(tmp_path, monkeypatch):
+    import datetime as dt
+    import itertools
+
+    clock = (dt.datetime(2026, 11, 27, 12, 0, s, tzinfo=dt.UTC) for s in itertools.count())
+    monkeypatch.setattr(run_mod, "now_utc", lambda: next(clock))
+    plan = Plan(base="x", reference="x-bf16", budget="tiny", concurrency=[1], slo_tpot_ms=None, hardware="h",
+                candidates=[], left_out=[])
+    state = run_mod.State(tmp_path / "state.json")
+    r = run_mod.Runner(plan, state, "h", tmp_path)
+
+    def step(phase, target, variant, args=(), extra_key="", records=None):
+        state.steps[f"{target}:{variant}"] = {"status": "ok", "record": None}
+        return state.steps[f"{target}:{variant}"]
+
+    monkeypatch.setattr(r, "step", step)
+    run_mod.ladder(r, ["x-bf16"])
+    tiny = state.ladder_id
+    run_mod.ladder(r, ["x-bf16"])
+    assert state.ladder_id == tiny  # the same ladder, resumed
+    plan.budget = "normal"
+    run_mod.ladder(r, ["x-bf16"])
+    assert state.ladder_id != tiny and "--limit" not in state.ladder_args
