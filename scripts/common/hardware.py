@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 # CPU flags with 8-bit dot products: oneDNN's int8 GEMM is exact only with them (scripts/levers/vocab/tail.py, step 2)
-# and vLLM's W8A8 fast only with them (on the AVX2-only EPYC it decoded slower than BF16:
-# results/optimize_smoldocs_20261127-140103.md)
+# and vLLM's W8A8 fast only with them (scripts/optimize/plan.py says where that was measured)
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 # CPU features that decide which vLLM-CPU kernels run (BF16 GEMM, INT8 VNNI, AMX tiles): CPUs of one model name differ.
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")

@@ -110,14 +110,16 @@ NGRAM_VLLM = {"SERVE_SPECULATIVE_CONFIG": '{"method": "ngram", "num_speculative_
               "ENV_VLLM_USE_V2_MODEL_RUNNER": "0", "GATE_GREEDY_IDENTITY": "1"}
 
 
-# the reference's serving settings every vLLM candidate keeps
-VLLM_KEYS = ("SERVE_MAX_MODEL_LEN", "SERVE_MAX_NUM_SEQS", "SERVE_CHAT_TEMPLATE", "ENV_VLLM_CPU_KVCACHE_SPACE", "EVAL_TASKS")
+def _vllm(ref: dict[str, str]) -> dict[str, str]:
+    """The reference's serving settings every vLLM candidate keeps."""
+    return {k: v for k, v in ref.items() if k in ("SERVE_MAX_MODEL_LEN", "SERVE_MAX_NUM_SEQS", "SERVE_CHAT_TEMPLATE",
+                                                  "ENV_VLLM_CPU_KVCACHE_SPACE", "EVAL_TASKS")}
 
 
 def templates(base: str, ref: dict[str, str]) -> dict[str, tuple[str, str, dict[str, str], list[str]]]:
     """{suffix: (lever, engine, config, the suffixes it needs built first)} of the CPU candidates, cheapest first."""
     r = f"{base}-bf16"
-    vllm = {k: v for k, v in ref.items() if k in VLLM_KEYS}
+    vllm = _vllm(ref)
     quant = {"SOURCE": "lever", "PARENT": r, "BASE": base, **vllm, **LOSSY_GATE}
     return {
         "gguf-bf16-server": ("the BF16 weights as a GGUF, served by llama-server", "llamaserver",
@@ -203,9 +205,8 @@ def vocab_tail(base: str, ref: dict[str, str], config: dict) -> tuple[tuple[str,
         return None, f"its vocabulary ({vocab} tokens) is not twice its smallest keep list ({sizes[0]}): too small to pay"
     n = sizes[0]
     name = f"{base}-v{n // 1024}k-tail" if n % 1024 == 0 else f"{base}-v{n}-tail"
-    vllm = {k: v for k, v in ref.items() if k in VLLM_KEYS}
     cfg = {"MODEL": f"weights/{name}", "SOURCE": "lever", "PARENT": f"{base}-bf16", "BASE": base, "PRUNE_KEEP": str(n),
-           "PRUNE_TAIL": "1", **vllm, "ENV_LAB_VOCAB_TAIL_STATS": f".cache/vocab-tail/{name}.json",
+           "PRUNE_TAIL": "1", **_vllm(ref), "ENV_LAB_VOCAB_TAIL_STATS": f".cache/vocab-tail/{name}.json",
            "GATE_GREEDY_IDENTITY": "1"}
     return (name, cfg), (f"the output layer pruned to {n:,} of {vocab:,} tokens (results/vocab/{base}/keep-{n}.json) "
                          "with the exact tail fallback")
