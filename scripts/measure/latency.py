@@ -229,7 +229,8 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
             if facts := record["roofline"]["bytes"]:
                 bw = (record["roofline"]["bandwidth"] or {}).get("bytes_per_s")
                 ctx = mean_decode_context([(s.prompt_tokens, s.output_tokens) for s in samples if s.ok])
-                summary["roofline"] = level_roofline(facts, bw, ctx, c, summary.get("median_tpot_ms")) if ctx else None
+                summary["roofline"] = (level_roofline(facts, bw, ctx, c, summary.get("median_tpot_ms"), record["topology"])
+                                      if ctx else None)
             record["samples"].append({"mode": mode, "concurrency": c, "requests": [s.to_json() for s in samples]})
             record["summary"].setdefault(mode, {})[str(c)] = summary
             print(f"{mode:7s} c={c:<3d} ok {summary['completed']}/{len(samples)}  out {summary['output_throughput'] or 0:7.1f} tok/s"

@@ -17,6 +17,11 @@ roofline_s(c) = (weight bytes + c x (KV bytes per token x context + state bytes)
 bandwidth is (bytes read + bytes written) / second of a device-to-device torch copy measured on that device in the
 same run (`copy_bandwidth`): never an assumed figure. TPOT / roofline_s is how many times the step takes longer than
 its bytes need; a record without a bandwidth measurement says so and has no ratio.
+
+Over several GPUs (a record's topology) the bound is one GPU's share, read at one GPU's bandwidth: E engines (data
+parallel x replicas) each read the weights once per step, tensor parallel splits every engine's weights, KV and state
+over its GPUs, and the c sequences are split over the engines, so a GPU reads (E x weights + c x per-sequence bytes) /
+GPUs per step (one engine on one GPU: the formula above; two replicas sharing one GPU read the weights twice).
 """
 
 from __future__ import annotations
@@ -157,15 +162,29 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, iters: int = 20, warmup: int = 5) -
             "measured_at": time.time()}
 
 
+def engines_and_gpus(topology: dict | None) -> tuple[int, int]:
+    """(engines that each read the weights every step, GPUs whose bandwidth they share) of a record's topology."""
+    if not topology:
+        return 1, 1
+    engines = int(topology.get("data_parallel") or 1) * int(topology.get("replicas") or 1)
+    gpus = int(topology.get("gpus") or 1)
+    return engines, max(gpus, 1)
+
+
 def level_roofline(facts: dict, bandwidth: float | None, context: float, concurrency: int,
-                   tpot_ms: float | None) -> dict:
+                   tpot_ms: float | None, topology: dict | None = None) -> dict:
     """One concurrency level's roofline fields (the bytes always; times only with a measured bandwidth and no
-    online quantization)."""
-    step = step_bytes(facts["weights"]["total"], facts["kv_bytes_per_token"], facts["state_bytes_per_sequence"],
-                      context, concurrency)
-    out = {"context_tokens": context, "concurrency": concurrency, "weight_bytes": facts["weights"]["total"],
-           "kv_bytes": concurrency * facts["kv_bytes_per_token"] * context,
-           "state_bytes": concurrency * facts["state_bytes_per_sequence"], "step_bytes": step}
+    online quantization). step_bytes is one GPU's share under the topology (module docstring)."""
+    engines, gpus = engines_and_gpus(topology)
+    w = facts["weights"]["total"]
+    kv = concurrency * facts["kv_bytes_per_token"] * context
+    state = concurrency * facts["state_bytes_per_sequence"]
+    step = step_bytes(engines * w, facts["kv_bytes_per_token"], facts["state_bytes_per_sequence"], context,
+                      concurrency) / gpus
+    out = {"context_tokens": context, "concurrency": concurrency, "weight_bytes": w, "kv_bytes": kv,
+           "state_bytes": state, "step_bytes": step}
+    if (engines, gpus) != (1, 1):
+        out.update(engines=engines, gpus=gpus)
     out.update(roofline(step, None if facts.get("online_quantization") else bandwidth, tpot_ms))
     return out
 
@@ -201,11 +220,35 @@ def for_bench(model_dir: Path | None, settings: dict[str, str], gpu: bool) -> di
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("variant")
+    p.add_argument("variant", nargs="?")
     p.add_argument("--context", type=float, default=0.0, help="tokens per sequence (default %(default)s)")
     p.add_argument("--concurrency", default="1", help="comma-separated batch sizes (default %(default)s)")
     p.add_argument("--bandwidth", action="store_true", help="measure this GPU's copy bandwidth too")
+    p.add_argument("--refresh", type=Path, nargs="+", metavar="RECORD",
+                   help="recompute the fixed levels' roofline of latency records from their own bytes, bandwidth, "
+                        "topology and samples (a record taken before the formula knew its topology); the record names "
+                        "the commit that recomputed it")
     return p
+
+
+def refresh(path: Path) -> dict:
+    """The record at `path` with every fixed level's roofline recomputed from what the record holds."""
+    from scripts.common.records import git_state
+
+    rec = json.loads(path.read_text())
+    facts, bw = rec["roofline"]["bytes"], (rec["roofline"]["bandwidth"] or {}).get("bytes_per_s")
+    if not facts:
+        raise RooflineError(f"{path}: no bytes counted, nothing to recompute")
+    for level in rec["samples"]:
+        if level["mode"] != "fixed":
+            continue
+        ok = [r for r in level["requests"] if r["ok"]]
+        ctx = mean_decode_context([(r["prompt_tokens"], r["output_tokens"]) for r in ok])
+        summary = rec["summary"]["fixed"][str(level["concurrency"])]
+        summary["roofline"] = (level_roofline(facts, bw, ctx, level["concurrency"], summary.get("median_tpot_ms"),
+                                              rec.get("topology")) if ctx else None)
+    rec["roofline"]["levels_recomputed_by"] = git_state()
+    return rec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,6 +256,19 @@ def main(argv: list[str] | None = None) -> int:
     from scripts.common.variants import VariantError, load_variant
 
     args = build_parser().parse_args(argv)
+    if args.refresh:
+        try:
+            done = [(p, refresh(p)) for p in args.refresh]
+        except (RooflineError, OSError, KeyError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for p, rec in done:  # all read and recomputed before any is written
+            p.write_text(json.dumps(rec, indent=1) + "\n")
+            print(f"refreshed {p}")
+        return 0
+    if not args.variant:
+        print("error: name a variant (or --refresh RECORD...)", file=sys.stderr)
+        return 2
     try:
         v = load_variant(args.variant)
         if not Path(v.model).is_dir():

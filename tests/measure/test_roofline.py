@@ -117,3 +117,37 @@ def test_for_bench_on_a_cpu_names_what_it_could_not_count(tmp_path):
     save_file({"model.norm.weight": torch.zeros(8, dtype=torch.bfloat16)}, d / "model.safetensors")
     out = rl.for_bench(d, {}, gpu=False)
     assert out["bytes"] is None and "sliding_attention" in out["bytes_note"]
+
+
+def test_several_gpus_bound_one_gpus_share():
+    facts = {"weights": {"total": 8000}, "kv_bytes_per_token": 10, "state_bytes_per_sequence": 100}
+    one = rl.level_roofline(facts, 1000.0, 50, 4, 10.0)                     # 8000 + 4 x (500 + 100) = 10400 B
+    assert one["step_bytes"] == 10400 and one["roofline_ms"] == pytest.approx(10400.0) and "gpus" not in one
+    tp2 = rl.level_roofline(facts, 1000.0, 50, 4, 10.0, {"tensor_parallel": 2, "data_parallel": 1, "replicas": 1,
+                                                         "gpus": 2})
+    assert tp2["step_bytes"] == 10400 / 2 and tp2["weight_bytes"] == 8000     # every GPU reads half of everything
+    dp2 = rl.level_roofline(facts, 1000.0, 50, 4, 10.0, {"tensor_parallel": 1, "data_parallel": 2, "replicas": 1,
+                                                         "gpus": 2})
+    assert dp2["step_bytes"] == 8000 + 2 * 600 and (dp2["engines"], dp2["gpus"]) == (2, 2)  # whole weights, half the batch
+    shared = rl.level_roofline(facts, 1000.0, 50, 4, 10.0, {"data_parallel": 1, "replicas": 2, "gpus": 1})
+    assert shared["step_bytes"] == 2 * 8000 + 4 * 600                        # two replicas on one GPU: weights twice
+
+
+def test_refresh_recomputes_a_records_levels_from_its_samples(tmp_path, capsys):
+    facts = {"weights": {"total": 8000}, "kv_bytes_per_token": 10, "state_bytes_per_sequence": 100}
+    rec = {"roofline": {"bytes": facts, "bandwidth": {"bytes_per_s": 1000.0}},
+           "topology": {"tensor_parallel": 2, "data_parallel": 1, "replicas": 1, "gpus": 2},
+           "samples": [{"mode": "fixed", "concurrency": 1, "requests": [
+               {"ok": True, "prompt_tokens": 40, "output_tokens": 20}, {"ok": False, "prompt_tokens": 9, "output_tokens": 0}]}],
+           "summary": {"fixed": {"1": {"median_tpot_ms": 4.0, "roofline": {"step_bytes": 1.0}}}}}
+    path = tmp_path / "latency_x.json"
+    path.write_text(json.dumps(rec))
+    assert rl.main(["--refresh", str(path)]) == 0
+    got = json.loads(path.read_text())
+    lvl = got["summary"]["fixed"]["1"]["roofline"]
+    assert lvl["context_tokens"] == 50 and lvl["step_bytes"] == (8000 + 500 + 100) / 2   # the failed request left out
+    assert lvl["tpot_over_roofline"] == pytest.approx(4.0 / 4300.0)
+    assert "commit" in got["roofline"]["levels_recomputed_by"]
+    bad = tmp_path / "latency_y.json"
+    bad.write_text(json.dumps({**rec, "roofline": {"bytes": None, "bandwidth": None}}))
+    assert rl.main(["--refresh", str(path), str(bad)]) == 2 and "no bytes counted" in capsys.readouterr().err
