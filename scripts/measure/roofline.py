@@ -240,7 +240,7 @@ def refresh(path: Path) -> dict:
     if not facts:
         raise RooflineError(f"{path}: no bytes counted, nothing to recompute")
     for level in rec["samples"]:
-        if level["mode"] != "fixed":
+        if level["mode"] != "fixed" or "concurrency" not in level:  # open-loop levels carry no roofline
             continue
         ok = [r for r in level["requests"] if r["ok"]]
         ctx = mean_decode_context([(r["prompt_tokens"], r["output_tokens"]) for r in ok])

@@ -138,7 +138,8 @@ def test_refresh_recomputes_a_records_levels_from_its_samples(tmp_path, capsys):
     rec = {"roofline": {"bytes": facts, "bandwidth": {"bytes_per_s": 1000.0}},
            "topology": {"tensor_parallel": 2, "data_parallel": 1, "replicas": 1, "gpus": 2},
            "samples": [{"mode": "fixed", "concurrency": 1, "requests": [
-               {"ok": True, "prompt_tokens": 40, "output_tokens": 20}, {"ok": False, "prompt_tokens": 9, "output_tokens": 0}]}],
+               {"ok": True, "prompt_tokens": 40, "output_tokens": 20}, {"ok": False, "prompt_tokens": 9, "output_tokens": 0}]},
+               {"mode": "fixed", "request_rate": 8.0, "requests": []}],
            "summary": {"fixed": {"1": {"median_tpot_ms": 4.0, "roofline": {"step_bytes": 1.0}}}}}
     path = tmp_path / "latency_x.json"
     path.write_text(json.dumps(rec))
