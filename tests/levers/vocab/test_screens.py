@@ -66,6 +66,6 @@ def test_hidden_stats_measure_spread_and_gaps():
     h[:, 0] += 100  # one huge coordinate: almost all of |h|^2, and a principal direction
     st = screens.hidden_stats(h, [torch.arange(1000.0)])
     assert st["top128_coordinate_energy_mean"] > 0.9 and st["norm_mean"] > 100
-    assert st["norm_outside_top128_pcs_mean"] < 3 * (128 ** 0.5)  # what is left: noise outside 128 directions
+    assert st["norm_outside_top128_pcs_mean"] < 1.2 * 3 * 128 ** 0.5  # noise outside 128 directions, not the 100
     q = list(st["gap_quantiles"].values())
     assert q == sorted(q) and q[-1] == pytest.approx(500, abs=1)
