@@ -183,7 +183,7 @@ def study(parent_dir, base: str, kept_ids, max_positions: int, methods=METHODS) 
                              "rows_opened_per_position": {"mean": round(float(c.mean()), 1),
                                                           "p99": float(c.quantile(0.99)), "max": int(c.max())},
                              "violations": stats[m]["violations"]}
-    out["hidden"] = hidden_stats(h_all.float(), gaps)
+    out["hidden_state"] = hidden_stats(h_all.float(), gaps)
     out["prompt_ids"] = {"argmax_dropped_in_sequence": in_seq, "argmax_dropped": wins,
                          "positions_still_opened_int8_row": still_open}
     out["bf16_dropped_rows_bytes"] = int(rows.numel() * 2)
@@ -202,7 +202,7 @@ def markdown(result: dict, variant: str) -> str:
         r = s["rows_opened_per_position"]
         lines.append(f"| {m} | {s['reads_per_step_bytes'] / 1e6:.1f} | {s['positions_opened_rate']:.3f} | "
                      f"{r['mean']:.1f} / {r['p99']:.0f} / {r['max']} | {s['violations']} |")
-    hs = result["hidden"]
+    hs = result["hidden_state"]
     lines += ["", f"Hidden state: |h| {hs['norm_mean']} on average; its 128 largest coordinates hold "
               f"{hs['top128_coordinate_energy_mean']:.0%} of |h|²; outside its top 128 principal directions |h| is "
               f"{hs['norm_outside_top128_pcs_mean']}. Gap (best kept logit - dropped logit) quantiles: "
