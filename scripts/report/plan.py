@@ -27,6 +27,7 @@ naming every record used.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -45,14 +46,31 @@ class PlanError(ValueError):
     pass
 
 
+# compilation passes that exist only across GPUs (they fuse the all-reduce of tensor parallelism): a child that sets
+# one changes its parallel topology, not the model's serving settings
+COMM_PASSES = {"fuse_allreduce_rms"}
+
+
+def beyond_parallelism(settings: dict[str, str]) -> dict[str, str]:
+    """The settings other than vLLM's parallelism (its sizes, NCCL's environment, the all-reduce passes)."""
+    out = {k: v for k, v in settings.items() if k not in PARALLEL_KEYS}
+    if "SERVE_COMPILATION_CONFIG" in out:
+        cfg = json.loads(out["SERVE_COMPILATION_CONFIG"])
+        passes = {k: v for k, v in (cfg.get("pass_config") or {}).items() if k not in COMM_PASSES}
+        cfg = {**{k: v for k, v in cfg.items() if k != "pass_config"}, **({"pass_config": passes} if passes else {})}
+        out.pop("SERVE_COMPILATION_CONFIG")
+        if cfg:
+            out["SERVE_COMPILATION_CONFIG"] = json.dumps(cfg, sort_keys=True)
+    return out
+
+
 def family(name: str) -> list[str]:
     """The variant and its children that change only vLLM's parallelism."""
-    base = load_variant(name).settings
-    mine = {k: v for k, v in base.items() if k not in PARALLEL_KEYS}
+    mine = beyond_parallelism(load_variant(name).settings)
     out = [name]
     for other in list_variants():
         s = load_variant(other).settings
-        if s.get("PARENT") == name and {k: v for k, v in s.items() if k not in PARALLEL_KEYS} == mine:
+        if s.get("PARENT") == name and beyond_parallelism(s) == mine:
             out.append(other)
     return out
 

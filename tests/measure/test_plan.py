@@ -46,3 +46,14 @@ def test_plan_renders_from_committed_records(tmp_path, capsys):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     assert "A model fitted to the records" in md and "vllm-router" in md and "experiments/smollm2-bf16/latency_" in md
     assert "Plan: **" in md
+
+
+def test_an_all_reduce_pass_is_parallelism_other_compilation_settings_are_not():
+    from scripts.report.plan import beyond_parallelism
+
+    base = {"MODEL": "m", "SERVE_MAX_NUM_SEQS": "128"}
+    tp2 = {**base, "SERVE_TENSOR_PARALLEL_SIZE": "2",
+           "SERVE_COMPILATION_CONFIG": '{"pass_config": {"fuse_allreduce_rms": false}}'}
+    assert beyond_parallelism(tp2) == base
+    graphs = {**tp2, "SERVE_COMPILATION_CONFIG": '{"cudagraph_capture_sizes": [1, 2], "pass_config": {"fuse_allreduce_rms": false}}'}
+    assert beyond_parallelism(graphs) == {**base, "SERVE_COMPILATION_CONFIG": '{"cudagraph_capture_sizes": [1, 2]}'}
