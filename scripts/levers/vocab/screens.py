@@ -127,7 +127,7 @@ def hidden_stats(h, gaps: list) -> dict:
     qs = (0.0001, 0.001, 0.01, 0.1, 0.5)
     return {"norm_mean": round(float(hn2.sqrt().mean()), 2), "top128_coordinate_energy_mean": round(float(top.mean()), 3),
             "norm_outside_top128_pcs_mean": round(float(rest.norm(dim=1).mean()), 2),
-            "gap_quantiles": {str(q): round(float(v), 2) for q, v in zip(qs, torch.quantile(g, torch.tensor(qs)))}}
+            "gap_quantiles": {str(q): round(float(v), 2) for q, v in zip(qs, torch.quantile(g, torch.tensor(qs)), strict=True)}}
 
 
 def study(parent_dir, base: str, kept_ids, max_positions: int, methods=METHODS) -> dict:
@@ -224,8 +224,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
     from scripts.common.hardware import hardware
     from scripts.common.records import git_state, versions
     from scripts.common.variants import VariantError, load_variant
@@ -250,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
         base = v.resolved["BASE"]
         vocab = json.loads(Path(parent.model, "config.json").read_text()).get("vocab_size") or len(tok)
         keep = load_keep_list(base, keep_n, tok, vocab)
-        torch.set_num_threads(max(torch.get_num_threads(), 1))
         result = study(parent.model, base, keep["kept_ids"], args.positions, methods)
     except (VocabError, VariantError, BigBenchError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -258,12 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     record = {"variant": v.name, "parent": parent.name, "keep_list": keep["path"], "keep_sha256": keep["sha256"],
               "command": ["python", "-m", "scripts.levers.vocab.screens", *(argv if argv is not None else sys.argv[1:])],
               "git": git_state(), "versions": versions(), "hardware": hardware(), **result}
-    out = args.out or vocab_dir(base) / f"screens-{keep_n}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(out)
-    out.with_suffix(".md").write_text(markdown(result, v.name))
+    out = paths.write_text_atomic(args.out or vocab_dir(base) / f"screens-{keep_n}.json",
+                                  json.dumps(record, indent=1) + "\n")
+    paths.write_text_atomic(out.with_suffix(".md"), markdown(result, v.name))
     print(markdown(result, v.name))
     print(f"wrote {paths.shown(out)}")
     return 0
