@@ -7,8 +7,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from scripts.levers.vocab import screens  # noqa: E402
-from scripts.levers.vocab import tail  # noqa: E402
+from scripts.levers.vocab import (
+    screens,  # noqa: E402
+    tail,  # noqa: E402
+)
 
 
 @pytest.fixture(scope="module")
