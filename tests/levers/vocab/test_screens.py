@@ -7,10 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from scripts.levers.vocab import (
-    screens,  # noqa: E402
-    tail,  # noqa: E402
-)
+from scripts.levers.vocab import screens, tail  # noqa: E402
 
 
 @pytest.fixture(scope="module")
