@@ -47,20 +47,23 @@ def quantize_groups(rows, bits: int, group: int | None):
     return (torch.round(g / scale).clamp(-lv, lv) * scale).reshape(rows.shape)
 
 
+def nearest(rows, centres):
+    """Index of each row's nearest centre (squared Euclidean distance)."""
+    return ((centres * centres).sum(1) - 2 * rows @ centres.T).argmin(1)
+
+
 def kmeans(rows, k: int, iters: int = 8, seed: int = 0):
-    """(centres [k, d], assignment [n]) of plain k-means (Lloyd), seeded with k distinct rows."""
+    """(centres [k, d], assignment [n]) of plain k-means (Lloyd), seeded with k distinct rows; a cluster left empty
+    moves to the origin (its radius is then 0: no row is assigned to it)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     centres = rows[torch.randperm(rows.shape[0], generator=gen)[:k]].clone()
     for _ in range(iters):
-        d2 = (rows * rows).sum(1, keepdim=True) - 2 * rows @ centres.T + (centres * centres).sum(1)
-        assign = d2.argmin(1)
+        assign = nearest(rows, centres)
         sums = torch.zeros_like(centres).index_add_(0, assign, rows)
-        counts = torch.bincount(assign, minlength=k).clamp(min=1)[:, None].float()
-        centres = torch.where(counts > 0, sums / counts, centres)
-    d2 = (rows * rows).sum(1, keepdim=True) - 2 * rows @ centres.T + (centres * centres).sum(1)
-    return centres, d2.argmin(1)
+        centres = sums / torch.bincount(assign, minlength=k).clamp(min=1)[:, None].float()
+    return centres, nearest(rows, centres)
 
 
 def prepare(method: str, rows, tail_screen=None) -> dict:
