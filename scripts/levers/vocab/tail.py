@@ -16,6 +16,8 @@ on every step, cheaply and without ever missing one that could win:
        an AMD EPYC without VNNI its screen of Gemma 3's dropped rows broke the bound (1.25x) and ran 10x slower than
        the weight-only kernel (prune record of gemma3-270m-v32k-tail, 2026-11-25). Saturation depends on the data,
        so the choice follows the CPU's flags, not the random check of build();
+     - "torch-int-mm" on a GPU (and on request on a CPU): torch._int_mm, int8 x int8 with exact int32 sums, h
+       quantized to int8 per position here (cuBLASLt on CUDA, which needs more than 16 rows: a step is padded);
   3. since h . w_j - h^ . deq(w_j) = h . e_j + (h - h^) . deq(w_j), Cauchy-Schwarz puts the exact logit within
          bound_j = |h| |e_j| + (|h - h^| + ACC |h|) |deq(w_j)| + ARITH |a_j|
      of a_j (ARITH covers the BF16 rounding of the kernel's output, ACC the float32 sums of the weight-only kernel;
@@ -53,7 +55,8 @@ FULL_FRACTION = 0.25  # more dropped rows than this share screened in at one ste
 SCREEN_MAX_POSITIONS = 8
 CHECK_VECTORS = 8  # random hidden states build() checks the bound on
 ACC_PER_TERM = 2.0 ** -22  # float32 sums of the weight-only kernel: relative error per summed term, with slack
-ONEDNN, WEIGHT_ONLY = "onednn-w8a8", "torch-w8a16"  # the screen's kernels (KERNELS)
+ONEDNN, WEIGHT_ONLY, INT_MM = "onednn-w8a8", "torch-w8a16", "torch-int-mm"  # the screen's kernels (KERNELS)
+INT_MM_MIN_ROWS = 17  # cuBLASLt's int8 GEMM in torch._int_mm takes more than 16 rows
 
 
 class TailError(VocabError):
@@ -71,9 +74,10 @@ def check_config(entry, where: str) -> None:
                         f"`make prune-vocab`)")
 
 
-def kernel_name(cpu_flags=None) -> str:
-    """The screen's kernel on this CPU: oneDNN's W8A8 GEMM where it has 8-bit dot products, torch's int8 weight-only
-    kernel elsewhere (LAB_VOCAB_TAIL_KERNEL names one instead, to compare them on one machine)."""
+def kernel_name(cpu_flags=None, device: str = "cpu") -> str:
+    """The screen's kernel on this device: torch._int_mm on a GPU; on a CPU oneDNN's W8A8 GEMM where it has 8-bit dot
+    products, torch's int8 weight-only kernel elsewhere (LAB_VOCAB_TAIL_KERNEL names one instead, to compare them on
+    one machine)."""
     import os
 
     from scripts.common.hardware import INT8_DOT_FLAGS, cpu_model_and_flags
@@ -83,6 +87,8 @@ def kernel_name(cpu_flags=None) -> str:
         if forced not in KERNELS:
             raise TailError(f"LAB_VOCAB_TAIL_KERNEL={forced!r}: the screen's kernels are {', '.join(KERNELS)}")
         return forced
+    if device != "cpu":
+        return INT_MM
     flags = cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags
     return ONEDNN if any(f in flags for f in INT8_DOT_FLAGS) else WEIGHT_ONLY
 
@@ -126,6 +132,19 @@ def weight_only_products(h, s):
     return torch._weight_int8pack_mm(hb, s["q"], s["scale"]), hb.float()
 
 
+def int_mm_products(h, s):
+    import torch
+
+    hf = h.float()
+    hs = (hf.abs().amax(1) / 127).clamp(min=1e-12)
+    hq = torch.round(hf / hs[:, None]).clamp(-127, 127).to(torch.int8)
+    m = hq.shape[0]
+    if hq.is_cuda and m < INT_MM_MIN_ROWS:
+        hq = torch.cat([hq, hq.new_zeros(INT_MM_MIN_ROWS - m, hq.shape[1])])
+    out = torch._int_mm(hq, s["q"].t())[:m].float() * hs[:, None] * s["scale"]
+    return out, hq[:m].float() * hs[:, None]
+
+
 class Kernel(NamedTuple):
     scale_dtype: str  # the dtype the kernel reads the row scales in
     handler: Callable | None  # built at load from (q, scale), or None
@@ -134,7 +153,8 @@ class Kernel(NamedTuple):
 
 
 KERNELS = {ONEDNN: Kernel("float32", onednn_handler, onednn_products, 0.0),
-           WEIGHT_ONLY: Kernel("bfloat16", None, weight_only_products, ACC_PER_TERM)}
+           WEIGHT_ONLY: Kernel("bfloat16", None, weight_only_products, ACC_PER_TERM),
+           INT_MM: Kernel("float32", None, int_mm_products, 0.0)}
 
 
 def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> dict:
@@ -142,12 +162,13 @@ def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> di
     only to time a kernel that this CPU does not compute exactly)."""
     import torch
 
-    if matrix.device.type != "cpu":
-        raise TailError(f"the int8 screen runs on the CPU only; the output matrix is on {matrix.device}")
-    kernel = kernel or kernel_name()
+    kernel = kernel or kernel_name(device=matrix.device.type)
+    if matrix.device.type != "cpu" and kernel != INT_MM:
+        raise TailError(f"the {kernel} screen runs on the CPU only; the output matrix is on {matrix.device} (the "
+                        f"{INT_MM} screen runs there)")
     k = KERNELS[kernel]
-    mask = torch.ones(matrix.shape[0], dtype=torch.bool)
-    mask[torch.as_tensor(kept_ids, dtype=torch.long)] = False
+    mask = torch.ones(matrix.shape[0], dtype=torch.bool, device=matrix.device)
+    mask[torch.as_tensor(kept_ids, dtype=torch.long, device=matrix.device)] = False
     dropped = mask.nonzero().squeeze(1)
     rows = matrix[dropped].float()
     q, scale, deq = quantize(rows, getattr(torch, k.scale_dtype))
@@ -184,7 +205,7 @@ def check_bound(s, matrix, h=None) -> None:
     if h is None:
         gen = torch.Generator().manual_seed(0)
         h = torch.randn(CHECK_VECTORS, matrix.shape[1], generator=gen) * 4
-    h = h.to(matrix.dtype)
+    h = h.to(device=matrix.device, dtype=matrix.dtype)
     a, bound = approx_and_bound(h, s)
     exact = h.float() @ matrix[s["dropped"]].float().T
     worst = float(((exact - a).abs() / bound).max())

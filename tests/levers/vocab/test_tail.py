@@ -14,7 +14,8 @@ from scripts.common.hardware import INT8_DOT_FLAGS, cpu_model_and_flags
 from scripts.levers.vocab import plugin, tail
 
 INT8_DOT_HERE = any(f in cpu_model_and_flags()[1] for f in INT8_DOT_FLAGS)
-EXACT_HERE = {"torch-w8a16", "onednn-w8a8"} if INT8_DOT_HERE else {"torch-w8a16"}
+# torch._int_mm on a CPU may take the same saturating u8 x s8 path as oneDNN where there are no 8-bit dot products
+EXACT_HERE = {"torch-w8a16", "onednn-w8a8", "torch-int-mm"} if INT8_DOT_HERE else {"torch-w8a16"}
 
 
 @pytest.fixture(params=list(tail.KERNELS))
@@ -132,11 +133,18 @@ def test_the_kernel_follows_the_cpus_int8_dot_products(monkeypatch):
     assert tail.kernel_name(["avx2", "avx512f", "avx512_vnni"]) == "onednn-w8a8"
     assert tail.kernel_name(["avx2", "amx_int8"]) == "onednn-w8a8"
     assert tail.kernel_name(["avx2"]) == "torch-w8a16"
+    assert tail.kernel_name(["avx2"], device="cuda") == "torch-int-mm"
     monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", "torch-w8a16")
     assert tail.kernel_name(["avx512_vnni"]) == "torch-w8a16"
     monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", "int4")
     with pytest.raises(tail.TailError, match="LAB_VOCAB_TAIL_KERNEL='int4'.*onednn-w8a8, torch-w8a16"):
         tail.kernel_name()
+
+
+def test_a_cpu_kernel_on_another_device_is_refused_naming_the_one_that_runs_there():
+    rows = torch.empty(64, 8, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(tail.TailError, match="torch-w8a16 screen runs on the CPU only.*torch-int-mm screen runs"):
+        tail.build(rows, [0, 1], kernel="torch-w8a16")
 
 
 def test_checkpoint_asking_for_another_tail_method_fails_to_load(tmp_path):
