@@ -10,8 +10,9 @@ opens from BF16. Each piece is timed here on its own, beside the full output lay
 
 - full: h @ W^T over every row (the parent's head), BF16;
 - pruned: h @ W_kept^T (the pruned head alone, not exact);
-- screen:<kernel>: tail.screen() with a threshold no row reaches (its dense part: the product and the pass), per
-  kernel of tail.KERNELS that runs on the device;
+- products:<kernel>: the screen's product alone (tail.products(): every dropped row's approximate logit), per kernel
+  of tail.KERNELS that runs on the device;
+- screen:<kernel>: tail.screen() with a threshold no row reaches (its dense part: the product and the pass);
 - recompute:<n>: the exact BF16 logits of n dropped rows (index_select + product), for the rows a screen opens.
 
 So a step of the exact head costs pruned + screen + recompute(rows opened); the rows opened per position are the
@@ -123,6 +124,7 @@ def time_pieces(matrix, kept_ids, kernels, positions=POSITIONS, recompute=RECOMP
             add("full", p, lambda h=h: h @ matrix.T, vocab * hidden * 2)
             add("pruned", p, lambda h=h: h @ kept.T, len(kept_idx) * hidden * 2)
             for k, s in screens.items():
+                add(f"products:{k}", p, lambda h=h, s=s: tail.products(h, s), n_dropped * (hidden + 4))
                 add(f"screen:{k}", p, lambda h=h, s=s, t=never: tail.screen(h, s, t), n_dropped * (hidden + 4))
             for n in recompute:
                 ids = screens[kernels[0]]["dropped"][:n]

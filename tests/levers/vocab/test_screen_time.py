@@ -16,7 +16,7 @@ def test_every_piece_is_timed_with_its_bytes(tmp_path):
     assert tail.WEIGHT_ONLY in kernels and set(kernels) <= set(tail.KERNELS)
     result = screen_time.time_pieces(matrix, kept, kernels, positions=(1, 8), recompute=(4,), iters=3, warmup=1)
     pieces = {(r["piece"], r["positions"]): r for r in result["pieces"]}
-    expected = {"full", "pruned", "recompute:4", *(f"screen:{k}" for k in kernels)}
+    expected = {"full", "pruned", "recompute:4", *(f"{p}:{k}" for k in kernels for p in ("products", "screen"))}
     assert {p for p, _ in pieces} == expected and {n for _, n in pieces} == {1, 8}
     assert pieces[("full", 1)]["bytes"] == 4096 * 64 * 2 and pieces[("pruned", 8)]["bytes"] == 512 * 64 * 2
     assert pieces[(f"screen:{kernels[0]}", 1)]["bytes"] == (4096 - 512) * (64 + 4)
