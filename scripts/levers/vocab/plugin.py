@@ -129,8 +129,9 @@ def _wrap(base_name: str):
                 out = paths.ROOT / os.environ[STATS_ENV]  # (an absolute path stays itself)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-                kernel = self.tail["screen"]["kernel"]
-                tmp.write_text(json.dumps({**c, "method": tail.METHOD, "kernel": kernel}) + "\n")
+                sc = self.tail["screen"]
+                tmp.write_text(json.dumps({**c, "method": tail.METHOD, "kernel": sc["kernel"],
+                                           "kernels_timed_us": sc.get("timed")}) + "\n")
                 tmp.replace(out)
             return full
 

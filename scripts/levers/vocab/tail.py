@@ -56,6 +56,7 @@ SCREEN_MAX_POSITIONS = 8
 CHECK_VECTORS = 8  # random hidden states build() checks the bound on
 ACC_PER_TERM = 2.0 ** -22  # float32 sums of the weight-only kernel: relative error per summed term, with slack
 ONEDNN, WEIGHT_ONLY, INT_MM = "onednn-w8a8", "torch-w8a16", "torch-int-mm"  # the screen's kernels (KERNELS)
+CHOICE_BATCHES, CHOICE_REPEAT = (1, 8), 5  # the timing by which build() picks a kernel: positions a step, calls
 INT_MM_MIN_ROWS = 17  # cuBLASLt's int8 GEMM in torch._int_mm takes more than 16 rows
 
 
@@ -74,10 +75,10 @@ def check_config(entry, where: str) -> None:
                         f"`make prune-vocab`)")
 
 
-def kernel_name(cpu_flags=None, device: str = "cpu") -> str:
-    """The screen's kernel on this device: torch._int_mm on a GPU; on a CPU oneDNN's W8A8 GEMM where it has 8-bit dot
-    products, torch's int8 weight-only kernel elsewhere (LAB_VOCAB_TAIL_KERNEL names one instead, to compare them on
-    one machine)."""
+def exact_kernels(cpu_flags=None, device: str = "cpu") -> list[str]:
+    """The kernels whose products the screen's bound holds for on this device: torch._int_mm on a GPU; on a CPU with
+    8-bit dot products every kernel (oneDNN's W8A8 GEMM first), elsewhere torch's int8 weight-only kernel alone.
+    LAB_VOCAB_TAIL_KERNEL names one instead, to compare them on one machine."""
     import os
 
     from scripts.common.hardware import INT8_DOT_FLAGS, cpu_model_and_flags
@@ -86,11 +87,16 @@ def kernel_name(cpu_flags=None, device: str = "cpu") -> str:
     if forced:
         if forced not in KERNELS:
             raise TailError(f"LAB_VOCAB_TAIL_KERNEL={forced!r}: the screen's kernels are {', '.join(KERNELS)}")
-        return forced
+        return [forced]
     if device != "cpu":
-        return INT_MM
+        return [INT_MM]
     flags = cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags
-    return ONEDNN if any(f in flags for f in INT8_DOT_FLAGS) else WEIGHT_ONLY
+    return [ONEDNN, INT_MM, WEIGHT_ONLY] if any(f in flags for f in INT8_DOT_FLAGS) else [WEIGHT_ONLY]
+
+
+def kernel_name(cpu_flags=None, device: str = "cpu") -> str:
+    """The screen's kernel on this device before any timing (build() times every exact one and keeps the fastest)."""
+    return exact_kernels(cpu_flags, device)[0]
 
 
 def quantize(rows, scale_dtype):
@@ -157,12 +163,55 @@ KERNELS = {ONEDNN: Kernel("float32", onednn_handler, onednn_products, 0.0),
            INT_MM: Kernel("float32", None, int_mm_products, 0.0)}
 
 
-def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> dict:
-    """The screen of every row of `matrix` ([vocab, hidden], the full output matrix) not in kept_ids, checked (unchecked
-    only to time a kernel that this CPU does not compute exactly)."""
+def step_time_us(s, hidden: int, batches=CHOICE_BATCHES, repeat: int = CHOICE_REPEAT) -> dict:
+    """The screen's own cost of one step (nothing screened in), median µs of `repeat` calls per batch size."""
     import torch
 
-    kernel = kernel or kernel_name(device=matrix.device.type)
+    out = {}
+    for b in batches:
+        h = torch.randn(b, hidden, device=s["dropped"].device).to(torch.bfloat16)
+        never = torch.full((b,), float("inf"), device=h.device)
+        screen(h, s, never)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            screen(h, s, never)
+            times.append(time.perf_counter() - t0)
+        out[f"batch_{b}"] = round(sorted(times)[len(times) // 2] * 1e6, 1)
+    return out
+
+
+def fastest(matrix, kept_ids, kernels) -> dict:
+    """The checked screen of the kernel with the least measured time per step (summed over CHOICE_BATCHES); every
+    kernel's times under s["timed"]. A kernel whose bound fails is left out; if every one fails, the first error."""
+    best, timed, errors = None, {}, []
+    for k in kernels:
+        try:
+            s = build(matrix, kept_ids, kernel=k)
+        except TailError as e:
+            timed[k] = {"refused": str(e)}
+            errors.append(e)
+            continue
+        timed[k] = step_time_us(s, matrix.shape[1])
+        if best is None or sum(timed[k].values()) < sum(timed[best["kernel"]].values()):
+            best = s
+    if best is None:
+        raise errors[0]
+    best["timed"] = timed
+    return best
+
+
+def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> dict:
+    """The screen of every row of `matrix` ([vocab, hidden], the full output matrix) not in kept_ids, checked (unchecked
+    only to time a kernel that this CPU does not compute exactly). Without a kernel named: every exact kernel on this
+    device timed, the fastest kept (fastest())."""
+    import torch
+
+    if kernel is None:
+        candidates = exact_kernels(device=matrix.device.type)
+        if len(candidates) > 1:
+            return fastest(matrix, kept_ids, candidates)
+        kernel = candidates[0]
     if matrix.device.type != "cpu" and kernel != INT_MM:
         raise TailError(f"the {kernel} screen runs on the CPU only; the output matrix is on {matrix.device} (the "
                         f"{INT_MM} screen runs there)")

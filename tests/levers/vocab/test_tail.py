@@ -141,6 +141,29 @@ def test_the_kernel_follows_the_cpus_int8_dot_products(monkeypatch):
         tail.kernel_name()
 
 
+def test_without_a_kernel_named_build_keeps_the_fastest_exact_one(monkeypatch):
+    monkeypatch.delenv("LAB_VOCAB_TAIL_KERNEL", raising=False)
+    monkeypatch.setattr(tail, "exact_kernels", lambda **_: ["torch-w8a16", "torch-int-mm"])
+    fake = {"torch-w8a16": {"batch_1": 30.0, "batch_8": 90.0}, "torch-int-mm": {"batch_1": 40.0, "batch_8": 50.0}}
+    monkeypatch.setattr(tail, "step_time_us", lambda s, hidden: fake[s["kernel"]])
+    rows, kept_ids = head()
+    s = tail.build(rows, kept_ids)
+    assert s["kernel"] == "torch-int-mm" and s["timed"] == fake
+    # a kernel whose bound fails on this CPU is left out, with the reason
+    products = tail.KERNELS["torch-int-mm"].products
+    monkeypatch.setitem(tail.KERNELS, "torch-int-mm", tail.KERNELS["torch-int-mm"]._replace(
+        products=lambda h, s: (products(h, s)[0] * 1.05, products(h, s)[1])))
+    s = tail.build(rows, kept_ids)
+    assert s["kernel"] == "torch-w8a16" and "bound fails" in s["timed"]["torch-int-mm"]["refused"]
+
+
+def test_the_fastest_kernel_is_timed_for_real():
+    rows, kept_ids = head()
+    s = tail.build(rows, kept_ids, kernel="torch-w8a16")
+    t = tail.step_time_us(s, rows.shape[1], repeat=2)
+    assert set(t) == {"batch_1", "batch_8"} and all(v > 0 for v in t.values())
+
+
 def test_a_cpu_kernel_on_another_device_is_refused_naming_the_one_that_runs_there():
     rows = torch.empty(64, 8, dtype=torch.bfloat16, device="meta")
     with pytest.raises(tail.TailError, match="torch-w8a16 screen runs on the CPU only.*torch-int-mm screen runs"):
