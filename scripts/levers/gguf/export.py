@@ -2,18 +2,21 @@
 
     python -m scripts.levers.gguf.export smollm2-gguf-q8-0        # `make export-gguf VARIANT=smollm2-gguf-q8-0`
 
-The variant (ENGINE=llamacpp, SOURCE=lever) names its PARENT, a safetensors checkpoint of a base that ships as a GGUF
-(SmolLM2, llama architecture), and GGUF_TYPE; GGUF_SOURCE names another checkpoint directory of that base to export
-instead of the parent's (a draft model another lever built, e.g. the layer-truncated SmolLM2 of `make draft`):
+The variant (ENGINE=llamacpp, SOURCE=lever) names its PARENT, a safetensors checkpoint, and GGUF_TYPE; GGUF_SOURCE
+names another checkpoint directory of that base to export instead of the parent's (a draft model another lever built,
+e.g. the layer-truncated SmolLM2 of `make draft`). A llama-architecture base that ships as a GGUF (SmolLM2) is written
+here, with the tokenizer of its embedded GGUF; any other architecture llama.cpp converts (Gemma 3, ...) goes through
+llama.cpp's own converter, convert_hf_to_gguf.py of the same release as llama-server (.cache/llamacpp-convert, from
+its hash-checked sdist), with the parent's own tokenizer:
 
     embedded          the GGUF file the base ships as (SmolLM2: Q4_1, embedding Q8_0), copied byte for byte
     BF16 | F16 | F32  the parent's tensors as they are (norms F32), under llama.cpp's tensor names
     Q8_0, Q4_K_M, …   that BF16 file, then llama.cpp's quantizer (llama_model_quantize through .venv-llamacpp's
                       llama-cpp-python), which picks per-tensor types as `llama-quantize` does
 
-Metadata: the tokenizer comes from the base's embedded GGUF, after checking that its token list is the parent
-tokenizer's (same ids, so parity is scored on the same sequences); every architecture field is rewritten from the
-parent's config.json. Q and K projections are permuted to llama.cpp's rotary layout (transformers' GGUF loader undoes
+Metadata (llama architecture): the tokenizer comes from the base's embedded GGUF, after checking that its token list
+is the parent tokenizer's (same ids, so parity is scored on the same sequences); every architecture field is rewritten
+from the parent's config.json. Q and K projections are permuted to llama.cpp's rotary layout (transformers' GGUF loader undoes
 the same permutation). The file is written beside MODEL under a temporary name and renamed when whole; the parent is
 only read; a record of the export (sizes, tensor types, seconds) lands in experiments/<variant>/.
 """
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 from scripts.common import paths
@@ -38,6 +42,7 @@ from scripts.common.records import git_state, now_utc, versions, write_record
 from scripts.common.variants import VariantError, load_variant, missing_model
 
 PLAIN = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
+CONVERTER = paths.ROOT / ".cache" / "llamacpp-convert"  # the Makefile's GGUF_CONVERT
 EMBEDDED = "embedded"
 # config.json -> GGUF architecture fields of a llama-architecture model (llama.<field>)
 ARCH_FIELDS = {
@@ -95,18 +100,56 @@ def check_tokenizer(reader, parent_dir: Path) -> None:
                           f"({len(theirs)} tokens): its ids would not match")
 
 
-def check_exportable(parent_dir: Path, embedded: Path):
-    """ExportError unless this lever can write parent_dir as a GGUF: the llama architecture, and the embedded GGUF's
-    token list equal to the parent tokenizer's. Returns the embedded file's reader."""
+def writes_itself(parent_dir: Path, embedded: Path | None = None) -> bool:
+    """True where this module writes parent_dir itself: the llama architecture with the embedded GGUF's token list
+    (SmolLM2); anything else goes to llama.cpp's converter."""
     import gguf
 
-    cfg = json.loads((parent_dir / "config.json").read_text())
-    if cfg.get("model_type") != "llama":
-        raise ExportError(f"{paths.shown(parent_dir)} is {cfg.get('model_type')!r}: export-gguf writes the llama "
-                          f"architecture (SmolLM2) only")
-    reader = gguf.GGUFReader(embedded)
-    check_tokenizer(reader, parent_dir)
-    return reader
+    if json.loads((parent_dir / "config.json").read_text()).get("model_type") != "llama":
+        return False
+    try:
+        check_tokenizer(gguf.GGUFReader(embedded or embedded_gguf()), parent_dir)
+    except (ExportError, CheckpointError):
+        return False
+    return True
+
+
+def converter_archs() -> set[str]:
+    """The Hugging Face architectures llama.cpp's converter registers (read from its source, not imported)."""
+    import re
+
+    names: set[str] = set()
+    for f in sorted((CONVERTER / "conversion").glob("*.py")):
+        for args in re.findall(r"ModelBase\.register\(([^)]*)\)", f.read_text()):
+            names.update(re.findall(r"[\"']([A-Za-z0-9_]+)[\"']", args))
+    return names
+
+
+def check_exportable(parent_dir: Path, embedded: Path | None = None) -> None:
+    """ExportError unless parent_dir can become a GGUF: written here (writes_itself), or an architecture that
+    llama.cpp's converter registers."""
+    if writes_itself(parent_dir, embedded):
+        return
+    script = CONVERTER / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        raise ExportError(f"{paths.shown(script)} is missing: run `make {paths.shown(script)}` (make export-gguf "
+                          f"fetches it)")
+    archs = json.loads((parent_dir / "config.json").read_text()).get("architectures") or []
+    if not set(archs) & converter_archs():
+        raise ExportError(f"{paths.shown(parent_dir)} is {', '.join(archs) or 'no named architecture'}: llama.cpp's "
+                          f"converter ({paths.shown(script)}) registers none of them")
+
+
+def convert(parent_dir: Path, out: Path, dtype: str) -> None:
+    """llama.cpp's convert_hf_to_gguf.py (the release llama-server is built from) on parent_dir: a plain GGUF."""
+    check_exportable(parent_dir)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(CONVERTER / "gguf-py"), str(CONVERTER)])}
+    r = subprocess.run([sys.executable, str(CONVERTER / "convert_hf_to_gguf.py"), str(parent_dir), "--outtype",
+                        dtype.lower(), "--outfile", str(out)], cwd=CONVERTER, env=env, capture_output=True, text=True,
+                       check=False)
+    if r.returncode != 0 or not out.is_file():
+        lines = [x for x in (r.stderr or r.stdout).strip().splitlines() if x.strip()] or ["(no output)"]
+        raise ExportError(f"llama.cpp's converter refused {paths.shown(parent_dir)}: {lines[-1].strip()[:300]}")
 
 
 def write_plain(parent_dir: Path, embedded: Path, out: Path, dtype: str) -> dict[str, int]:
@@ -117,7 +160,9 @@ def write_plain(parent_dir: Path, embedded: Path, out: Path, dtype: str) -> dict
     from safetensors.torch import load_file
 
     cfg = json.loads((parent_dir / "config.json").read_text())
-    reader = check_exportable(parent_dir, embedded)
+    if not writes_itself(parent_dir, embedded):
+        raise ExportError(f"{paths.shown(parent_dir)}: not a llama checkpoint with the embedded GGUF's tokenizer")
+    reader = gguf.GGUFReader(embedded)
     state = {}
     for shard in sorted(parent_dir.glob("*.safetensors")):
         state.update(load_file(shard))
@@ -201,7 +246,16 @@ def export(variant_name: str, record_dir: Path | None = None) -> Path:
         raise ExportError(f"{parent.name} is quantized ({report.quantization.get('quant_method')}): export a BF16 "
                           f"parent; llama.cpp quantizes it itself")
     t0 = time.monotonic()
-    embedded = embedded_gguf()
+    embedded = None
+    if writes_itself(parent_dir):
+        embedded = embedded_gguf()
+        write, tokenizer_from = partial(write_plain, parent_dir, embedded), embedded.name
+    elif gguf_type == EMBEDDED:
+        raise ExportError(f"{variant_name}: GGUF_TYPE={EMBEDDED} is the SmolLM2 base's own GGUF file; "
+                          f"{paths.shown(parent_dir)} has none")
+    else:
+        write = partial(convert, parent_dir)
+        tokenizer_from = f"{paths.shown(parent_dir)} (llama.cpp's convert_hf_to_gguf.py)"
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     plain = dest.with_name(f".{dest.name}.{os.getpid()}.bf16.tmp")
@@ -209,9 +263,9 @@ def export(variant_name: str, record_dir: Path | None = None) -> Path:
         if gguf_type == EMBEDDED:
             shutil.copyfile(embedded, tmp)
         elif gguf_type in PLAIN:
-            write_plain(parent_dir, embedded, tmp, gguf_type)
+            write(tmp, gguf_type)
         else:
-            write_plain(parent_dir, embedded, plain, "BF16")
+            write(plain, "BF16")
             quantize(plain, tmp, gguf_type)
         types = tensor_types(tmp)
         tmp.replace(dest)
@@ -221,7 +275,7 @@ def export(variant_name: str, record_dir: Path | None = None) -> Path:
     record = {"kind": "gguf-export", "variant": variant_name, "parent": parent.name,
               "parent_model": var.resolved.get("GGUF_SOURCE") or parent.resolved["MODEL"], "gguf_type": gguf_type, "gguf": var.resolved["MODEL"],
               "bytes": dest.stat().st_size, "parent_bytes": report.total_bytes, "tensor_types": types,
-              "tokenizer_from": embedded.name, "quantizer": None if gguf_type in PLAIN or gguf_type == EMBEDDED
+              "tokenizer_from": tokenizer_from, "quantizer": None if gguf_type in PLAIN or gguf_type == EMBEDDED
               else f"llama.cpp llama_model_quantize (llama-cpp-python {version('llamacpp')})",
               "seconds": round(time.monotonic() - t0, 1),
               "command": [sys.executable, "-m", "scripts.levers.gguf.export", *sys.argv[1:]], "git": git_state(),
