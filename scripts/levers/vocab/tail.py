@@ -18,6 +18,8 @@ on every step, cheaply and without ever missing one that could win:
        so the choice follows the CPU's flags, not the random check of build();
      - "torch-int-mm" on a GPU (and on request on a CPU): torch._int_mm, int8 x int8 with exact int32 sums, h
        quantized to int8 per position here (cuBLASLt on CUDA, which needs more than 16 rows: a step is padded);
+     - "triton-w8a16" on a GPU with Triton: one kernel for the product (the weight-only arithmetic) and the pass of
+       step 4 (tail_triton.py);
   3. since h . w_j - h^ . deq(w_j) = h . e_j + (h - h^) . deq(w_j), Cauchy-Schwarz puts the exact logit within
          bound_j = |h| |e_j| + (|h - h^| + ACC |h|) |deq(w_j)| + ARITH |a_j|
      of a_j (ARITH covers the BF16 rounding of the kernel's output, ACC the float32 sums of the weight-only kernel;
@@ -55,7 +57,7 @@ FULL_FRACTION = 0.25  # more dropped rows than this share screened in at one ste
 SCREEN_MAX_POSITIONS = 8
 CHECK_VECTORS = 8  # random hidden states build() checks the bound on
 ACC_PER_TERM = 2.0 ** -22  # float32 sums of the weight-only kernel: relative error per summed term, with slack
-ONEDNN, WEIGHT_ONLY, INT_MM = "onednn-w8a8", "torch-w8a16", "torch-int-mm"  # the screen's kernels (KERNELS)
+ONEDNN, WEIGHT_ONLY, INT_MM, TRITON = "onednn-w8a8", "torch-w8a16", "torch-int-mm", "triton-w8a16"  # (KERNELS)
 CHOICE_BATCHES, CHOICE_REPEAT = (1, 8), 5  # the timing by which build() picks a kernel: positions a step, calls
 INT_MM_MIN_ROWS = 17  # cuBLASLt's int8 GEMM in torch._int_mm takes more than 16 rows
 
@@ -89,7 +91,9 @@ def exact_kernels(cpu_flags=None, device: str = "cpu") -> list[str]:
             raise TailError(f"LAB_VOCAB_TAIL_KERNEL={forced!r}: the screen's kernels are {', '.join(KERNELS)}")
         return [forced]
     if device != "cpu":
-        return [INT_MM]
+        import importlib.util
+
+        return [INT_MM, TRITON] if importlib.util.find_spec("triton") else [INT_MM]
     flags = cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags
     return [ONEDNN, INT_MM, WEIGHT_ONLY] if any(f in flags for f in INT8_DOT_FLAGS) else [WEIGHT_ONLY]
 
@@ -151,16 +155,52 @@ def int_mm_products(h, s):
     return out, hq[:m].float() * hs[:, None]
 
 
+def weight_only_states(h, s):
+    """(h in BF16, |h|, |h - h^| + ACC |h|) of the weight-only arithmetic (h^ = h in BF16)."""
+    import torch
+
+    hb, hf = h.to(torch.bfloat16).contiguous(), h.float()
+    hn = hf.norm(dim=1)
+    return hb, hn, (hf - hb.float()).norm(dim=1) + s["acc"] * hn
+
+
+def triton_products(h, s):
+    import torch
+
+    from scripts.levers.vocab import tail_triton
+
+    hb, hn, hq = weight_only_states(h, s)
+    never = torch.full((hb.shape[0],), float("inf"), device=hb.device)
+    parts = []
+    for i in range(0, hb.shape[0], tail_triton.BLOCK_M):
+        part = slice(i, i + tail_triton.BLOCK_M)
+        parts.append(tail_triton.run(hb[part], s, hn[part], hq[part], never[part], ARITH)[0])
+    return torch.cat(parts), hb.float()
+
+
+def triton_screen(h, s, max_kept):
+    import torch
+
+    from scripts.levers.vocab import tail_triton
+
+    hb, hn, hq = weight_only_states(h, s)
+    t = (max_kept.float() - ARITH * max_kept.float().abs()).contiguous()
+    a, passed = tail_triton.run(hb, s, hn, hq, t, ARITH)
+    return a, passed.view(torch.bool)
+
+
 class Kernel(NamedTuple):
     scale_dtype: str  # the dtype the kernel reads the row scales in
     handler: Callable | None  # built at load from (q, scale), or None
     products: Callable  # (h, s) -> (BF16 logits, h^ float32)
     acc_per_term: float  # relative error per summed term of the kernel's sums
+    screen: Callable | None = None  # (h, s, max_kept) -> screen()'s answer in one kernel, where the kernel has one
 
 
 KERNELS = {ONEDNN: Kernel("float32", onednn_handler, onednn_products, 0.0),
            WEIGHT_ONLY: Kernel("bfloat16", None, weight_only_products, ACC_PER_TERM),
-           INT_MM: Kernel("float32", None, int_mm_products, 0.0)}
+           INT_MM: Kernel("float32", None, int_mm_products, 0.0),
+           TRITON: Kernel("float32", None, triton_products, ACC_PER_TERM, triton_screen)}
 
 
 def step_time_us(s, hidden: int, batches=CHOICE_BATCHES, repeat: int = CHOICE_REPEAT) -> dict:
@@ -271,6 +311,8 @@ def screen(h, s, max_kept):
     (a + ARITH |a| is increasing in a), and only rows at or above it get their own bound."""
     import torch
 
+    if own := KERNELS[s["kernel"]].screen:
+        return own(h, s, max_kept)
     a, hn, hq = products(h, s)
     t = max_kept.float() - ARITH * max_kept.float().abs()
     r = t - hn * s["max_err"] - hq * s["max_qnorm"]
