@@ -58,6 +58,7 @@ SCREEN_MAX_POSITIONS = 8
 CHECK_VECTORS = 8  # random hidden states build() checks the bound on
 ACC_PER_TERM = 2.0 ** -22  # float32 sums of the weight-only kernel: relative error per summed term, with slack
 ONEDNN, WEIGHT_ONLY, INT_MM, TRITON = "onednn-w8a8", "torch-w8a16", "torch-int-mm", "triton-w8a16"  # (KERNELS)
+GPU_KERNELS = (INT_MM, TRITON)
 CHOICE_BATCHES, CHOICE_REPEAT = (1, 8), 5  # the timing by which build() picks a kernel: positions a step, calls
 INT_MM_MIN_ROWS = 17  # cuBLASLt's int8 GEMM in torch._int_mm takes more than 16 rows
 
@@ -148,10 +149,16 @@ def int_mm_products(h, s):
     hf = h.float()
     hs = (hf.abs().amax(1) / 127).clamp(min=1e-12)
     hq = torch.round(hf / hs[:, None]).clamp(-127, 127).to(torch.int8)
-    m = hq.shape[0]
-    if hq.is_cuda and m < INT_MM_MIN_ROWS:
-        hq = torch.cat([hq, hq.new_zeros(INT_MM_MIN_ROWS - m, hq.shape[1])])
-    out = torch._int_mm(hq, s["q"].t())[:m].float() * hs[:, None] * s["scale"]
+    m, n = hq.shape[0], s["q"].shape[0]
+    q = s["q"]
+    if hq.is_cuda:  # cuBLASLt's int8 GEMM: more than 16 rows, and a multiple of 8 columns
+        if m < INT_MM_MIN_ROWS:
+            hq = torch.cat([hq, hq.new_zeros(INT_MM_MIN_ROWS - m, hq.shape[1])])
+        if n % 8:
+            if "q_padded" not in s:
+                s["q_padded"] = torch.cat([q, q.new_zeros(-n % 8, q.shape[1])])
+            q = s["q_padded"]
+    out = torch._int_mm(hq, q.t())[:m, :n].float() * hs[:, None] * s["scale"]
     return out, hq[:m].float() * hs[:, None]
 
 
@@ -252,9 +259,9 @@ def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> di
         if len(candidates) > 1:
             return fastest(matrix, kept_ids, candidates)
         kernel = candidates[0]
-    if matrix.device.type != "cpu" and kernel != INT_MM:
+    if matrix.device.type != "cpu" and kernel not in GPU_KERNELS:
         raise TailError(f"the {kernel} screen runs on the CPU only; the output matrix is on {matrix.device} (the "
-                        f"{INT_MM} screen runs there)")
+                        f"{' and '.join(GPU_KERNELS)} screens run there)")
     k = KERNELS[kernel]
     mask = torch.ones(matrix.shape[0], dtype=torch.bool, device=matrix.device)
     mask[torch.as_tensor(kept_ids, dtype=torch.long, device=matrix.device)] = False

@@ -166,7 +166,7 @@ def test_the_fastest_kernel_is_timed_for_real():
 
 def test_a_cpu_kernel_on_another_device_is_refused_naming_the_one_that_runs_there():
     rows = torch.empty(64, 8, dtype=torch.bfloat16, device="meta")
-    with pytest.raises(tail.TailError, match="torch-w8a16 screen runs on the CPU only.*torch-int-mm screen runs"):
+    with pytest.raises(tail.TailError, match="torch-w8a16 screen runs on the CPU only.*torch-int-mm and triton-w8a16 screens run"):
         tail.build(rows, [0, 1], kernel="torch-w8a16")
 
 
