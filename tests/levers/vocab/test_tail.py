@@ -21,6 +21,8 @@ EXACT_HERE = {"torch-w8a16", "onednn-w8a8", "torch-int-mm"} if INT8_DOT_HERE els
 @pytest.fixture(params=list(tail.KERNELS))
 def kernel(request, monkeypatch):
     """Each kernel this CPU computes exactly (oneDNN's int8 GEMM saturates without VNNI or AMX)."""
+    if request.param == tail.TRITON:
+        pytest.skip("triton-w8a16 runs on a GPU (test_tail_gpu.py)")
     if request.param not in EXACT_HERE:
         pytest.skip(f"{request.param}: this CPU has none of {', '.join(INT8_DOT_FLAGS)}")
     monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", request.param)
