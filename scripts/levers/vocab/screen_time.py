@@ -81,7 +81,7 @@ def available_kernels(device: str) -> list[str]:
     from scripts.levers.vocab import tail
 
     if device != "cpu":
-        return [tail.INT_MM]
+        return tail.exact_kernels(device=device)
     out = [tail.WEIGHT_ONLY]
     if any(f in cpu_model_and_flags()[1] for f in INT8_DOT_FLAGS):
         out.append(tail.INT_MM)
