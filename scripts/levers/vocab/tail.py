@@ -259,6 +259,8 @@ def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> di
         if len(candidates) > 1:
             return fastest(matrix, kept_ids, candidates)
         kernel = candidates[0]
+    if matrix.device.type == "cpu" and kernel == TRITON:
+        raise TailError(f"the {TRITON} screen runs on a GPU; the output matrix is on the CPU")
     if matrix.device.type != "cpu" and kernel not in GPU_KERNELS:
         raise TailError(f"the {kernel} screen runs on the CPU only; the output matrix is on {matrix.device} (the "
                         f"{' and '.join(GPU_KERNELS)} screens run there)")

@@ -170,6 +170,8 @@ def test_a_cpu_kernel_on_another_device_is_refused_naming_the_one_that_runs_ther
     rows = torch.empty(64, 8, dtype=torch.bfloat16, device="meta")
     with pytest.raises(tail.TailError, match="torch-w8a16 screen runs on the CPU only.*torch-int-mm and triton-w8a16 screens run"):
         tail.build(rows, [0, 1], kernel="torch-w8a16")
+    with pytest.raises(tail.TailError, match="triton-w8a16 screen runs on a GPU"):
+        tail.build(torch.zeros(64, 8, dtype=torch.bfloat16), [0, 1], kernel="triton-w8a16")
 
 
 def test_checkpoint_asking_for_another_tail_method_fails_to_load(tmp_path):
