@@ -182,10 +182,7 @@ def shared_prefix(groups: int, per_group: int, shots: int = 4, max_tokens: int =
 
 
 def write_prompts(rows: list[dict], out: Path) -> Path:
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-    tmp.rename(out)
-    return out
+    return paths.write_text_atomic(out, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 def build_parser() -> argparse.ArgumentParser:

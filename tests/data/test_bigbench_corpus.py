@@ -51,7 +51,7 @@ def test_a_lite_item_inside_another_task_is_left_out_and_counted(data, monkeypat
     rows, pinfo = bbc.prompts("calibration", 2, data)
     assert [r["group"] for r in rows] == ["other_gen", "other_gen", "other_mc", "other_mc"]
     assert pinfo["prompts"] == 4 and not any("2 + 2" in r["messages"][0]["content"] for r in rows)
-    out = bbc.write_prompts(rows, data / "p.jsonl")
+    out = bbc.write_prompts(rows, data / "not-yet" / "p.jsonl")  # a folder that does not exist yet is made
     loaded, linfo = load_prompts(out)
     assert loaded == rows and linfo["prompt_set_sha256"] == pinfo["sha256"]  # the hash names the exact file
 
