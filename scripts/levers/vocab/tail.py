@@ -162,27 +162,15 @@ def int_mm_products(h, s):
     return out, hq[:m].float() * hs[:, None]
 
 
-def weight_only_states(h, s):
-    """(h in BF16, |h|, |h - h^| + ACC |h|) of the weight-only arithmetic (h^ = h in BF16)."""
-    import torch
-
-    hb, hf = h.to(torch.bfloat16).contiguous(), h.float()
-    hn = hf.norm(dim=1)
-    return hb, hn, (hf - hb.float()).norm(dim=1) + s["acc"] * hn
-
-
 def triton_products(h, s):
     import torch
 
     from scripts.levers.vocab import tail_triton
 
-    hb, hn, hq = weight_only_states(h, s)
-    never = torch.full((hb.shape[0],), float("inf"), device=hb.device)
-    parts = []
-    for i in range(0, hb.shape[0], tail_triton.BLOCK_M):
-        part = slice(i, i + tail_triton.BLOCK_M)
-        parts.append(tail_triton.run(hb[part], s, hn[part], hq[part], never[part], ARITH)[0])
-    return torch.cat(parts), hb.float()
+    never = torch.full((h.shape[0],), float("inf"), device=h.device)
+    parts = [tail_triton.run(h[i:i + tail_triton.MAX_POSITIONS], s, never[i:i + tail_triton.MAX_POSITIONS], ARITH)[0]
+             for i in range(0, h.shape[0], tail_triton.MAX_POSITIONS)]
+    return torch.cat(parts), h.to(torch.bfloat16).float()
 
 
 def triton_screen(h, s, max_kept):
@@ -190,9 +178,7 @@ def triton_screen(h, s, max_kept):
 
     from scripts.levers.vocab import tail_triton
 
-    hb, hn, hq = weight_only_states(h, s)
-    t = (max_kept.float() - ARITH * max_kept.float().abs()).contiguous()
-    a, passed = tail_triton.run(hb, s, hn, hq, t, ARITH)
+    a, passed = tail_triton.run(h, s, max_kept, ARITH)
     return a, passed.view(torch.bool)
 
 
