@@ -58,6 +58,20 @@ def always_kept(tok) -> dict[str, list[int]]:
     return {"special": sorted(special), "chat_template": sorted(chat - special), "single_byte": sorted(single - special - chat)}
 
 
+def pruned_and_parent(name: str):
+    """(the pruned variant, its PRUNE_KEEP, its parent variant, whose checkpoint is present), else VocabError."""
+    from scripts.common.variants import load_variant
+
+    v = load_variant(name)
+    keep_n = int(v.resolved.get("PRUNE_KEEP") or 0)
+    if not keep_n:
+        raise VocabError(f"{name} is not a pruned variant (no PRUNE_KEEP in its config.env)")
+    parent = load_variant(v.resolved["PARENT"])
+    if not Path(parent.model, "config.json").exists():
+        raise VocabError(f"{parent.model}: no checkpoint: run `make weights VARIANT={parent.name}`")
+    return v, keep_n, parent
+
+
 def keep_list_path(base: str, n: int) -> Path:
     return vocab_dir(base) / f"keep-{n}.json"
 

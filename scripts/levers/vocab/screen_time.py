@@ -153,16 +153,9 @@ def variant_head(name: str):
     """(the parent's output matrix, BF16 on the CPU; kept ids; the parent's name) of a pruned variant."""
     import torch
 
-    from scripts.common.variants import load_variant
-    from scripts.levers.vocab.keep import load_keep_list
+    from scripts.levers.vocab.keep import load_keep_list, pruned_and_parent
 
-    v = load_variant(name)
-    keep_n = int(v.resolved.get("PRUNE_KEEP") or 0)
-    if not keep_n:
-        raise VocabError(f"{name} is not a pruned variant (no PRUNE_KEEP in its config.env)")
-    parent = load_variant(v.resolved["PARENT"])
-    if not Path(parent.model, "config.json").exists():
-        raise VocabError(f"{parent.model}: no checkpoint: run `make weights VARIANT={parent.name}`")
+    v, keep_n, parent = pruned_and_parent(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(parent.model)

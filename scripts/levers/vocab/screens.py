@@ -229,19 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from scripts.common.hardware import hardware
     from scripts.common.records import git_state, versions
-    from scripts.common.variants import VariantError, load_variant
+    from scripts.common.variants import VariantError
     from scripts.data.bigbench import BigBenchError
-    from scripts.levers.vocab.keep import load_keep_list, vocab_dir
+    from scripts.levers.vocab.keep import load_keep_list, pruned_and_parent, vocab_dir
 
     args = build_parser().parse_args(argv)
     try:
-        v = load_variant(args.variant)
-        keep_n = int(v.resolved.get("PRUNE_KEEP") or 0)
-        if not keep_n:
-            raise VocabError(f"{args.variant} is not a pruned variant (no PRUNE_KEEP in its config.env)")
-        parent = load_variant(v.resolved["PARENT"])
-        if not Path(parent.model, "config.json").exists():
-            raise VocabError(f"{parent.model}: no checkpoint: run `make weights VARIANT={parent.name}`")
+        v, keep_n, parent = pruned_and_parent(args.variant)
         methods = [m for m in args.methods.split(",") if m]
         if bad := sorted(set(methods) - set(METHODS)):
             raise VocabError(f"--methods: unknown {bad}; the screens are {', '.join(METHODS)}")
