@@ -143,6 +143,27 @@ def comparable_groups(records: list[tuple[Path, dict]]) -> tuple[dict[tuple[str,
     return groups, excluded
 
 
+def ladder_records(records: list[tuple[Path, dict]]) -> dict[tuple[tuple[str, str], str, str], dict]:
+    """{(group, variant, ladder id): its newest comparable record of that ladder}: a variant's ratio is read against its
+    parent's and reference's records of the variant's own ladder where they were measured in it (one machine, one
+    run), since a newer reference record may come from another machine of the same kind."""
+    out = {}
+    for _, r in records:  # oldest first per variant
+        ladder = r["inputs"].get("ladder_id")
+        if ladder and r["status"] == "ok" and MODE in r["summary"] and not r["inputs"].get("max_tokens_cap") \
+                and not (r.get("topology") or {}).get("router"):
+            out[(group_key(r), r["variant"], ladder)] = r
+    return out
+
+
+def reference_record(name: str | None, group, ladder: str | None, members: dict[str, dict],
+                     in_ladder: dict) -> dict | None:
+    """The record of `name` (a parent or reference) in the given ladder where it was measured there, else its newest."""
+    if not name:
+        return None
+    return in_ladder.get((group, name, ladder)) or members.get(name)
+
+
 def engine_label(rec: dict | None) -> str:
     """The engine a record was served by, with its version (records from before engines were named: vLLM)."""
     engine = (rec or {}).get("engine") or {"name": "vllm", "version": None}
@@ -356,9 +377,11 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
     leave_out = leave_out or {}
     configs = newest_configs(records)
     groups, not_comparable = comparable_groups(records)
+    in_ladder = ladder_records(records)
     excluded = [(f"{v} ({hw})", why) for v, hw, why in not_comparable if v not in leave_out]
     lines = [f"# Variant comparison ({now_utc():%Y-%m-%d})", "",
-             f"Newest latency record per variant; mode `{MODE}` (every request generates exactly its max_tokens).",
+             f"Newest latency record per variant, its ratios against its parent's and reference's records of the same "
+             f"ladder where they were measured in it; mode `{MODE}` (every request generates exactly its max_tokens).",
              "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency. Gate = the parity",
              "gate's verdict from the variant's quality records (`make gate VARIANT=…`: one-sided 95% bounds; only",
              "`pass` is certified, `inconclusive` and `missing` never count as a pass). % of roofline (GPU tables) =",
@@ -382,11 +405,10 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
             if v in leave_out:
                 continue
             parent = r["config"].get("PARENT")
-            pref = members.get(parent) if parent else None
-            base = baseline_of(v, members)
-            bref = members.get(base) if base else None
-            vs_parent, vs_base = speedups(r, pref), speedups(r, bref)
             ladder = r["inputs"].get("ladder_id")
+            base = baseline_of(v, members)
+            pref, bref = (reference_record(x, (hw, prompts), ladder, members, in_ladder) for x in (parent, base))
+            vs_parent, vs_base = speedups(r, pref), speedups(r, bref)
             refs = [x for x in (pref, bref) if x]
             b2b = "yes" if refs and ladder and all(x["inputs"].get("ladder_id") == ladder for x in refs) else (
                 "—" if not refs else "no (separate runs)")
@@ -401,7 +423,7 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                          + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof) + f" | {b2b} | {judged[v].short()} |")
             row = {"group": (hw, prompts), "prompt_set": r["inputs"].get("prompt_set", prompts), "variant": v,
                    "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
-                   "base": base, "b2b": b2b,
+                   "base": base, "b2b": b2b, "ladder": ladder,
                    "tput": {c: throughput(r, c) for c in LEVELS}, "base_tput": {c: throughput(bref, c) for c in LEVELS}}
             rows.append(row)
             if base:
@@ -411,9 +433,10 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
             if r["group"] == (hw, prompts):
                 by_reference.setdefault(r["base"] or r["variant"], []).append(r)
         for same_model in by_reference.values():
-            servers = fastest_bf16_servers(same_model, judged, configs)
-            for r in same_model:
-                r["bf16_server"] = servers
+            for r in same_model:  # each BF16 server at its record of this row's ladder where it has one
+                local = [x if not (rec := in_ladder.get(((hw, prompts), x["variant"], r["ladder"]))) else
+                         {**x, "tput": {c: throughput(rec, c) for c in LEVELS}} for x in same_model]
+                r["bf16_server"] = fastest_bf16_servers(local, judged, configs)
         engines = sorted({r["engine"] for r in group_rows}, key=lambda e: (not e.startswith("vLLM"), e))
         for engine in engines:  # one verdict per engine: a peer never takes the vLLM variants' place, nor they its
             lines += [""] + ([f"### {engine}", ""] if len(engines) > 1 else [])

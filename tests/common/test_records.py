@@ -397,3 +397,20 @@ def test_compare_leaves_out_a_shortened_run(tmp_path):
     (members,) = groups.values()
     assert members["smollm2-bf16"]["summary"] == full["summary"]
     assert excluded and "shortened run" in excluded[0][2]
+
+
+def test_a_ratio_is_read_inside_the_variants_own_ladder(tmp_path):
+    """The reference measured again in a later ladder (another machine of the same kind, say) that did not measure the
+    variant: the variant's ratio stays against the reference of its own ladder."""
+    exp = tmp_path / "experiments"
+    when = records.now_utc()
+    base1, fast = make_record("smollm2-bf16", 1.0, ladder="L1"), make_record("smollm2-bf16", 2.0, ladder="L1")
+    fast["variant"], fast["config"]["PARENT"] = "smollm2-fast", "smollm2-bf16"
+    base2 = make_record("smollm2-bf16", 4.0, ladder="L2")
+    for i, rec in enumerate((base1, fast, base2)):
+        records.write_record(rec, exp / rec["variant"], "latency", when=when + dt.timedelta(seconds=i))
+    judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-fast": compare.Judged("reference")}
+    text, rows = compare.build_report(records.all_records("latency", exp), judged)
+    row = next(r for r in rows if r["variant"] == "smollm2-fast")
+    assert row["vs_base"]["1"] == pytest.approx(2.0) and row["b2b"] == "yes"
+    assert next(r for r in rows if r["variant"] == "smollm2-bf16")["tput"]["1"] == pytest.approx(40.0)
