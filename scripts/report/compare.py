@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,14 +172,28 @@ def engine_label(rec: dict | None) -> str:
     return f"{name} {engine['version']}" if engine.get("version") else name
 
 
+@functools.cache
+def configured_parent(name: str) -> str | None:
+    """PARENT as the variant's config.env names it (None for an unknown variant)."""
+    try:
+        return load_variant(name, target="cpu").settings.get("PARENT")
+    except VariantError:
+        return None
+
+
 def baseline_of(variant: str, members: dict[str, dict]) -> str | None:
-    """The BF16 root of the variant's PARENT chain within this comparable group (its reference variant)."""
+    """The BF16 root of the variant's PARENT chain within this comparable group (its reference variant); a link of
+    the chain not measured in the group (a llama-server rung's llama-cpp-python parent, say) is passed through by its
+    config.env."""
     seen, current = {variant}, members[variant]["config"].get("PARENT")
     root = None
-    while current and current in members and current not in seen:
+    while current and current not in seen:
         seen.add(current)
-        root = current
-        current = members[current]["config"].get("PARENT")
+        if current in members:
+            root = current
+            current = members[current]["config"].get("PARENT")
+        else:
+            current = configured_parent(current)
     return root
 
 

@@ -414,3 +414,18 @@ def test_a_ratio_is_read_inside_the_variants_own_ladder(tmp_path):
     row = next(r for r in rows if r["variant"] == "smollm2-fast")
     assert row["vs_base"]["1"] == pytest.approx(2.0) and row["b2b"] == "yes"
     assert next(r for r in rows if r["variant"] == "smollm2-bf16")["tput"]["1"] == pytest.approx(40.0)
+
+
+def test_the_reference_is_found_through_a_parent_not_measured_in_the_group(tmp_path):
+    """A llama-server rung whose parent (the llama-cpp-python variant of the same file) has no latency record there:
+    its × BF16 is still read against the reference its config.env chain leads to."""
+    exp = tmp_path / "experiments"
+    base = make_record("smollm2-bf16", 1.0, ladder="L")
+    server = make_record("smollm2-bf16", 2.5, ladder="L")
+    server["variant"], server["config"]["PARENT"] = "smollm2-gguf-q8-0-server", "smollm2-gguf-q8-0"
+    for rec in (base, server):
+        records.write_record(rec, exp / rec["variant"], "latency")
+    judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-gguf-q8-0-server": compare.Judged("reference")}
+    _, rows = compare.build_report(records.all_records("latency", exp), judged)
+    row = next(r for r in rows if r["variant"] == "smollm2-gguf-q8-0-server")
+    assert row["base"] == "smollm2-bf16" and row["vs_base"]["1"] == pytest.approx(2.5)
