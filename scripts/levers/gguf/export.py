@@ -107,9 +107,9 @@ def writes_itself(parent_dir: Path, embedded: Path | None = None) -> bool:
 
     if json.loads((parent_dir / "config.json").read_text()).get("model_type") != "llama":
         return False
-    try:
+    try:  # (no embedded GGUF at all is the CheckpointError of embedded_gguf(), for the caller)
         check_tokenizer(gguf.GGUFReader(embedded or embedded_gguf()), parent_dir)
-    except (ExportError, CheckpointError):
+    except ExportError:
         return False
     return True
 

@@ -58,7 +58,7 @@ def _screen_one(h_ptr, q_ptr, scale_ptr, err_ptr, qn_ptr, mk_ptr, a_ptr, pass_pt
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         mk = kk < K
-        w = tl.load(q_ptr + rn[:, None] * K + kk[None, :], mask=mn[:, None] & mk[None, :], other=0).to(tl.float32)
+        w = tl.load(q_ptr + rn.to(tl.int64)[:, None] * K + kk[None, :], mask=mn[:, None] & mk[None, :], other=0).to(tl.float32)
         h = tl.load(h_ptr + kk, mask=mk, other=0.0).to(tl.float32)
         hb = h.to(tl.bfloat16).to(tl.float32)
         acc += tl.sum(w * hb[None, :], axis=1)
@@ -85,7 +85,7 @@ def _screen_tile(h_ptr, q_ptr, scale_ptr, err_ptr, qn_ptr, mk_ptr, a_ptr, pass_p
         mk = kk < K
         h = tl.load(h_ptr + rm[:, None] * K + kk[None, :], mask=mm[:, None] & mk[None, :], other=0.0).to(tl.float32)
         hb = h.to(tl.bfloat16)
-        w = tl.load(q_ptr + rn[:, None] * K + kk[None, :], mask=mn[:, None] & mk[None, :], other=0)
+        w = tl.load(q_ptr + rn.to(tl.int64)[:, None] * K + kk[None, :], mask=mn[:, None] & mk[None, :], other=0)
         # float32 operands (TF32 on the tensor cores holds BF16 and int8 values exactly; Triton's interpreter, unlike
         # the GPU, multiplies BF16 operands wrongly), float32 sums
         acc += tl.dot(hb.to(tl.float32), tl.trans(w.to(tl.float32)))

@@ -157,6 +157,14 @@ def test_without_a_kernel_named_build_keeps_the_fastest_exact_one(monkeypatch):
         products=lambda h, s: (products(h, s)[0] * 1.05, products(h, s)[1])))
     s = tail.build(rows, kept_ids)
     assert s["kernel"] == "torch-w8a16" and "bound fails" in s["timed"]["torch-int-mm"]["refused"]
+    # and one that cannot run here at all (a missing op, a compile that fails) is left out, not fatal
+
+    def broken(h, s):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setitem(tail.KERNELS, "torch-int-mm", tail.KERNELS["torch-int-mm"]._replace(products=broken))
+    s = tail.build(rows, kept_ids)
+    assert s["kernel"] == "torch-w8a16" and s["timed"]["torch-int-mm"]["refused"].startswith("RuntimeError: no kernel")
 
 
 def test_the_fastest_kernel_is_timed_for_real():
