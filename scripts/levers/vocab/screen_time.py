@@ -150,7 +150,7 @@ def random_head(shape: str, keep: int, device: str, seed: int = 0):
 
 
 def variant_head(name: str):
-    """(the parent's output matrix, BF16 on the CPU; kept ids; the parent's name) of a pruned variant."""
+    """(the parent's output matrix, BF16 on the CPU; kept ids; the parent's name; the base) of a pruned variant."""
     import torch
 
     from scripts.levers.vocab.keep import load_keep_list, pruned_and_parent

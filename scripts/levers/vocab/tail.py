@@ -180,7 +180,7 @@ def triton_screen(h, s, max_kept):
 class Kernel(NamedTuple):
     scale_dtype: str  # the dtype the kernel reads the row scales in
     handler: Callable | None  # built at load from (q, scale), or None
-    products: Callable  # (h, s) -> (BF16 logits, h^ float32)
+    products: Callable  # (h, s) -> (approximate logits, BF16 or float32 as the kernel writes them; h^ float32)
     acc_per_term: float  # relative error per summed term of the kernel's sums
     screen: Callable | None = None  # (h, s, max_kept) -> screen()'s answer in one kernel, where the kernel has one
 

@@ -44,6 +44,13 @@ def _epilogue(acc, rm, rn, M, N, hn2, hq2, scale_ptr, err_ptr, qn_ptr, mk_ptr, a
     tl.store(pass_ptr + offs, (a + bound >= t[:, None]).to(tl.int8), mask=ok)
 
 
+@triton.jit
+def _rows(q_ptr, rn, kk, K, mn, mk):
+    """The int8 rows rn, columns kk, as float32 (exact); int64 offsets: rows x hidden may pass 2^31."""
+    return tl.load(q_ptr + rn.to(tl.int64)[:, None] * K + kk[None, :], mask=mn[:, None] & mk[None, :],
+                   other=0).to(tl.float32)
+
+
 @triton.autotune(configs=CONFIGS, key=["N", "K"])
 @triton.jit
 def _screen_one(h_ptr, q_ptr, scale_ptr, err_ptr, qn_ptr, mk_ptr, a_ptr, pass_ptr, M, N, K, arith, acc_k,
@@ -58,7 +65,7 @@ def _screen_one(h_ptr, q_ptr, scale_ptr, err_ptr, qn_ptr, mk_ptr, a_ptr, pass_pt
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         mk = kk < K
-        w = tl.load(q_ptr + rn.to(tl.int64)[:, None] * K + kk[None, :], mask=mn[:, None] & mk[None, :], other=0).to(tl.float32)
+        w = _rows(q_ptr, rn, kk, K, mn, mk)
         h = tl.load(h_ptr + kk, mask=mk, other=0.0).to(tl.float32)
         hb = h.to(tl.bfloat16).to(tl.float32)
         acc += tl.sum(w * hb[None, :], axis=1)
@@ -85,10 +92,10 @@ def _screen_tile(h_ptr, q_ptr, scale_ptr, err_ptr, qn_ptr, mk_ptr, a_ptr, pass_p
         mk = kk < K
         h = tl.load(h_ptr + rm[:, None] * K + kk[None, :], mask=mm[:, None] & mk[None, :], other=0.0).to(tl.float32)
         hb = h.to(tl.bfloat16)
-        w = tl.load(q_ptr + rn.to(tl.int64)[:, None] * K + kk[None, :], mask=mn[:, None] & mk[None, :], other=0)
+        w = _rows(q_ptr, rn, kk, K, mn, mk)
         # float32 operands (TF32 on the tensor cores holds BF16 and int8 values exactly; Triton's interpreter, unlike
         # the GPU, multiplies BF16 operands wrongly), float32 sums
-        acc += tl.dot(hb.to(tl.float32), tl.trans(w.to(tl.float32)))
+        acc += tl.dot(hb.to(tl.float32), tl.trans(w))
         d = h - hb.to(tl.float32)
         hn2 += tl.sum(h * h, axis=1)
         hq2 += tl.sum(d * d, axis=1)
