@@ -155,6 +155,18 @@ def gpu_events(trace_events: list[dict]) -> list[GpuEvent]:
     return sorted(out, key=lambda g: g.ts)
 
 
+def launches_per_step(trace_events: list[dict], steps: int) -> dict[str, float]:
+    """Host-side launch calls per step, by API name (the trace's cuda_runtime / cuda_driver events): work replayed from
+    a CUDA graph costs one cudaGraphLaunch per graph, work run eagerly one cudaLaunchKernel (or cuLaunchKernel) per
+    kernel, so a part of the step outside every graph (a drafter, say) shows as kernel launches beside the graphs."""
+    counts: Counter = Counter()
+    for e in trace_events:
+        if (e.get("ph") == "X" and str(e.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver")
+                and "Launch" in str(e.get("name", ""))):
+            counts[e["name"]] += 1
+    return {name: round(n / steps, 2) for name, n in sorted(counts.items())} if steps else {}
+
+
 def busy_union_us(intervals: list[tuple[float, float]]) -> float:
     """Length of the union of [start, end) intervals (GPU busy time; overlapping streams count once)."""
     total, end = 0.0, float("-inf")
@@ -512,6 +524,26 @@ def step_model(step_us: float, weight_gemm_us: float, weight_bytes: float, devic
                                    "gaps) takes as long there as here: optimistic for a slower GPU and host.")}}
 
 
+def project(profile: dict, tpots_ms: list[float], concurrency: int = 1, target_gbs: float = A10G_GBS) -> dict:
+    """The step model of a profile record with the step's unprofiled time: step_us = the median of `tpots_ms` (TPOT
+    p50 of latency records at the same concurrency, no profiler attached), of which the weight GEMMs take what the
+    profile measured (every gemm:* row, unmapped signatures included); fixed = the rest, projected to target_gbs.
+    The profiled step carries the profiler's own host gaps, so its fixed part overstates the real one."""
+    import statistics
+
+    summary = profile["summary"][str(concurrency)]
+    gemm_us = sum(r["us_per_step"] for r in summary["table"] if r["category"].startswith("gemm:"))
+    weight_bytes = summary["step_model"]["fit"]["weight_bytes"]
+    step_us = statistics.median(tpots_ms) * 1e3
+    if step_us <= gemm_us:
+        raise ProfileError(f"TPOT {step_us:.0f} us is not above the profiled weight GEMMs' {gemm_us:.0f} us: "
+                           "records of another machine or setting?")
+    out = step_model(step_us, gemm_us, weight_bytes, profile["inputs"]["bandwidth_gbs"], concurrency, target_gbs)
+    out["fit"]["step_us"] = round(step_us, 2)
+    out["fit"]["tpots_ms"] = [round(t, 3) for t in tpots_ms]
+    return out
+
+
 def markdown(variant: str, gpu: str, results: dict) -> str:
     lines = [f"# Profile of {variant} ({gpu})", "", f"Steps: {STEPS_RULE}", "", f"GEMM mapping: {MAPPING_RULE}", ""]
     for c, r in results.items():
@@ -525,6 +557,9 @@ def markdown(variant: str, gpu: str, results: dict) -> str:
                          f"{(row['share'] or 0) * 100:.1f}% | {mb} | {row['roofline_us'] if row['roofline_us'] is not None else ''} | "
                          f"{row['vs_roofline'] if row['vs_roofline'] is not None else ''} |")
         fit, proj = r["step_model"]["fit"], r["step_model"]["projection"]
+        if r.get("launches_per_step"):
+            lines += ["", "Host launch calls per step: " + ", ".join(f"{k} {v}" for k, v in r["launches_per_step"].items())
+                      + " (a CUDA graph is one cudaGraphLaunch; eager work one kernel launch per kernel)."]
         lines += ["", f"Step model: fixed {fit['fixed_us']} us + {fit['weight_bytes'] / 1e9:.3f} GB / "
                       f"{fit['bandwidth_gbs']} GB/s ({fit['formula']}).",
                   f"{proj['label']}, {proj['target']}: {proj['step_us']} us/step, {proj['tokens_per_s']} tok/s "
@@ -643,6 +678,7 @@ def analyze(events: list[dict], *, families: list[Family], bytes_per_step: dict,
             "step_us": step_us, "window_us": table["window_us"], "busy_us": table["busy_us"],
             "overlap_us": table["overlap_us"], "table": roofline_rows(table["per_step_us"], per_bytes, bandwidth_gbs),
             "calls_per_step": table["calls_per_step"], "state_bytes": states,
+            "launches_per_step": launches_per_step(events, steps),
             "unmapped_gemm_signatures": table["unmapped_gemm_signatures"],
             "step_model": step_model(step_us, weight_us, weight_bytes, bandwidth_gbs, concurrency),
             "signatures": table["signatures"]}
@@ -658,6 +694,13 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--reanalyze", type=Path, metavar="RECORD",
                      help="analyse a profile record's traces again with this version's rules (no checkpoint needed: "
                           "weights and state bytes come from the record); a new record beside it names both")
+    src.add_argument("--project", type=Path, metavar="RECORD",
+                     help="no trace: this profile record's step model with the unprofiled TPOT of --tpot-from, "
+                          "projected to --target-gbs (a projection, printed as JSON)")
+    p.add_argument("--tpot-from", type=Path, nargs="+", metavar="LATENCY",
+                   help="with --project: latency records of the variant (their fixed-length TPOT p50, median)")
+    p.add_argument("--target-gbs", type=float, default=A10G_GBS,
+                   help="with --project: the target GPU's memory bandwidth (default %(default)g, the A10G)")
     p.add_argument("--trace-dir", type=Path, help="with --reanalyze: the folder holding its trace files")
     p.add_argument("--reference", type=Path, metavar="RECORD",
                    help="with --reanalyze of a record without weight bits: a 16-bit profile record of the same model")
@@ -741,11 +784,35 @@ def reanalyze(variant_name: str, path: Path, args: argparse.Namespace, argv: lis
     return 0
 
 
+def print_projection(args: argparse.Namespace) -> int:
+    """--project: a profile record and latency records of the same variant, at each --concurrency level."""
+    try:
+        if not args.tpot_from:
+            raise ProfileError("--project needs --tpot-from LATENCY… (latency records of the same variant)")
+        profile = json.loads(args.project.read_text())
+        records = [json.loads(p.read_text()) for p in args.tpot_from]
+        if any(r.get("variant") != args.variant for r in [profile, *records]):
+            raise ProfileError(f"every record must be of {args.variant}")
+        out = {"variant": args.variant, "profile": args.project.name, "latency": [p.name for p in args.tpot_from]}
+        for c in (int(x) for x in args.concurrency.split(",")):
+            tpots = [r["summary"]["fixed"][str(c)]["p50_tpot_ms"] for r in records if str(c) in r["summary"]["fixed"]]
+            if not tpots:
+                raise ProfileError(f"no latency record has a fixed-length level c={c}")
+            out[f"c={c}"] = project(profile, tpots, c, args.target_gbs)
+    except (ProfileError, OSError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     if args.reanalyze:
         return reanalyze(args.variant, args.reanalyze, args, argv)
+    if args.project:
+        return print_projection(args)
 
     try:
         variant = load_variant(args.variant, overrides=parse_overrides(args.set))

@@ -22,11 +22,13 @@ from scripts.measure.profile import (
     gpu_events,
     is_worker_trace,
     kernel_bits,
+    launches_per_step,
     layer_kinds,
     load_trace,
     main,
     map_gemms,
     newest_trace,
+    project,
     roofline_rows,
     roofline_us,
     split_family_time,
@@ -273,6 +275,39 @@ def test_step_model_fit_and_projection():
     assert m["projection"]["step_us_at_peak"] == pytest.approx(16000.0)  # 1000 + 9 GB / 600 GB/s
     assert m["projection"]["tokens_per_s_at_peak"] == pytest.approx(500.0)  # 8 / 16 ms
     assert "projection" in m["projection"]["label"]
+
+
+def test_launches_per_step_tell_graph_replays_from_eager_kernels():
+    ev = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": i, "dur": 1} for i in range(4)]
+    ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": i, "dur": 1} for i in range(6)]
+    ev += [{"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "ts": 0, "dur": 1},
+           {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 0, "dur": 1},
+           kernel("k", 0, 1)]
+    assert launches_per_step(ev, 2) == {"cuLaunchKernel": 0.5, "cudaGraphLaunch": 2.0, "cudaLaunchKernel": 3.0}
+    assert launches_per_step(ev, 0) == {}
+
+
+def test_projection_takes_the_unprofiled_tpot_and_every_gemm_row(tmp_path, capsys):
+    # weight GEMMs 2000 µs mapped + 1000 µs unmapped for 9 GB; unprofiled TPOTs 3.9 / 4.0 / 4.4 ms -> median 4000 µs
+    table = [{"category": "gemm:mlp", "us_per_step": 2000.0}, {"category": "gemm:unmapped", "us_per_step": 1000.0},
+             {"category": "attention", "us_per_step": 400.0}]
+    prof = {"variant": "v", "inputs": {"bandwidth_gbs": 3350.0},
+            "summary": {"1": {"table": table, "step_model": {"fit": {"weight_bytes": 9e9}}}}}
+    m = project(prof, [3.9, 4.4, 4.0])
+    assert m["fit"]["step_us"] == 4000 and m["fit"]["fixed_us"] == 1000 and m["fit"]["bandwidth_gbs"] == 3000.0
+    assert m["projection"]["step_us_at_peak"] == pytest.approx(16000.0)
+    with pytest.raises(ProfileError, match="not above the profiled weight GEMMs"):
+        project(prof, [2.5])
+    # the command: records of the named variant only, one JSON answer
+    (tmp_path / "p.json").write_text(json.dumps(prof))
+    lat = {"variant": "v", "summary": {"fixed": {"1": {"p50_tpot_ms": 4.0}}}}
+    (tmp_path / "l.json").write_text(json.dumps(lat))
+    assert main(["v", "--project", str(tmp_path / "p.json"), "--tpot-from", str(tmp_path / "l.json"),
+                 "--concurrency", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["c=1"]["fit"]["fixed_us"] == 1000
+    assert main(["w", "--project", str(tmp_path / "p.json"), "--tpot-from", str(tmp_path / "l.json"),
+                 "--concurrency", "1"]) == 1
+    assert capsys.readouterr().err.strip() == "error: every record must be of w"
 
 
 def test_analyze_end_to_end_on_the_fake_trace():

@@ -37,7 +37,7 @@ MLP_TARGET = re.compile(r".*mlp\.(gate|up|down)_proj$")
 
 
 RECIPE_KEYS = ("algorithm", "scope", "weights", "input_activations", "ignore", "quantize_lm_head", "quantize_linear_attn",
-               "format", "calibration", "duo_scaling", "dampening_frac", "smoothing_strength")
+               "format", "calibration", "duo_scaling", "dampening_frac", "smoothing_strength", "kernel")
 # recipe switch -> the default ignore pattern it lifts
 LIFTS = {"quantize_lm_head": "lm_head", "quantize_linear_attn": "linear_attn"}
 
@@ -135,6 +135,38 @@ def group_size_for(width: int, wanted: int, layer: str) -> int:
             return g
         g //= 2
     raise CalibrateError(f"layer {layer}: input width {width} has no power-of-two group size <= {wanted} (>= 16)")
+
+
+def kernel_refusals(recipe: dict, shapes: dict[str, tuple[int, int]]) -> list[str]:
+    """Layers the recipe's serving kernel cannot take, one line each: `kernel` names the one kernel vLLM serves the
+    scheme with and what its can_implement() demands (group_size, in_multiple, out_multiple). `shapes`: targeted
+    layer -> (input width, output width). A recipe without `kernel` runs where vLLM has a fallback for any shape."""
+    k = recipe.get("kernel")
+    if not k:
+        return []
+    out = []
+    for name, (width, rows) in shapes.items():
+        why = []
+        if k.get("in_multiple") and width % k["in_multiple"]:
+            why.append(f"input width {width} does not divide by {k['in_multiple']}")
+        if k.get("out_multiple") and rows % k["out_multiple"]:
+            why.append(f"output width {rows} does not divide by {k['out_multiple']}")
+        wanted = recipe["weights"].get("group_size")
+        if k.get("group_size") and wanted and group_size_for(width, wanted, name) != k["group_size"]:
+            why.append(f"group size {group_size_for(width, wanted, name)} is not {k['group_size']}")
+        if why:
+            out.append(f"{name}: {'; '.join(why)}")
+    return out
+
+
+def check_kernel(recipe_name: str, recipe: dict, shapes: dict[str, tuple[int, int]]) -> None:
+    refused = kernel_refusals(recipe, shapes)
+    if refused:
+        families = sorted({re.sub(r".*layers\.\d+\.", "", r.split(":")[0]) for r in refused})
+        raise CalibrateError(
+            f"recipe {recipe_name}: {len(refused)} layer(s) cannot run on {recipe['kernel']['name']}, the kernel vLLM "
+            f"serves this scheme with (families {', '.join(families)}); first: {refused[0]}. Add them to the "
+            f"recipe's ignore (they stay BF16)")
 
 
 def config_groups(recipe: dict, layers: dict[str, int]) -> tuple[dict, list[str]]:
@@ -237,6 +269,8 @@ def calibrate(recipe_name: str, recipe: dict, recipe_sha: str, model_dir: Path, 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = load_model(model_dir)
     layers = linear_layers(model, recipe)
+    check_kernel(recipe_name, recipe, {n: (m.in_features, m.out_features) for n, m in model.named_modules()
+                                       if n in layers})
     groups, ignore = config_groups(recipe, layers)
     cal = recipe.get("calibration", {})
     n = samples or cal.get("samples", 0)

@@ -16,6 +16,22 @@ def test_group_size_is_the_largest_power_of_two_dividing_the_width():
         cal.group_size_for(100, 128, "odd")
 
 
+def test_a_recipe_naming_its_kernel_refuses_the_layers_that_kernel_cannot_take():
+    w4a8, _ = cal.load_recipe("rtn-w4a8-fp8")
+    shapes = {"m.layers.0.mlp.up_proj": (2560, 9216), "m.layers.0.linear_attn.in_proj_b": (2560, 32),
+              "m.layers.1.linear_attn.in_proj_b": (2560, 32), "m.layers.1.mlp.down_proj": (576, 128)}
+    assert cal.kernel_refusals(w4a8, shapes) == [
+        "m.layers.0.linear_attn.in_proj_b: output width 32 does not divide by 128",
+        "m.layers.1.linear_attn.in_proj_b: output width 32 does not divide by 128",
+        "m.layers.1.mlp.down_proj: input width 576 does not divide by 128; group size 64 is not 128"]
+    with pytest.raises(cal.CalibrateError, match=r"rtn-w4a8-fp8: 3 layer\(s\) cannot run on CutlassW4A8LinearKernel, "
+                       r"the kernel vLLM serves this scheme with \(families linear_attn.in_proj_b, mlp.down_proj\); "
+                       r"first: m.layers.0.linear_attn.in_proj_b: output width 32"):
+        cal.check_kernel("rtn-w4a8-fp8", w4a8, shapes)
+    cal.check_kernel("rtn-w4a8-fp8", w4a8, {"m.layers.0.mlp.up_proj": (2560, 9216)})  # a shape it takes
+    assert cal.kernel_refusals(cal.load_recipe("rtn-w4a16")[0], shapes) == []  # vLLM has a kernel for any shape
+
+
 def test_config_groups_split_by_group_size_and_name_layers_exactly():
     recipe, _ = cal.load_recipe("awq-w4a16")
     layers = {"model.layers.0.self_attn.q_proj": 576, "model.layers.0.mlp.down_proj": 1536}

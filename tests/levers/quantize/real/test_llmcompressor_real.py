@@ -136,15 +136,31 @@ def test_w4a16_all_quantizes_mlp_attention_and_gdn_projections_of_qwen35(tiny_qw
     assert families(quantized_modules(mlp)) == MLP
 
 
+# the toy model's widths (64, 128) stand for the 4B's: its kernel demands scaled to them
+TOY_KERNEL = ["--set", "kernel.in_multiple=32", "--set", "kernel.out_multiple=32", "--set", "kernel.group_size=32",
+              "--set", "weights.group_size=32"]
+
+
 def test_w4a8_fp8_keeps_in_proj_b_and_a_bf16(tiny_qwen35, tmp_path):
     out = tmp_path / "w4a8"
-    assert cal.main(["rtn-w4a8-fp8", "--model", str(tiny_qwen35), "--out", str(out)]) == 0
+    assert cal.main(["rtn-w4a8-fp8", "--model", str(tiny_qwen35), "--out", str(out), *TOY_KERNEL]) == 0
     assert families(quantized_modules(out)) == (GDN - {"linear_attn.in_proj_b", "linear_attn.in_proj_a"}) | ATTN | MLP
     assert set(quantized_modules(out).values()) == {"I32"}  # packed, as vLLM's W4A8 scheme loads them
     assert json.loads((out / "config.json").read_text())["quantization_config"]["format"] == "pack-quantized"
     groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
     acts = {json.dumps(g["input_activations"], sort_keys=True) for g in groups.values()}
     assert all('"dynamic": true' in a and '"type": "float"' in a for a in acts)
+
+
+def test_w4a8_without_its_ignore_fails_at_calibration_naming_the_layers_its_kernel_refuses(tiny_qwen35, tmp_path,
+                                                                                          capsys):
+    out = tmp_path / "w4a8"
+    assert cal.main(["rtn-w4a8-fp8", "--model", str(tiny_qwen35), "--out", str(out), *TOY_KERNEL,
+                     "--set", "ignore=[]"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # above it: transformers' loading progress bar
+    assert err.startswith("error: recipe rtn-w4a8-fp8: ") and "cannot run on CutlassW4A8LinearKernel" in err
+    assert "families linear_attn.in_proj_a, linear_attn.in_proj_b)" in err and "does not divide by 32" in err
+    assert not out.exists()
 
 
 def test_fp8_static_sets_one_activation_scale_per_layer_from_calibration_data(tiny_qwen35, tmp_path):
