@@ -203,6 +203,8 @@ PY
       v=${spec%%+*}; extra=""; [ "$spec" != "$v" ] && extra=${spec#*+}
       xs=(); for kv in ${extra//+/ }; do xs+=(--set "$kv"); done
       tag=$(printf %s "$spec" | tr -c 'A-Za-z0-9._-' _); port=$((8200 + n)); n=$((n + 1)); sets_for "$v"
+      # a long extra (a JSON setting) would make file names past the file system's limit (2026-11-28): VARIANT_x<hash>
+      [ ${#tag} -gt 96 ] && tag="${v}_x$(printf %s "$extra" | sha256sum | cut -c1-8)"
       # the server's own session leader writes its pid (setsid forks when its caller leads a process group); files of an
       # earlier start of the same tag go first (a stale pid read as "gone" marked a starting server failed, 2026-11-23)
       rm -f $RUN/$tag.pid $RUN/$tag.serve
