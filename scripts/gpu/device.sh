@@ -56,7 +56,8 @@
 # SERVE_KV_CACHE_MEMORY_BYTES=2147483648" (a fixed KV size skips vLLM's memory profiling, which other processes'
 # allocations would disturb); the same SET is passed to the bench so each record's config names it. Only one server
 # runs requests at a time; the others sit idle (no GPU work) while one is measured. V+K=V adds an override for one
-# server (e.g. smollm2-bf16+ENV_VLLM_USE_V2_MODEL_RUNNER=0); its records land under that tag.
+# server (e.g. smollm2-bf16+ENV_VLLM_USE_V2_MODEL_RUNNER=0); its records land under that tag (a tag past 96
+# characters becomes V_x<8 hex of the extra>, printed by `start`).
 #
 # Build the payload here first (scripts/gpu/README.md): the vLLM bundle, wheels, the embedded GGUF and any CPU-built
 # checkpoints, as one tar cut into 60 MiB chunks, one chunk per call.

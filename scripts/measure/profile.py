@@ -515,7 +515,7 @@ def step_model(step_us: float, weight_gemm_us: float, weight_bytes: float, devic
         "fit": {"fixed_us": round(fixed, 2), "bandwidth_gbs": round(achieved, 1) if achieved else None,
                 "weight_bytes": weight_bytes, "efficiency_vs_device": round(eff, 3) if eff else None,
                 "formula": "step_us = fixed_us + weight_bytes / bandwidth"},
-        "projection": {"label": "projection (not a measurement)", "target": f"A10G, {target_gbs:g} GB/s",
+        "projection": {"label": "projection (not a measurement)", "target": f"{'A10G' if target_gbs == A10G_GBS else 'a GPU'}, {target_gbs:g} GB/s",
                        "step_us": round(proj, 2) if proj else None,
                        "tokens_per_s": round(concurrency * 1e6 / proj, 1) if proj else None,
                        "step_us_at_peak": round(peak, 2), "tokens_per_s_at_peak": round(concurrency * 1e6 / peak, 1),
@@ -531,6 +531,8 @@ def project(profile: dict, tpots_ms: list[float], concurrency: int = 1, target_g
     The profiled step carries the profiler's own host gaps, so its fixed part overstates the real one."""
     import statistics
 
+    if str(concurrency) not in profile.get("summary", {}):
+        raise ProfileError(f"the profile has no level c={concurrency} (it has c={', '.join(profile.get('summary', {}))})")
     summary = profile["summary"][str(concurrency)]
     gemm_us = sum(r["us_per_step"] for r in summary["table"] if r["category"].startswith("gemm:"))
     weight_bytes = summary["step_model"]["fit"]["weight_bytes"]
@@ -795,11 +797,12 @@ def print_projection(args: argparse.Namespace) -> int:
             raise ProfileError(f"every record must be of {args.variant}")
         out = {"variant": args.variant, "profile": args.project.name, "latency": [p.name for p in args.tpot_from]}
         for c in (int(x) for x in args.concurrency.split(",")):
-            tpots = [r["summary"]["fixed"][str(c)]["p50_tpot_ms"] for r in records if str(c) in r["summary"]["fixed"]]
+            levels = [r["summary"]["fixed"].get(str(c)) or {} for r in records]
+            tpots = [lv["p50_tpot_ms"] for lv in levels if lv.get("p50_tpot_ms")]
             if not tpots:
-                raise ProfileError(f"no latency record has a fixed-length level c={c}")
+                raise ProfileError(f"no latency record has a fixed-length level c={c} with a TPOT")
             out[f"c={c}"] = project(profile, tpots, c, args.target_gbs)
-    except (ProfileError, OSError, KeyError, ValueError) as e:
+    except (ProfileError, OSError, KeyError, ValueError, TypeError, AttributeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(json.dumps(out, indent=2))

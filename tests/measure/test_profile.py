@@ -308,6 +308,12 @@ def test_projection_takes_the_unprofiled_tpot_and_every_gemm_row(tmp_path, capsy
     assert main(["w", "--project", str(tmp_path / "p.json"), "--tpot-from", str(tmp_path / "l.json"),
                  "--concurrency", "1"]) == 1
     assert capsys.readouterr().err.strip() == "error: every record must be of w"
+    with pytest.raises(ProfileError, match=r"no level c=8 \(it has c=1\)"):
+        project(prof, [4.0], concurrency=8)
+    (tmp_path / "null.json").write_text(json.dumps({"variant": "v", "summary": {"fixed": {"1": {"p50_tpot_ms": None}}}}))
+    assert main(["v", "--project", str(tmp_path / "p.json"), "--tpot-from", str(tmp_path / "null.json"),
+                 "--concurrency", "1"]) == 1
+    assert "no latency record has a fixed-length level c=1 with a TPOT" in capsys.readouterr().err
 
 
 def test_analyze_end_to_end_on_the_fake_trace():

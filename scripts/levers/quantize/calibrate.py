@@ -58,7 +58,7 @@ def apply_overrides(recipe: dict, sets: list[str]) -> dict:
         parts = key.split(".")
         if not sep or parts[0] not in RECIPE_KEYS or len(parts) > 2:
             raise CalibrateError(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(RECIPE_KEYS)} "
-                                 f"(or KEY.FIELD for weights / calibration)")
+                                 f"(or KEY.FIELD for weights / calibration / kernel)")
         value = yaml.safe_load(raw)
         if len(parts) == 1:
             out[key] = value
@@ -151,15 +151,19 @@ def kernel_refusals(recipe: dict, shapes: dict[str, tuple[int, int]]) -> list[st
             why.append(f"input width {width} does not divide by {k['in_multiple']}")
         if k.get("out_multiple") and rows % k["out_multiple"]:
             why.append(f"output width {rows} does not divide by {k['out_multiple']}")
-        wanted = recipe["weights"].get("group_size")
-        if k.get("group_size") and wanted and group_size_for(width, wanted, name) != k["group_size"]:
-            why.append(f"group size {group_size_for(width, wanted, name)} is not {k['group_size']}")
+        weights = recipe["weights"]
+        group = group_size_for(width, weights["group_size"], name) if weights.get("strategy") == "group" else None
+        if k.get("group_size") and group != k["group_size"]:
+            why.append(f"group size {group} is not {k['group_size']}" if group else
+                       f"{weights.get('strategy')}-wise weights, not group {k['group_size']}")
         if why:
             out.append(f"{name}: {'; '.join(why)}")
     return out
 
 
 def check_kernel(recipe_name: str, recipe: dict, shapes: dict[str, tuple[int, int]]) -> None:
+    if recipe.get("kernel") and not recipe["kernel"].get("name"):
+        raise CalibrateError(f"recipe {recipe_name}: `kernel` needs a name (the vLLM kernel whose demands it states)")
     refused = kernel_refusals(recipe, shapes)
     if refused:
         families = sorted({re.sub(r".*layers\.\d+\.", "", r.split(":")[0]) for r in refused})

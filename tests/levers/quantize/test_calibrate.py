@@ -30,6 +30,12 @@ def test_a_recipe_naming_its_kernel_refuses_the_layers_that_kernel_cannot_take()
         cal.check_kernel("rtn-w4a8-fp8", w4a8, shapes)
     cal.check_kernel("rtn-w4a8-fp8", w4a8, {"m.layers.0.mlp.up_proj": (2560, 9216)})  # a shape it takes
     assert cal.kernel_refusals(cal.load_recipe("rtn-w4a16")[0], shapes) == []  # vLLM has a kernel for any shape
+    channel = cal.apply_overrides(w4a8, ["weights.strategy=channel"])
+    assert cal.kernel_refusals(channel, {"m.mlp.up_proj": (2560, 9216)}) == [
+        "m.mlp.up_proj: channel-wise weights, not group 128"]
+    nameless = cal.apply_overrides(cal.load_recipe("rtn-w4a16")[0], ["kernel.in_multiple=128"])
+    with pytest.raises(cal.CalibrateError, match="`kernel` needs a name"):
+        cal.check_kernel("rtn-w4a16", nameless, shapes)
 
 
 def test_config_groups_split_by_group_size_and_name_layers_exactly():
