@@ -5,6 +5,9 @@
 "torch_profiler_with_stack":false,"torch_profiler_dump_cuda_time_total":false,"delay_iterations":16,"max_iterations":64}'
     python -m scripts.measure.profile qwen35-4b-proxy-bf16 --trace /root/run/prof/x.pt.trace.json.gz --concurrency 8 \\
         --bandwidth-gbs 2900                                   # re-analyse a trace already written, no server
+    python -m scripts.measure.profile qwen35-4b-proxy-fp8-static-v64k --concurrency 1 \
+        --project experiments/…/profile_X.json --tpot-from experiments/…/latency_A.json …/latency_B.json
+                                                               # the A10G projection with the unprofiled TPOT
 
 The server must run with vLLM's profiler on (0.26: `--profiler-config`, i.e. SERVE_PROFILER_CONFIG, the same value
 the server was started with; it also mounts /start_profile and /stop_profile). The first example's value records
@@ -26,7 +29,9 @@ json.gz; the front end's `*.async_llm.*` CPU trace is skipped) is reduced to tim
 Steps: STEPS_RULE. Roofline per category: bytes read per step (weights from the checkpoint's safetensors headers,
 by layer kind; KV and recurrent-state bytes estimated from config.json) / bandwidth (--bandwidth-gbs, else a
 device-to-device copy measured with torch in a subprocess). A step-time model per concurrency, fitted from this
-profile, and a labelled A10G projection come with it (step_model). Writes experiments/<variant>/profile_<stamp>.json
+profile, and a labelled A10G projection come with it (step_model; --project redoes it with the same lease's
+unprofiled TPOTs, since the profiled step carries the profiler's own host gaps), as do the host's launch calls per
+step (launches_per_step: CUDA-graph replays against eager kernel launches). Writes experiments/<variant>/profile_<stamp>.json
 (kind "profile") and a markdown table next to it; raw traces stay in the profiler's folder (not in git).
 """
 
