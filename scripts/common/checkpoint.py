@@ -9,6 +9,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import struct
 from dataclasses import dataclass, field
@@ -54,6 +55,15 @@ def embedded_gguf() -> Path:
     if os.environ.get("LAB_EMBEDDED_GGUF"):
         return Path(os.environ["LAB_EMBEDDED_GGUF"])
     return package_file(paths.EMBEDDED_PACKAGE, paths.EMBEDDED_GGUF)
+
+
+LAYER_INDEX = re.compile(r"^.*?layers\.\d+\.")
+
+
+def layer_family(module: str) -> str:
+    """A linear layer's family: its module name without the layer index (model.layers.3.mlp.down_proj -> mlp.down_proj),
+    as the kernel log and a recipe's kernel check name it."""
+    return LAYER_INDEX.sub("", module)
 
 
 @dataclass

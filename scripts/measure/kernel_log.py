@@ -20,13 +20,10 @@ import os
 import re
 import sys
 
+from scripts.common.checkpoint import layer_family
+
 LINE = re.compile(r"lab-kernel: (\S+) (\S+) (\S+)")
-LAYER_INDEX = re.compile(r"^.*?layers\.\d+\.")
 ENV = "LAB_KERNEL_LOG"
-
-
-def family(prefix: str) -> str:
-    return LAYER_INDEX.sub("", prefix)
 
 
 def kernel_of(scheme) -> str | None:
@@ -54,9 +51,9 @@ def instrument(classes, emit=None) -> int:
             out = _original(self, layer, *args, **kwargs)
             kernel = kernel_of(self)
             prefix = getattr(self, "layer_name", None) or getattr(layer, "prefix", None) or "?"
-            if kernel and (family(prefix), kernel) not in seen:
-                seen.add((family(prefix), kernel))
-                emit(f"lab-kernel: {family(prefix)} {kernel} {type(self).__name__}")
+            if kernel and (fam := layer_family(prefix), kernel) not in seen:
+                seen.add((fam, kernel))
+                emit(f"lab-kernel: {fam} {kernel} {type(self).__name__}")
             return out
 
         create_weights._lab_kernel_log = True

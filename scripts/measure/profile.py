@@ -43,6 +43,7 @@ import gzip
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -534,8 +535,6 @@ def project(profile: dict, tpots_ms: list[float], concurrency: int = 1, target_g
     p50 of latency records at the same concurrency, no profiler attached), of which the weight GEMMs take what the
     profile measured (every gemm:* row, unmapped signatures included); fixed = the rest, projected to target_gbs.
     The profiled step carries the profiler's own host gaps, so its fixed part overstates the real one."""
-    import statistics
-
     if str(concurrency) not in profile.get("summary", {}):
         raise ProfileError(f"the profile has no level c={concurrency} (it has c={', '.join(profile.get('summary', {}))})")
     summary = profile["summary"][str(concurrency)]

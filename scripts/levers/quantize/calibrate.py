@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import CheckpointError, check_dropped, read_checkpoint
+from scripts.common.checkpoint import CheckpointError, check_dropped, layer_family, read_checkpoint
 from scripts.common.variants import VariantError, load_variant, missing_model
 
 RECIPES = paths.ROOT / "scripts" / "levers" / "quantize" / "recipes"
@@ -144,14 +144,13 @@ def kernel_refusals(recipe: dict, shapes: dict[str, tuple[int, int]]) -> list[st
     k = recipe.get("kernel")
     if not k:
         return []
-    out = []
+    weights, out = recipe["weights"], []
     for name, (width, rows) in shapes.items():
         why = []
         if k.get("in_multiple") and width % k["in_multiple"]:
             why.append(f"input width {width} does not divide by {k['in_multiple']}")
         if k.get("out_multiple") and rows % k["out_multiple"]:
             why.append(f"output width {rows} does not divide by {k['out_multiple']}")
-        weights = recipe["weights"]
         group = group_size_for(width, weights["group_size"], name) if weights.get("strategy") == "group" else None
         if k.get("group_size") and group != k["group_size"]:
             why.append(f"group size {group} is not {k['group_size']}" if group else
@@ -166,7 +165,7 @@ def check_kernel(recipe_name: str, recipe: dict, shapes: dict[str, tuple[int, in
         raise CalibrateError(f"recipe {recipe_name}: `kernel` needs a name (the vLLM kernel whose demands it states)")
     refused = kernel_refusals(recipe, shapes)
     if refused:
-        families = sorted({re.sub(r".*layers\.\d+\.", "", r.split(":")[0]) for r in refused})
+        families = sorted({layer_family(r.split(":")[0]) for r in refused})
         raise CalibrateError(
             f"recipe {recipe_name}: {len(refused)} layer(s) cannot run on {recipe['kernel']['name']}, the kernel vLLM "
             f"serves this scheme with (families {', '.join(families)}); first: {refused[0]}. Add them to the "
