@@ -20,6 +20,17 @@ INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
 
 
+def all_cpu_flags() -> set[str]:
+    """Every flag /proc/cpuinfo lists for the first CPU (empty where unreadable): what -march=native builds for."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def cpu_model_and_flags() -> tuple[str, list[str]]:
     """The CPU's model name and which of CPU_FLAGS it has (from /proc/cpuinfo; "unknown", [] where unreadable)."""
     cpu, flags = "unknown", []

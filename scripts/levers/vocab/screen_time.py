@@ -76,13 +76,19 @@ def copy_bandwidth(device: str, run) -> dict:
 
 
 def available_kernels(device: str) -> list[str]:
-    """The screen kernels that run on this device (oneDNN's needs vLLM's CPU build and 8-bit dot products)."""
+    """The screen kernels that run on this device (oneDNN's needs vLLM's CPU build and 8-bit dot products, the 5-bit
+    screen a C compiler)."""
     from scripts.common.hardware import INT8_DOT_FLAGS, cpu_model_and_flags
-    from scripts.levers.vocab import tail
+    from scripts.levers.vocab import tail, tail_lowbit
 
     if device != "cpu":
         return tail.exact_kernels(device=device)
     out = [tail.WEIGHT_ONLY]
+    try:
+        tail_lowbit.library()
+        out.insert(0, tail.INT5)
+    except (tail_lowbit.LowbitError, OSError):
+        pass
     if any(f in cpu_model_and_flags()[1] for f in INT8_DOT_FLAGS):
         out.append(tail.INT_MM)
         try:
@@ -124,8 +130,9 @@ def time_pieces(matrix, kept_ids, kernels, positions=POSITIONS, recompute=RECOMP
             add("full", p, lambda h=h: h @ matrix.T, vocab * hidden * 2)
             add("pruned", p, lambda h=h: h @ kept.T, len(kept_idx) * hidden * 2)
             for k, s in screens.items():
-                add(f"products:{k}", p, lambda h=h, s=s: tail.products(h, s), n_dropped * (hidden + 4))
-                add(f"screen:{k}", p, lambda h=h, s=s, t=never: tail.screen(h, s, t), n_dropped * (hidden + 4))
+                nbytes = s.get("bytes", n_dropped * (hidden + 4))  # the 5-bit screen counts its own
+                add(f"products:{k}", p, lambda h=h, s=s: tail.products(h, s), nbytes)
+                add(f"screen:{k}", p, lambda h=h, s=s, t=never: tail.screen(h, s, t), nbytes)
             for n in recompute:
                 ids = screens[kernels[0]]["dropped"][:n]
                 add(f"recompute:{n}", p, lambda h=h, ids=ids: h @ matrix.index_select(0, ids).T, n * hidden * 2)

@@ -9,6 +9,10 @@ A screen bounds every dropped logit w_j . h from above, cheaply; a row whose bou
 (scripts.levers.vocab.tail) is the first method; the others are the cheaper reads one could serve instead:
 
 - int8-row: int8 rows, one scale per row, h exact (the weight-only kernel): |e_j| |h| + rounding slack (tail.py);
+- int5-g32-l1: the served low-bit screen (tail_lowbit.py): 5-bit rows (-15..15), one fp16 scale per 32 values, h
+  rounded to int8 per 32 values, bound per group sum_g s_g (|h_g|_1 / 2 + 15 |h_g - h^_g|_1), or the row's
+  Cauchy-Schwarz bound where smaller (tail.lowbit_screen), on the same C kernel as served;
+- int4-g32-l1: the same with 4-bit rows (-7..7), on the same kernel;
 - int4-row / int4-g32: 4-bit rows, one scale per row / per 32 values, bound a_j + |e_j| |h| (Cauchy-Schwarz on the
   row's quantization error, |e_j| stored per row);
 - lowrank-r: the top-r right singular vectors V of the dropped rows, each row's r coordinates U_j = w_j V^T and the
@@ -33,7 +37,8 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.levers.vocab.keep import VocabError
 
-METHODS = ("int8-row", "int4-row", "int4-g32", "lowrank-32", "lowrank-128", "cluster-1024")
+METHODS = ("int8-row", "int5-g32-l1", "int4-g32-l1", "int4-row", "int4-g32", "lowrank-32", "lowrank-128",
+           "cluster-1024")
 CHUNK = 128  # positions per exact product (a [positions, dropped] float32 matrix each)
 
 
@@ -67,12 +72,15 @@ def kmeans(rows, k: int, iters: int = 8, seed: int = 0):
 
 
 def prepare(method: str, rows, tail_screen=None) -> dict:
-    """What `method` keeps of the dropped rows (float32 [n, d]) and the bytes it reads per step."""
+    """What `method` keeps of the dropped rows (float32 [n, d]) and the bytes it reads per step (tail_screen: the
+    int8-row or low-bit screen as tail.build() / tail.lowbit_data() build them)."""
     import torch
 
     n, d = rows.shape
     if method == "int8-row":
         return {"screen": tail_screen, "bytes": n * d + n * 2}
+    if method.endswith("-l1"):
+        return {"screen": tail_screen, "bytes": tail_screen["bytes"]}
     if method.startswith("int4"):
         group = 32 if method.endswith("g32") else None
         deq = quantize_groups(rows, 4, group)
@@ -99,7 +107,7 @@ def upper_bounds(method: str, prep: dict, h):
 
     hf = h.float()
     hn = hf.norm(dim=1, keepdim=True)
-    if method == "int8-row":
+    if method == "int8-row" or method.endswith("-l1"):
         a, bound = tail.approx_and_bound(h, prep["screen"])
         return a + bound
     if method.startswith("int4"):
@@ -155,7 +163,11 @@ def study(parent_dir, base: str, kept_ids, max_positions: int, methods=METHODS) 
     screen = tail.build(full, kept_ids, kernel=tail.WEIGHT_ONLY)
     dropped = screen["dropped"]
     rows = full[dropped].float()
-    preps = {m: prepare(m, rows, screen) for m in methods}
+    served = {"int8-row": screen}
+    for m, bits in (("int5-g32-l1", 5), ("int4-g32-l1", 4)):
+        if m in methods:
+            served[m] = tail.lowbit_data(rows, dropped, bits)
+    preps = {m: prepare(m, rows, served.get(m)) for m in methods}
     stats = {m: {"opened": [], "violations": 0} for m in methods}
     wins, in_seq, still_open, gaps = 0, 0, 0, []
     with torch.inference_mode():

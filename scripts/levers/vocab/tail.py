@@ -1,4 +1,4 @@
-"""The exact tail fallback of a pruned output vocabulary: an 8-bit screen of the dropped rows with a proven error bound.
+"""The exact tail fallback of a pruned output vocabulary: a 5- or 8-bit screen of the dropped rows with a proven bound.
 
     make prune-vocab VARIANT=gemma3-270m-v32k-tail      # PRUNE_TAIL=1 in config.env; nothing is fitted
 
@@ -20,6 +20,9 @@ on every step, cheaply and without ever missing one that could win:
        quantized to int8 per position here (cuBLASLt on CUDA, which needs more than 16 rows: a step is padded);
      - "triton-w8a16" on a GPU with Triton: one kernel for the product (the weight-only arithmetic) and the pass of
        step 4 (tail_triton.py);
+     - "int5-g32" on every CPU (tail_lowbit.py, its own C kernel built at first use): the rows in 5 bits with one
+       scale per 32 values (101 MB of Gemma 3's dropped rows against the int8 copy's 147.7), h in int8 per 32
+       values; its bound is the smaller of an L1 bound per group (in the kernel) and step 3's, on these rows;
   3. since h . w_j - h^ . deq(w_j) = h . e_j + (h - h^) . deq(w_j), Cauchy-Schwarz puts the exact logit within
          bound_j = |h| |e_j| + (|h - h^| + ACC |h|) |deq(w_j)| + ARITH |a_j|
      of a_j (ARITH covers the BF16 rounding of the kernel's output, ACC the float32 sums of the weight-only kernel;
@@ -29,16 +32,20 @@ on every step, cheaply and without ever missing one that could win:
      step, or the step has more than SCREEN_MAX_POSITIONS positions, it reads the whole matrix instead.
 
 The served row is then: kept logits exact, screened-in dropped logits exact, every other dropped logit within its
-bound of the parent's (not -inf: sampling sees the tail as the parent does, up to int8 error). The greedy choice is
+bound of the parent's (not -inf: sampling sees the tail as the parent does, up to the screen's rounding). The greedy choice is
 the parent's at every position by construction, not by a margin fitted on data; what remains is the BF16 rounding any
 change of kernel has (near-ties, scripts/measure/identity.py). Nothing is fitted or stored: the screen is derived at
 load from the very rows the model serves, so it cannot belong to another checkpoint or keep list; build() checks the
 bound against exact products before the model serves, and refuses to serve if it does not hold.
 
+At load every kernel of exact_kernels() is built, checked and timed at 1 and 8 positions; the fastest serves
+(LAB_VOCAB_TAIL_KERNEL names one, or `int8` for the int8 ones alone).
+
 This replaces the one-row estimator of the best dropped logit (measured 2026-11-24 at commit cf09158: its error spanned
 ~10 nats, so to miss no dropped argmax it read the full row at 70-96 % of positions, 0.76x BF16 on Gemma 3 270M). A
 4-bit screen on torch's CPU int4 kernel was tried first (commit 37c5bd4): exact too, but that kernel's time grows with
-every position of a step (17 ms at 8 positions against 4 ms at one), so it lost to BF16 at 8 concurrent requests.
+every position of a step (17 ms at 8 positions against 4 ms at one), so it lost to BF16 at 8 concurrent requests;
+the 5-bit screen's own kernel reads once for up to 8 positions.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ from typing import NamedTuple
 
 from scripts.levers.vocab.keep import VocabError
 
-METHOD = "int8-screen"
+METHOD = "screen"  # derived at load on the fastest exact kernel: int8 or 5-bit rows
+OLD_METHODS = ("int8-screen",)  # the same method's name before the 5-bit kernel (checkpoints built until 2026-11-28)
 ARITH = 2.0 ** -7  # relative slack for the BF16 rounding of the kernel's output
 FULL_FRACTION = 0.25  # more dropped rows than this share screened in at one step: one product with the whole matrix
 # more positions than this in one step (a prefill asking for prompt log-probabilities): the whole matrix at once,
@@ -58,6 +66,8 @@ SCREEN_MAX_POSITIONS = 8
 CHECK_VECTORS = 8  # random hidden states build() checks the bound on
 ACC_PER_TERM = 2.0 ** -22  # float32 sums of the weight-only kernel: relative error per summed term, with slack
 ONEDNN, WEIGHT_ONLY, INT_MM, TRITON = "onednn-w8a8", "torch-w8a16", "torch-int-mm", "triton-w8a16"  # (KERNELS)
+INT5 = "int5-g32"  # the 5-bit screen (tail_lowbit.py): its own bound, its own C kernel
+INT8 = "int8"  # LAB_VOCAB_TAIL_KERNEL=int8: every int8 kernel above, the 5-bit one left out
 GPU_KERNELS = (INT_MM, TRITON)
 CHOICE_BATCHES, CHOICE_REPEAT = (1, 8), 5  # the timing by which build() picks a kernel: positions a step, calls
 INT_MM_MIN_ROWS = 17  # cuBLASLt's int8 GEMM in torch._int_mm takes more than 16 rows
@@ -73,30 +83,34 @@ def config() -> dict:
 
 
 def check_config(entry, where: str) -> None:
-    if not isinstance(entry, dict) or entry.get("method") != METHOD:
+    if not isinstance(entry, dict) or entry.get("method") not in (METHOD, *OLD_METHODS):
         raise TailError(f"{where}: vocab_pruning.tail is {entry!r}; this plugin serves {config()} (rebuild with "
                         f"`make prune-vocab`)")
 
 
-def exact_kernels(cpu_flags=None, device: str = "cpu") -> list[str]:
-    """The kernels whose products the screen's bound holds for on this device: torch._int_mm on a GPU; on a CPU with
-    8-bit dot products every kernel (oneDNN's W8A8 GEMM first), elsewhere torch's int8 weight-only kernel alone.
-    LAB_VOCAB_TAIL_KERNEL names one instead, to compare them on one machine."""
+def exact_kernels(cpu_flags=None, device: str = "cpu", forced: str | None = "env") -> list[str]:
+    """The kernels whose products the screen's bound holds for on this device: torch._int_mm (and Triton) on a GPU; on
+    a CPU the 5-bit screen (its own C kernel, exact on every CPU) and, with 8-bit dot products, every int8 kernel
+    (oneDNN's W8A8 GEMM first), elsewhere torch's int8 weight-only kernel alone. LAB_VOCAB_TAIL_KERNEL names one
+    instead, or `int8` for the int8 ones alone, to compare them on one machine."""
     import os
 
     from scripts.common.hardware import INT8_DOT_FLAGS, cpu_model_and_flags
 
-    forced = os.environ.get("LAB_VOCAB_TAIL_KERNEL")
+    forced = os.environ.get("LAB_VOCAB_TAIL_KERNEL") if forced == "env" else forced
+    if forced == INT8:  # the int8 screens alone, the fastest of them (a variant that compares them with the 5-bit one)
+        return [k for k in exact_kernels(cpu_flags, device, forced=None) if k != INT5]
     if forced:
         if forced not in KERNELS:
-            raise TailError(f"LAB_VOCAB_TAIL_KERNEL={forced!r}: the screen's kernels are {', '.join(KERNELS)}")
+            raise TailError(f"LAB_VOCAB_TAIL_KERNEL={forced!r}: the screen's kernels are {', '.join(KERNELS)} (or "
+                            f"{INT8}: the fastest int8 one)")
         return [forced]
     if device != "cpu":
         import importlib.util
 
         return [INT_MM, TRITON] if importlib.util.find_spec("triton") else [INT_MM]
     flags = cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags
-    return [ONEDNN, INT_MM, WEIGHT_ONLY] if any(f in flags for f in INT8_DOT_FLAGS) else [WEIGHT_ONLY]
+    return [INT5, ONEDNN, INT_MM, WEIGHT_ONLY] if any(f in flags for f in INT8_DOT_FLAGS) else [INT5, WEIGHT_ONLY]
 
 
 def kernel_name(cpu_flags=None, device: str = "cpu") -> str:
@@ -177,19 +191,86 @@ def triton_screen(h, s, max_kept):
     return a, passed.view(torch.bool)
 
 
+def lowbit_approx_and_bound(h, s):
+    """The low-bit screen's estimates and bounds: the kernel's L1 bound per group, or the row's Cauchy-Schwarz bound
+    where that is smaller (as lowbit_screen() passes rows)."""
+    import torch
+
+    from scripts.levers.vocab import tail_lowbit
+
+    est = KERNELS[INT5].products(h, s)[0]
+    bound = tail_lowbit.run(h, s, torch.full((h.shape[0],), float("inf")), want_bound=True)[2]
+    return est, torch.minimum(bound, lowbit_cs_bound(h, s))
+
+
+def lowbit_data(rows, dropped, bits: int | None = None) -> dict:
+    """The low-bit screen of these rows (float32 [n, hidden], the dropped ones): packed for the kernel (built here
+    first, if it is not yet), with each row's quantization error and norm for the Cauchy-Schwarz bound."""
+    from scripts.levers.vocab import tail_lowbit
+
+    try:
+        s = {"kernel": INT5, "dropped": dropped, **tail_lowbit.pack(rows, bits or tail_lowbit.BITS)}
+        tail_lowbit.library()
+    except tail_lowbit.LowbitError as e:
+        raise TailError(str(e)) from None
+    deq = tail_lowbit.dequantize(s)
+    s["lb_err"], s["lb_qnorm"] = (rows - deq).norm(dim=1), deq.norm(dim=1)
+    return s
+
+
+def lowbit_products(h, s):
+    import torch
+
+    from scripts.levers.vocab import tail_lowbit
+
+    return tail_lowbit.run(h, s, torch.full((h.shape[0],), float("inf")))[0], tail_lowbit.rounded(h, s["bits"])
+
+
+def lowbit_cs_bound(h, s, rows=None, pos=None):
+    """|h| |e_j| + |h - h^| |deq(w_j)| + the kernel's float rounding, for every row and position (or the pairs
+    pos, rows): the int8 screen's bound, on the low-bit rows."""
+    from scripts.levers.vocab import tail_lowbit
+
+    hf = h.float()
+    hq = tail_lowbit.rounded(h, s["bits"])
+    hn, dn, qn = hf.norm(dim=1), (hf - hq).norm(dim=1), hq.norm(dim=1)
+    rnd = (hf.shape[1] // tail_lowbit.GROUP + 4) * 2.0 ** -23
+    slack = (1 + tail_lowbit.WEIGHT_SLACK) * (1 + tail_lowbit.SUM_SLACK)
+    if rows is None:
+        return (hn[:, None] * s["lb_err"] + (dn + rnd * qn)[:, None] * s["lb_qnorm"]) * slack
+    return (hn[pos] * s["lb_err"][rows] + (dn + rnd * qn)[pos] * s["lb_qnorm"][rows]) * slack
+
+
+def lowbit_screen(h, s, max_kept):
+    """The kernel's pass (its L1 bound), then the Cauchy-Schwarz bound on the rows that passed: a row stays screened
+    in only where both bounds reach the threshold."""
+    from scripts.levers.vocab import tail_lowbit
+
+    t = max_kept.float() - ARITH * max_kept.float().abs()
+    est, passed, _ = tail_lowbit.run(h, s, t)
+    pos, row = passed.nonzero(as_tuple=True)
+    if len(pos):
+        keep = est[pos, row] + lowbit_cs_bound(h, s, row, pos) >= t[pos]
+        passed[pos[~keep], row[~keep]] = False
+    return est, passed
+
+
 class Kernel(NamedTuple):
     scale_dtype: str  # the dtype the kernel reads the row scales in
     handler: Callable | None  # built at load from (q, scale), or None
     products: Callable  # (h, s) -> (approximate logits, BF16 or float32 as the kernel writes them; h^ float32)
     acc_per_term: float  # relative error per summed term of the kernel's sums
     screen: Callable | None = None  # (h, s, max_kept) -> screen()'s answer in one kernel, where the kernel has one
+    bound: Callable | None = None  # (h, s) -> approx_and_bound()'s answer, where the kernel has a bound of its own
 
 
 KERNELS = {ONEDNN: Kernel("float32", onednn_handler, onednn_products, 0.0),
            WEIGHT_ONLY: Kernel("bfloat16", None, weight_only_products, ACC_PER_TERM),
            # int32 sums are exact; the float32 conversions of h^ and deq(w) the bound uses are within 2^-24 each
            INT_MM: Kernel("float32", None, int_mm_products, 2.0 ** -23),
-           TRITON: Kernel("float32", None, triton_products, ACC_PER_TERM, triton_screen)}
+           TRITON: Kernel("float32", None, triton_products, ACC_PER_TERM, triton_screen),
+           INT5: Kernel("float16", None, lowbit_products, 0.0, lowbit_screen,
+                        lowbit_approx_and_bound)}
 
 
 def step_time_us(s, hidden: int, batches=CHOICE_BATCHES, repeat: int = CHOICE_REPEAT) -> dict:
@@ -257,6 +338,11 @@ def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> di
     mask[torch.as_tensor(kept_ids, dtype=torch.long, device=matrix.device)] = False
     dropped = mask.nonzero().squeeze(1)
     rows = matrix[dropped].float()
+    if kernel == INT5:
+        s = lowbit_data(rows, dropped)
+        if check:
+            check_bound(s, matrix)
+        return s
     q, scale, deq = quantize(rows, getattr(torch, k.scale_dtype))
     padded = None
     if matrix.device.type == "cuda" and kernel == INT_MM and len(dropped) % 8:  # cuBLASLt: columns by eights
@@ -284,6 +370,8 @@ def products(h, s):
 
 def approx_and_bound(h, s):
     """Every dropped row's approximate logit and the bound on its error, float32 [positions, dropped]."""
+    if own := KERNELS[s["kernel"]].bound:
+        return own(h, s)
     a, hn, hq = products(h, s)
     a = a.float()
     return a, hn[:, None] * s["err"] + hq[:, None] * s["qnorm"] + ARITH * a.abs()
@@ -302,7 +390,7 @@ def check_bound(s, matrix, h=None) -> None:
     exact = h.float() @ matrix[s["dropped"]].float().T
     worst = float(((exact - a).abs() / bound).max())
     if worst > 1:
-        raise TailError(f"the int8 screen's error bound fails on exact products (error {worst:.2f}x the bound): the "
+        raise TailError(f"the {s['kernel']} screen's error bound fails on exact products (error {worst:.2f}x the bound): the "
                         f"{s['kernel']} kernel does not compute what the screen assumes")
     if KERNELS[s["kernel"]].screen:  # a kernel with its own pass: it must pass every row at the top, 1 and n positions
         for part, top in ((h[:1], exact[:1]), (h, exact)):

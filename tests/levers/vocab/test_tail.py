@@ -1,5 +1,6 @@
 """The exact tail fallback's screen (scripts.levers.vocab.tail) on synthetic output matrices, with the real kernels
-(vLLM's oneDNN int8 GEMM where this CPU has 8-bit dot products, torch's int8 weight-only kernel everywhere): the
+(vLLM's oneDNN int8 GEMM where this CPU has 8-bit dot products, torch's int8 weight-only kernel and the 5-bit C
+kernel everywhere): the
 bound holds on every row, the served row's argmax is the full product's at every position (dropped winners
 included), and the refusals (the served fallback is tested with the real server in test_vocab.py)."""
 
@@ -16,6 +17,7 @@ from scripts.levers.vocab import plugin, tail
 INT8_DOT_HERE = any(f in cpu_model_and_flags()[1] for f in INT8_DOT_FLAGS)
 # torch._int_mm on a CPU may take the same saturating u8 x s8 path as oneDNN where there are no 8-bit dot products
 EXACT_HERE = {"torch-w8a16", "onednn-w8a8", "torch-int-mm"} if INT8_DOT_HERE else {"torch-w8a16"}
+EXACT_HERE.add("int5-g32")  # its AVX2 pair sums cannot saturate (test_tail_lowbit.py builds every path)
 
 
 @pytest.fixture(params=list(tail.KERNELS))
@@ -112,9 +114,11 @@ def test_a_step_of_many_positions_reads_the_whole_matrix_and_is_exact(kernel):
 def test_a_kernel_that_breaks_the_bound_is_refused(kernel, monkeypatch):
     products = tail.KERNELS[kernel].products
 
+    factor = 2.0 if kernel == tail.INT5 else 1.05  # the 5-bit bound is looser: a kernel with twice the scales
+
     def other_scales(h, s):  # a kernel that computes with other scales than the bound assumes
         out, hq = products(h, s)
-        return out * 1.05, hq
+        return out * factor, hq
 
     monkeypatch.setitem(tail.KERNELS, kernel, tail.KERNELS[kernel]._replace(products=other_scales))
     rows, kept_ids = head()
@@ -132,12 +136,16 @@ def test_onednn_without_int8_dot_products_breaks_the_bound_and_is_refused():
 
 def test_the_kernel_follows_the_cpus_int8_dot_products(monkeypatch):
     monkeypatch.delenv("LAB_VOCAB_TAIL_KERNEL", raising=False)
-    assert tail.kernel_name(["avx2", "avx512f", "avx512_vnni"]) == "onednn-w8a8"
-    assert tail.kernel_name(["avx2", "amx_int8"]) == "onednn-w8a8"
-    assert tail.kernel_name(["avx2"]) == "torch-w8a16"
+    assert tail.exact_kernels(["avx2", "avx512f", "avx512_vnni"]) == ["int5-g32", "onednn-w8a8", "torch-int-mm",
+                                                                      "torch-w8a16"]
+    assert tail.exact_kernels(["avx2", "amx_int8"])[:2] == ["int5-g32", "onednn-w8a8"]
+    assert tail.exact_kernels(["avx2"]) == ["int5-g32", "torch-w8a16"]
     assert tail.kernel_name(["avx2"], device="cuda") == "torch-int-mm"
     monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", "torch-w8a16")
     assert tail.kernel_name(["avx512_vnni"]) == "torch-w8a16"
+    monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", "int8")  # the int8 kernels this CPU computes exactly, no 5-bit one
+    assert tail.exact_kernels(["avx512_vnni"]) == ["onednn-w8a8", "torch-int-mm", "torch-w8a16"]
+    assert tail.exact_kernels(["avx2"]) == ["torch-w8a16"]
     monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", "int4")
     with pytest.raises(tail.TailError, match="LAB_VOCAB_TAIL_KERNEL='int4'.*onednn-w8a8, torch-w8a16"):
         tail.kernel_name()
@@ -187,8 +195,9 @@ def test_checkpoint_asking_for_another_tail_method_fails_to_load(tmp_path):
     cfg.write_text(json.dumps({"vocab_pruning": {"tail": "vocab_tail/estimator.safetensors"}}))
     with pytest.raises(tail.TailError, match="estimator.safetensors.*rebuild with `make prune-vocab`"):
         plugin.tail_of(str(tmp_path))
-    cfg.write_text(json.dumps({"vocab_pruning": {"tail": tail.config()}}))
-    assert plugin.tail_of(str(tmp_path)) == {"where": str(cfg)}
+    for entry in (tail.config(), {"method": "int8-screen"}):  # the method's older name: the same screen
+        cfg.write_text(json.dumps({"vocab_pruning": {"tail": entry}}))
+        assert plugin.tail_of(str(tmp_path)) == {"where": str(cfg)}
     cfg.write_text(json.dumps({"vocab_pruning": {}}))
     assert plugin.tail_of(str(tmp_path)) is None
 

@@ -224,12 +224,13 @@ def test_tail_fallback_greedy_output_is_the_parents(tail_server, hf_reference):
     for name, r in held_out["sets"].items():  # the build's own check on the parent's held-out positions
         assert r["argmax_dropped_screened_in"] == r["argmax_dropped"] and r["max_error_over_bound"] <= 1, name
     counts = json.loads(stats.read_text())
-    assert counts["method"] == "int8-screen" and counts["positions"] > 0 and counts["dropped_argmax"] >= 1
+    assert counts["method"] == tail.METHOD and counts["positions"] > 0 and counts["dropped_argmax"] >= 1
     # served on the fastest of the kernels this CPU computes exactly (oneDNN needs VNNI or AMX), each one timed
     exact = tail.exact_kernels()
     assert counts["kernel"] in exact and set(counts["kernels_timed_us"] or {counts["kernel"]: 0}) == set(exact)
     timed = counts["kernels_timed_us"] or {}
     assert all(sum(t.values()) >= sum(timed[counts["kernel"]].values()) for t in timed.values() if "refused" not in t)
+    assert "refused" not in timed.get(tail.INT5, {}), timed  # the 5-bit screen built, checked and timed in the server
     assert counts["rows_recomputed"] > 0 and counts["whole_matrix_reads"] < counts["calls"]
 
 
