@@ -130,8 +130,10 @@ def _wrap(base_name: str):
                 out.parent.mkdir(parents=True, exist_ok=True)
                 tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
                 sc = self.tail["screen"]
+                online = {m: {k: round(sorted(t)[len(t) // 2] * 1e6, 1) for k, t in ts.items() if t}
+                          for m, ts in sc.get("online", {}).items()}  # median µs a served step, per step size
                 tmp.write_text(json.dumps({**c, "method": tail.METHOD, "kernel": sc["kernel"],
-                                           "kernels_timed_us": sc.get("timed")}) + "\n")
+                                           "kernels_timed_us": sc.get("timed"), "online_us": online}) + "\n")
                 tmp.replace(out)
             return full
 

@@ -205,3 +205,33 @@ def test_checkpoint_asking_for_another_tail_method_fails_to_load(tmp_path):
 def test_report_refuses_an_unknown_held_out_set():
     with pytest.raises(tail.TailError, match="no held-out set nope: the sets are text/held_out"):
         tail.held_out_sequences(None, "smollm2", 10, sets=("nope",))
+
+
+def test_the_5_bit_screen_and_its_runner_up_are_timed_on_served_steps(monkeypatch):
+    """The load-time timings open no row; the 5-bit screen opens more than an int8 one, so each serves
+    ONLINE_TRIALS steps of each step size and the faster of the two (median, whole step) serves from then on."""
+    import time
+
+    monkeypatch.delenv("LAB_VOCAB_TAIL_KERNEL", raising=False)
+    monkeypatch.setattr(tail, "exact_kernels", lambda **_: [tail.INT5, "torch-w8a16"])
+    fake = {tail.INT5: {"batch_1": 10.0, "batch_8": 20.0}, "torch-w8a16": {"batch_1": 30.0, "batch_8": 90.0}}
+    monkeypatch.setattr(tail, "step_time_us", lambda s, hidden: fake[s["kernel"]])
+    rows, kept_ids = head()
+    s = tail.build(rows, kept_ids)
+    assert s["kernel"] == tail.INT5 and s["runner_up"]["kernel"] == "torch-w8a16"
+    screen5 = tail.KERNELS[tail.INT5].screen
+
+    def slow(h, s, max_kept):  # the 5-bit screen opening many rows, as on SmolLM2 at 8 positions
+        time.sleep(0.01)
+        return screen5(h, s, max_kept)
+
+    monkeypatch.setitem(tail.KERNELS, tail.INT5, tail.KERNELS[tail.INT5]._replace(screen=slow))
+    h = hidden_states(rows, kept_ids, 2 * tail.ONLINE_TRIALS + 4, 5)
+    used = []
+    for part in h.split(1):
+        full, c = tail.fill(part, part @ rows[kept_ids].T, kept_ids, s, rows, rows.shape[0])
+        used.append(next(k for k in c if k.startswith("calls:")))
+        assert int(full.float().argmax()) == int((part @ rows.T).float().argmax())
+    n = tail.ONLINE_TRIALS
+    assert used == [f"calls:{tail.INT5}"] * n + ["calls:torch-w8a16"] * (n + 4)
+    assert set(s["online"]) == {1} and all(len(t) == n for t in s["online"][1].values())
