@@ -256,6 +256,23 @@ def lowbit_screen(h, s, max_kept):
     return est, passed
 
 
+def lowbit_fill_screen(h, s, max_kept, full):
+    """dense_fill_screen() in the kernel itself: it writes its estimates into the logits at their ids and lists the
+    passing (position, row) pairs, which the Cauchy-Schwarz bound then thins as lowbit_screen() does; rows None
+    where more pairs passed than it lists (the whole matrix is read)."""
+    import torch
+
+    from scripts.levers.vocab import tail_lowbit
+
+    t = max_kept.float() - ARITH * max_kept.float().abs()
+    got = tail_lowbit.serve(h, s, t, full)
+    if got is None:
+        return h.shape[0], None
+    pos, row, est = got
+    keep = est + lowbit_cs_bound(h, s, row, pos) >= t[pos]
+    return int(torch.unique(pos[keep]).numel()), torch.unique(row[keep])
+
+
 class Kernel(NamedTuple):
     scale_dtype: str  # the dtype the kernel reads the row scales in
     handler: Callable | None  # built at load from (q, scale), or None
@@ -263,6 +280,7 @@ class Kernel(NamedTuple):
     acc_per_term: float  # relative error per summed term of the kernel's sums
     screen: Callable | None = None  # (h, s, max_kept) -> screen()'s answer in one kernel, where the kernel has one
     bound: Callable | None = None  # (h, s) -> approx_and_bound()'s answer, where the kernel has a bound of its own
+    fill_screen: Callable | None = None  # (h, s, max_kept, full) -> dense_fill_screen()'s answer, where it has its own
 
 
 KERNELS = {ONEDNN: Kernel("float32", onednn_handler, onednn_products, 0.0),
@@ -270,8 +288,8 @@ KERNELS = {ONEDNN: Kernel("float32", onednn_handler, onednn_products, 0.0),
            # int32 sums are exact; the float32 conversions of h^ and deq(w) the bound uses are within 2^-24 each
            INT_MM: Kernel("float32", None, int_mm_products, 2.0 ** -23),
            TRITON: Kernel("float32", None, triton_products, ACC_PER_TERM, triton_screen),
-           INT5: Kernel("float16", None, lowbit_products, 0.0, lowbit_screen,
-                        lowbit_approx_and_bound)}
+           INT5: Kernel("float16", None, lowbit_products, 0.0, lowbit_screen, lowbit_approx_and_bound,
+                        lowbit_fill_screen)}
 
 
 def step_time_us(s, hidden: int, batches=CHOICE_BATCHES, repeat: int = CHOICE_REPEAT) -> dict:
@@ -371,7 +389,7 @@ def products(h, s):
     hf = h.float()
     out, hq = KERNELS[s["kernel"]].products(h, s)
     hn = hf.norm(dim=1)
-    return out, hn, (hf - hq).norm(dim=1) + s["acc"] * hn
+    return out, hn, (hf - hq).norm(dim=1) + s.get("acc", 0.0) * hn  # (the 5-bit screen bounds its sums itself)
 
 
 def approx_and_bound(h, s):
@@ -450,6 +468,14 @@ def fill(h, kept_logits, kept_idx, s, matrix, vocab: int):
     return full, {**counts, f"calls:{k}": 1}
 
 
+def dense_fill_screen(h, s, max_kept, full):
+    """The screen's estimates written into the step's logits at the dropped ids; (positions screened in, indices into
+    s["dropped"] of the rows screened in at any position)."""
+    a, screened_in = screen(h, s, max_kept)
+    full.index_copy_(1, s["dropped"], a if a.dtype == full.dtype else a.to(full.dtype))
+    return int(screened_in.any(1).sum()), screened_in.any(0).nonzero().squeeze(1)
+
+
 def screened_fill(h, kept_logits, kept_idx, s, matrix, vocab: int):
     """fill() on one screen."""
     mx = kept_logits.float().max(-1).values
@@ -458,10 +484,9 @@ def screened_fill(h, kept_logits, kept_idx, s, matrix, vocab: int):
     if h.shape[0] > SCREEN_MAX_POSITIONS:
         screened_in, rows, whole = None, s["dropped"], True
     else:
-        a, screened_in = screen(h, s, mx)
-        full.index_copy_(1, s["dropped"], a if a.dtype == full.dtype else a.to(full.dtype))
-        rows = screened_in.any(0).nonzero().squeeze(1)
-        whole = rows.numel() > FULL_FRACTION * len(s["dropped"])
+        screened_in, rows = (KERNELS[s["kernel"]].fill_screen or dense_fill_screen)(h, s, mx, full)
+        whole = rows is None or rows.numel() > FULL_FRACTION * len(s["dropped"])
+        rows = s["dropped"] if rows is None else rows
     if whole:
         exact = (h.to(matrix.dtype) @ matrix[:vocab].T)[:, s["dropped"]]
         ids = s["dropped"]
@@ -474,7 +499,7 @@ def screened_fill(h, kept_logits, kept_idx, s, matrix, vocab: int):
         full.index_copy_(1, ids, exact.to(full.dtype))
     wins = 0 if exact is None else int((exact.float().max(-1).values > mx).sum())
     counts = {"positions": int(h.shape[0]), "rows_recomputed": 0 if whole else int(rows.numel()),
-              "positions_screened_in": int(h.shape[0]) if screened_in is None else int(screened_in.any(1).sum()),
+              "positions_screened_in": int(h.shape[0]) if screened_in is None else screened_in,
               "whole_matrix_reads": int(whole), "dropped_argmax": wins}
     return full, counts
 

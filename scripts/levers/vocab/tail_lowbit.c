@@ -30,6 +30,54 @@
 
 int lab_lowbit_isa(void) { return LAB_ISA; }
 
+/* Where the outputs go: est/bound/pass as [M][N] arrays (any may be NULL); out, when not NULL, the served logits
+   [M][ld] (bf16 where out_bf16, else float32), each row's estimate written at its id; pairs, when not NULL, every
+   (position, row) that passes with its estimate, up to max_pairs (n_pairs counts them all, so a caller sees an
+   overflow). */
+typedef struct {
+    float *est, *bound;
+    uint8_t *pass;
+    void *out;
+    int out_bf16;
+    const int64_t *ids;
+    long ld;
+    int32_t *pairs;
+    float *pair_est;
+    long max_pairs;
+    long *n_pairs;
+} lab_outputs;
+
+static inline uint16_t to_bf16(float f) {  /* round to nearest even (no NaN here: sums of finite products) */
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    b += 0x7FFF + ((b >> 16) & 1);
+    return (uint16_t)(b >> 16);
+}
+
+/* the outputs of rows row0.. (count of them, at most 16) at position m */
+static inline void write_rows(const lab_outputs *o, int m, long N, long row0, int count, const float *e,
+                              const float *b, float thr) {
+    for (int r = 0; r < count; r++) {
+        long n = row0 + r;
+        int ok = e[r] + b[r] >= thr;
+        if (o->est) o->est[m * N + n] = e[r];
+        if (o->bound) o->bound[m * N + n] = b[r];
+        if (o->pass) o->pass[m * N + n] = (uint8_t)ok;
+        if (o->out) {
+            if (o->out_bf16) ((uint16_t *)o->out)[m * o->ld + o->ids[n]] = to_bf16(e[r]);
+            else ((float *)o->out)[m * o->ld + o->ids[n]] = e[r];
+        }
+        if (ok && o->pairs) {
+            long i = __atomic_fetch_add(o->n_pairs, 1, __ATOMIC_RELAXED);
+            if (i < o->max_pairs) {
+                o->pairs[2 * i] = m;
+                o->pairs[2 * i + 1] = (int32_t)n;
+                o->pair_est[i] = e[r];
+            }
+        }
+    }
+}
+
 #if LAB_ISA == 2
 /* acc += w (u8) . x broadcast (4 s8 values): the broadcast folded into the instruction, which gcc does not do */
 static inline __attribute__((always_inline)) __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *x) {
@@ -39,8 +87,7 @@ static inline __attribute__((always_inline)) __m512i dpbusd_bcast(__m512i acc, _
 
 static inline __attribute__((always_inline)) void block16(
     const uint8_t *w, const uint16_t *sc, int G, const int8_t *x, int K, const float *t, const int32_t *corr,
-    const float *beta, const float *thr, float *est, float *bound, uint8_t *pass, long N, long row0, const int M,
-    const int five) {
+    const float *beta, const float *thr, const lab_outputs *o, long N, long row0, const int M, const int five) {
     const __m512i low = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
     const int pair = five ? 80 : 64;
     __m512 facc[MAXM], bacc[MAXM];
@@ -74,12 +121,21 @@ static inline __attribute__((always_inline)) void block16(
         }
     }
     long left = N - row0;
-    __mmask16 k = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    int count = left >= 16 ? 16 : (int)left;
+    __mmask16 k = count == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1);
     for (int m = 0; m < M; m++) {
-        _mm512_mask_storeu_ps(est + m * N + row0, k, facc[m]);
-        if (bound) _mm512_mask_storeu_ps(bound + m * N + row0, k, bacc[m]);
-        __mmask16 ok = _mm512_cmp_ps_mask(_mm512_add_ps(facc[m], bacc[m]), _mm512_set1_ps(thr[m]), _CMP_GE_OQ);
-        _mm_mask_storeu_epi8(pass + m * N + row0, k, _mm_maskz_set1_epi8(ok, 1));
+        __mmask16 ok = _mm512_cmp_ps_mask(_mm512_add_ps(facc[m], bacc[m]), _mm512_set1_ps(thr[m]), _CMP_GE_OQ) & k;
+        if (o->out || (ok && o->pairs)) {  /* scattered writes, or a row passing: one row at a time */
+            float e[16], b[16];
+            _mm512_storeu_ps(e, facc[m]);
+            _mm512_storeu_ps(b, bacc[m]);
+            lab_outputs rest = *o;
+            rest.est = NULL; rest.bound = NULL; rest.pass = NULL;
+            write_rows(&rest, m, N, row0, count, e, b, thr[m]);
+        }
+        if (o->est) _mm512_mask_storeu_ps(o->est + m * N + row0, k, facc[m]);
+        if (o->bound) _mm512_mask_storeu_ps(o->bound + m * N + row0, k, bacc[m]);
+        if (o->pass) _mm_mask_storeu_epi8(o->pass + m * N + row0, k, _mm_maskz_set1_epi8(ok, 1));
     }
 }
 #elif LAB_ISA == 1
@@ -96,8 +152,8 @@ static inline __m256i bits_to_16(uint32_t bits) {
 /* AVX2: u (0..30) times x (-127..127) in pairs fits a 16-bit lane (at most 7620), so vpmaddubsw cannot saturate. */
 static inline __attribute__((always_inline)) void half8(
     const uint8_t *w, const uint16_t *sc, int G, const int8_t *x, int K, const float *t, const int32_t *corr,
-    const float *beta, const float *thr, float *est, float *bound, uint8_t *pass, long N, long row0, int half,
-    const int M, const int five) {
+    const float *beta, const float *thr, const lab_outputs *o, long N, long row0, int half, const int M,
+    const int five) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
     const int pair = five ? 80 : 64;
@@ -137,24 +193,20 @@ static inline __attribute__((always_inline)) void half8(
         }
     }
     long r0 = row0 + half * 8;
+    int count = N - r0 >= 8 ? 8 : (int)(N - r0);
     for (int m = 0; m < M; m++) {
         float e[8], b[8];
         _mm256_storeu_ps(e, facc[m]);
         _mm256_storeu_ps(b, bacc[m]);
-        for (int r = 0; r < 8 && r0 + r < N; r++) {
-            est[m * N + r0 + r] = e[r];
-            if (bound) bound[m * N + r0 + r] = b[r];
-            pass[m * N + r0 + r] = e[r] + b[r] >= thr[m];
-        }
+        write_rows(o, m, N, r0, count, e, b, thr[m]);
     }
 }
 
 static inline __attribute__((always_inline)) void block16(
     const uint8_t *w, const uint16_t *sc, int G, const int8_t *x, int K, const float *t, const int32_t *corr,
-    const float *beta, const float *thr, float *est, float *bound, uint8_t *pass, long N, long row0, const int M,
-    const int five) {
-    half8(w, sc, G, x, K, t, corr, beta, thr, est, bound, pass, N, row0, 0, M, five);
-    if (row0 + 8 < N) half8(w, sc, G, x, K, t, corr, beta, thr, est, bound, pass, N, row0, 1, M, five);
+    const float *beta, const float *thr, const lab_outputs *o, long N, long row0, const int M, const int five) {
+    half8(w, sc, G, x, K, t, corr, beta, thr, o, N, row0, 0, M, five);
+    if (row0 + 8 < N) half8(w, sc, G, x, K, t, corr, beta, thr, o, N, row0, 1, M, five);
 }
 #else
 static float half_to_float(uint16_t h) {
@@ -174,8 +226,8 @@ static float half_to_float(uint16_t h) {
 }
 
 static void block16(const uint8_t *w, const uint16_t *sc, int G, const int8_t *x, int K, const float *t,
-                    const int32_t *corr, const float *beta, const float *thr, float *est, float *bound,
-                    uint8_t *pass, long N, long row0, const int M, const int five) {
+                    const int32_t *corr, const float *beta, const float *thr, const lab_outputs *o, long N,
+                    long row0, const int M, const int five) {
     const int pair = five ? 80 : 64;
     for (int r = 0; r < 16 && row0 + r < N; r++) {
         for (int m = 0; m < M; m++) {
@@ -198,30 +250,31 @@ static void block16(const uint8_t *w, const uint16_t *sc, int G, const int8_t *x
                 f += (float)(acc - corr[m * G + g]) * (s * t[m * G + g]);
                 b += s * beta[m * G + g];
             }
-            est[m * N + row0 + r] = f;
-            if (bound) bound[m * N + row0 + r] = b;
-            pass[m * N + row0 + r] = f + b >= thr[m];
+            write_rows(o, m, N, row0 + r, 1, &f, &b, thr[m]);
         }
     }
 }
 #endif
 
 /* M positions (1..8) against N rows of K values (K a multiple of 32), 4 or 5 bits a value; w and sc as packed, the
-   rest row-major. */
+   rest row-major; the outputs as lab_outputs says. */
 int lab_lowbit_screen(const uint8_t *w, const uint16_t *sc, long N, int K, int bits, const int8_t *x, const float *t,
                       const int32_t *corr, const float *beta, const float *thr, int M, float *est, float *bound,
-                      uint8_t *pass) {
-    if (M < 1 || M > MAXM || K % 32 || (bits != 4 && bits != 5)) return 1;
+                      uint8_t *pass, void *out, int out_bf16, const int64_t *ids, long ld, int32_t *pairs,
+                      float *pair_est, long max_pairs, long *n_pairs) {
+    if (M < 1 || M > MAXM || K % 32 || (bits != 4 && bits != 5) || (out && !ids) || (pairs && !n_pairs)) return 1;
+    const lab_outputs o = {est, bound, pass, out, out_bf16, ids, ld, pairs, pair_est, max_pairs, n_pairs};
     const int G = K / 32, five = bits == 5;
     const long blocks = (N + 15) / 16, wstride = (long)G * 4 * (five ? 80 : 64);
+    if (n_pairs) *n_pairs = 0;
 #pragma omp parallel for schedule(static)
     for (long b = 0; b < blocks; b++) {
         const uint8_t *wb = w + b * wstride;
         const uint16_t *sb = sc + b * (long)G * 16;
         switch (M * 2 + five) {
 #define LAB_CASE(n) \
-    case 2 * n: block16(wb, sb, G, x, K, t, corr, beta, thr, est, bound, pass, N, b * 16, n, 0); break; \
-    case 2 * n + 1: block16(wb, sb, G, x, K, t, corr, beta, thr, est, bound, pass, N, b * 16, n, 1); break;
+    case 2 * n: block16(wb, sb, G, x, K, t, corr, beta, thr, &o, N, b * 16, n, 0); break; \
+    case 2 * n + 1: block16(wb, sb, G, x, K, t, corr, beta, thr, &o, N, b * 16, n, 1); break;
             LAB_CASE(1) LAB_CASE(2) LAB_CASE(3) LAB_CASE(4) LAB_CASE(5) LAB_CASE(6) LAB_CASE(7) LAB_CASE(8)
 #undef LAB_CASE
         }

@@ -38,6 +38,7 @@ from scripts.common import paths
 
 SOURCE = Path(__file__).with_name("tail_lowbit.c")
 GROUP, MAX_POSITIONS, BLOCK, BITS = 32, 8, 16, 5
+MAX_PAIRS = 1 << 16  # passing (position, row) pairs a served call lists; past it the caller reads the whole matrix
 LEVELS = {4: 7, 5: 15}  # q in -L..L
 WEIGHT_SLACK = 2.0 ** -10  # |w - s q| <= s/2 up to the float32 rounding of w/s (relative)
 SUM_SLACK = 2.0 ** -10  # the float32 sums of the bound itself (relative to the bound)
@@ -102,7 +103,9 @@ def library():
         lib = ctypes.CDLL(str(library_path()))
         lib.lab_lowbit_screen.restype = ctypes.c_int
         lib.lab_lowbit_screen.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int,
-                                          *[ctypes.c_void_p] * 5, ctypes.c_int, *[ctypes.c_void_p] * 3]
+                                          *[ctypes.c_void_p] * 5, ctypes.c_int, *[ctypes.c_void_p] * 4, ctypes.c_int,
+                                          ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_long, ctypes.c_void_p]
         lib.lab_lowbit_isa.restype = ctypes.c_int
         _LIB = lib
     return _LIB
@@ -173,12 +176,31 @@ def rounded(h, bits: int = BITS):
     return (x.float().reshape(len(h), -1, GROUP) * t[..., None]).reshape(h.shape)
 
 
+def _ptr(a):
+    return None if a is None else a.data_ptr()
+
+
+def _call(h, s: dict, thr, est=None, bound=None, passed=None, out=None, pairs=None) -> int:
+    """The kernel over these positions (at most MAX_POSITIONS); the number of passing pairs where pairs is given."""
+    m = h.shape[0]
+    x, t, corr, beta = activations(h, s["bits"])
+    count = ctypes.c_long(0)
+    rc = library().lab_lowbit_screen(
+        s["lb_w"].data_ptr(), s["lb_s"].data_ptr(), s["rows"], s["hidden"], s["bits"], x.data_ptr(), t.data_ptr(),
+        corr.data_ptr(), beta.data_ptr(), thr.data_ptr(), m, _ptr(est), _ptr(bound), _ptr(passed), _ptr(out),
+        int(out is not None and out.element_size() == 2), _ptr(s["dropped"]) if out is not None else None,
+        out.shape[1] if out is not None else 0, _ptr(pairs[0] if pairs else None), _ptr(pairs[1] if pairs else None),
+        0 if pairs is None else len(pairs[1]), ctypes.addressof(count) if pairs is not None else None)
+    if rc:
+        raise LowbitError(f"the low-bit screen refused {m} positions of {s['hidden']} values")
+    return count.value
+
+
 def run(h, s: dict, thr, want_bound: bool = False):
     """(est float32 [m, rows], pass bool [m, rows], bound float32 or None) for positions h against thresholds thr
     (float32 [m]); up to MAX_POSITIONS positions a call, more in turns."""
     import torch
 
-    lib = library()
     m, n = h.shape[0], s["rows"]
     est = torch.empty(m, n, dtype=torch.float32)
     passed = torch.empty(m, n, dtype=torch.uint8)
@@ -186,14 +208,30 @@ def run(h, s: dict, thr, want_bound: bool = False):
     thr = thr.float().contiguous()
     for i in range(0, m, MAX_POSITIONS):
         j = min(m, i + MAX_POSITIONS)
-        x, t, corr, beta = activations(h[i:j], s["bits"])
-        rc = lib.lab_lowbit_screen(s["lb_w"].data_ptr(), s["lb_s"].data_ptr(), n, s["hidden"], s["bits"], x.data_ptr(),
-                                 t.data_ptr(), corr.data_ptr(), beta.data_ptr(), thr[i:j].data_ptr(), j - i,
-                                 est[i:j].data_ptr(), bound[i:j].data_ptr() if want_bound else None,
-                                 passed[i:j].data_ptr())
-        if rc:
-            raise LowbitError(f"the low-bit screen refused {j - i} positions of {s['hidden']} values")
+        _call(h[i:j], s, thr[i:j], est[i:j], None if bound is None else bound[i:j], passed[i:j])
     return est, passed.view(torch.bool), bound
+
+
+def serve(h, s: dict, thr, out, max_pairs: int = MAX_PAIRS):
+    """The served step: every row's estimate written into out (the step's logits, [m, vocab] BF16 or float32, at the
+    rows' ids s["dropped"]) and the (position, row, estimate) of each row that passes, or None where more than
+    max_pairs pass at some call (the caller then reads the whole matrix)."""
+    import torch
+
+    if out.dtype not in (torch.bfloat16, torch.float32) or not out.is_contiguous():
+        raise LowbitError(f"the low-bit screen writes BF16 or float32 logits in one block, not {out.dtype}")
+    thr = thr.float().contiguous()
+    pos, row, est = [], [], []
+    for i in range(0, h.shape[0], MAX_POSITIONS):
+        j = min(h.shape[0], i + MAX_POSITIONS)
+        pairs = (torch.empty(max_pairs, 2, dtype=torch.int32), torch.empty(max_pairs, dtype=torch.float32))
+        count = _call(h[i:j], s, thr[i:j], out=out[i:j], pairs=pairs)
+        if count > max_pairs:
+            return None
+        pos.append(pairs[0][:count, 0].long() + i)
+        row.append(pairs[0][:count, 1].long())
+        est.append(pairs[1][:count])
+    return torch.cat(pos), torch.cat(row), torch.cat(est)
 
 
 def dequantize(s: dict):

@@ -84,3 +84,17 @@ def test_no_compiler_is_one_line_and_the_int8_screens_serve(monkeypatch):
 def test_a_hidden_size_off_the_group_is_refused():
     with pytest.raises(tail.TailError, match="multiple of 32, not 72"):
         tail.build(torch.zeros(64, 72, dtype=torch.bfloat16), [0, 1], kernel=tail.INT5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_served_step_writes_the_estimates_at_their_ids_and_lists_the_passing_rows(dtype):
+    rows, h = rows_and_states(n=500, d=64, m=8, seed=2)
+    s = {"dropped": torch.arange(3, 1003, 2), **tail_lowbit.pack(rows)}  # rows at odd ids of a 1,010-id vocabulary
+    thr = torch.full((8,), 1.0)
+    est, passed, _ = tail_lowbit.run(h, s, thr)
+    out = torch.full((8, 1010), -7.0, dtype=dtype)
+    pos, row, pair_est = tail_lowbit.serve(h, s, thr, out)
+    assert torch.equal(out[:, s["dropped"]], est.to(dtype)) and (out[:, ::2] == -7).all()
+    assert sorted(map(list, zip(pos.tolist(), row.tolist(), strict=True))) == passed.nonzero().tolist() and len(pos)
+    assert torch.equal(pair_est, est[pos, row])
+    assert tail_lowbit.serve(h, s, thr, out, max_pairs=len(pos) - 1) is None  # too many: the caller reads them all
