@@ -32,14 +32,15 @@ on every step, cheaply and without ever missing one that could win:
      step, or the step has more than SCREEN_MAX_POSITIONS positions, it reads the whole matrix instead.
 
 The served row is then: kept logits exact, screened-in dropped logits exact, every other dropped logit within its
-bound of the parent's (not -inf: sampling sees the tail as the parent does, up to the screen's rounding). The greedy choice is
-the parent's at every position by construction, not by a margin fitted on data; what remains is the BF16 rounding any
-change of kernel has (near-ties, scripts/measure/identity.py). Nothing is fitted or stored: the screen is derived at
-load from the very rows the model serves, so it cannot belong to another checkpoint or keep list; build() checks the
-bound against exact products before the model serves, and refuses to serve if it does not hold.
+bound of the parent's (not -inf: sampling sees the tail as the parent does, up to the screen's rounding). The greedy
+choice is the parent's at every position by construction, not by a margin fitted on data; what remains is the BF16
+rounding any change of kernel has (near-ties, scripts/measure/identity.py). Nothing is fitted or stored: the screen
+is derived at load from the very rows the model serves, so it cannot belong to another checkpoint or keep list;
+build() checks the bound against exact products before the model serves, and refuses to serve if it does not hold.
 
 At load every kernel of exact_kernels() is built, checked and timed at 1 and 8 positions; the fastest serves
-(LAB_VOCAB_TAIL_KERNEL names one, or `int8` for the int8 ones alone).
+(LAB_VOCAB_TAIL_KERNEL names one, or `int8` for the int8 ones alone). Where that is the 5-bit screen, which opens
+more rows than an int8 one, the next fastest stays loaded beside it and the served steps decide (fill()).
 
 This replaces the one-row estimator of the best dropped logit (measured 2026-11-24 at commit cf09158: its error spanned
 ~10 nats, so to miss no dropped argmax it read the full row at 70-96 % of positions, 0.76x BF16 on Gemma 3 270M). A
@@ -414,8 +415,8 @@ def check_bound(s, matrix, h=None) -> None:
     exact = h.float() @ matrix[s["dropped"]].float().T
     worst = float(((exact - a).abs() / bound).max())
     if worst > 1:
-        raise TailError(f"the {s['kernel']} screen's error bound fails on exact products (error {worst:.2f}x the bound): the "
-                        f"{s['kernel']} kernel does not compute what the screen assumes")
+        raise TailError(f"the {s['kernel']} screen's error bound fails on exact products (error {worst:.2f}x the "
+                        f"bound): the {s['kernel']} kernel does not compute what the screen assumes")
     if KERNELS[s["kernel"]].screen:  # a kernel with its own pass: it must pass every row at the top, 1 and n positions
         for part, top in ((h[:1], exact[:1]), (h, exact)):
             best = top.max(-1).values

@@ -11,18 +11,20 @@ logit and its bound
     bound = sum_g s_g (1/2 |h_g|_1 + L |delta_g|_1 + rounding)
 
 since w . h - est = sum_g (w_g - s_g q_g) . h_g + s_g q_g . delta_g, |w - s q| <= s/2 value by value and |q| <= L:
-an L1 bound per group (Hoelder). tail.int5_screen() keeps a row only where the row's Cauchy-Schwarz bound (the int8
-screen's, on these rows) reaches the threshold too. Why 5 bits and not 4: on Gemma 3's held-out positions the 4-bit
-screen reads 82.6 MB but opens ~3,200 rows a position (p99 ~62,000), and the union over a step of 8 positions passes
-a quarter of the rows in one step of eight, where the whole matrix must be read; 5 bits halve every step and open a
-few rows (results/vocab/<base>/screens-<keep>.md). The 4-bit layout stays for that study.
+an L1 bound per group (Hoelder). tail.lowbit_screen() keeps a row only where the row's Cauchy-Schwarz bound (the int8
+screen's, on these rows) reaches the threshold too. Why 5 bits and not 4: on Gemma 3's 2,240 held-out positions
+(results/vocab/gemma3-270m/screens-32768.md) the 4-bit screen reads 82.6 MB a step but opens 3,241 rows a position on
+average and 61,927 at p99 (a quarter of the rows, where the whole matrix must be read), the 5-bit one 100.9 MB and
+36 rows (833 at p99). The 4-bit layout stays for that study.
 
 The kernel (AVX-512 VNNI; AVX2 with vpmaddubsw, whose 16-bit pair sums cannot saturate here: 2 x 30 x 127 = 7620;
-plain C elsewhere) reads each block of 16 rows once for up to 8 positions and writes the estimates, the pass flags
-and, on request, the bounds. It runs on the OpenMP threads torch already has (linked to torch's own libgomp
-where torch ships one), and is compiled with the system C compiler (`cc`, as torch.compile needs one for vLLM's CPU
-backend) with -march=native into .cache/tail-lowbit/, keyed by the source, the compiler and this CPU's flags. No
-compiler: tail.fastest() leaves this kernel out with that line and serves an int8 one.
+plain C elsewhere) reads each block of 16 rows once for up to 8 positions and writes the estimates and the pass
+flags (and, on request, the bounds) as arrays, or, on a served step (serve()), the estimates straight into the
+step's logits at the rows' ids and the list of passing (position, row) pairs. It runs on the OpenMP threads torch
+already has (linked to torch's own libgomp where torch ships one), and is compiled with the system C compiler (`cc`,
+as torch.compile needs one for vLLM's CPU backend) with -march=native into .cache/tail-lowbit/, keyed by the source,
+the compiler and this CPU's flags. No compiler: tail.fastest() leaves this kernel out with that line and serves an
+int8 one.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def library_path() -> Path:
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout.split("\n")[0]
     except (OSError, subprocess.CalledProcessError) as e:
-        raise LowbitError(f"`{cc} --version` failed ({type(e).__name__}): the low-bit screen needs a C compiler") from None
+        raise LowbitError(f"`{cc} --version` failed ({type(e).__name__}): the low-bit screen needs a C "
+                          f"compiler") from None
     gomp = _torch_gomp()
     key = hashlib.sha256("\n".join([SOURCE.read_text(), cc, version, MARCH, str(gomp),
                                    " ".join(sorted(all_cpu_flags()))]).encode()).hexdigest()[:16]
@@ -128,7 +131,8 @@ def pack(rows, bits: int = BITS) -> dict:
     g = rows.reshape(n, d // GROUP, GROUP)
     want = (g.abs().amax(-1) / lv).clamp(min=2.0 ** -24)
     if float(want.max()) > 65504:
-        raise LowbitError(f"a group's scale {float(want.max()):.4g} does not fit fp16: the low-bit screen cannot store it")
+        raise LowbitError(f"a group's scale {float(want.max()):.4g} does not fit fp16: the low-bit screen cannot "
+                          f"store it")
     s16 = want.to(torch.float16)
     s16 = torch.where(s16.float() < want, torch.nextafter(s16, torch.full_like(s16, float("inf"))), s16)
     q = torch.round(g / s16.float()[..., None]).clamp(-lv, lv)
