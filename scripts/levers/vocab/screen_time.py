@@ -13,6 +13,7 @@ opens from BF16. Each piece is timed here on its own, beside the full output lay
 - products:<kernel>: the screen's product alone (tail.products(): every dropped row's approximate logit), per kernel
   of tail.KERNELS that runs on the device;
 - screen:<kernel>: tail.screen() with a threshold no row reaches (its dense part: the product and the pass);
+- screen:int4-g32-l1: the same for the 5-bit kernel's 4-bit layout (not served: the screens study's comparison);
 - recompute:<n>: the exact BF16 logits of n dropped rows (index_select + product), for the rows a screen opens.
 
 So a step of the exact head costs pruned + screen + recompute(rows opened); the rows opened per position are the
@@ -115,6 +116,10 @@ def time_pieces(matrix, kept_ids, kernels, positions=POSITIONS, recompute=RECOMP
     kept = matrix.index_select(0, kept_idx).contiguous()
     screens = {k: tail.build(matrix, kept_ids, kernel=k) for k in kernels}
     n_dropped = vocab - len(kept_idx)
+    study = {}  # the 5-bit kernel's 4-bit layout, which the screens study compares (scripts.levers.vocab.screens)
+    if tail.INT5 in screens:
+        five = screens[tail.INT5]
+        study["int4-g32-l1"] = tail.lowbit_data(matrix[five["dropped"]].float(), five["dropped"], bits=4)
     gen = torch.Generator().manual_seed(seed)
     rows = []
 
@@ -133,6 +138,8 @@ def time_pieces(matrix, kept_ids, kernels, positions=POSITIONS, recompute=RECOMP
                 nbytes = s.get("bytes", n_dropped * (hidden + 4))  # the 5-bit screen counts its own
                 add(f"products:{k}", p, lambda h=h, s=s: tail.products(h, s), nbytes)
                 add(f"screen:{k}", p, lambda h=h, s=s, t=never: tail.screen(h, s, t), nbytes)
+            for name, s in study.items():  # its dense part as the served screen runs it (tail.lowbit_screen)
+                add(f"screen:{name}", p, lambda h=h, s=s, t=never: tail.lowbit_screen(h, s, t), s["bytes"])
             for n in recompute:
                 ids = screens[kernels[0]]["dropped"][:n]
                 add(f"recompute:{n}", p, lambda h=h, ids=ids: h @ matrix.index_select(0, ids).T, n * hidden * 2)

@@ -16,12 +16,14 @@ def test_every_piece_is_timed_with_its_bytes(tmp_path):
     assert tail.WEIGHT_ONLY in kernels and set(kernels) <= set(tail.KERNELS)
     result = screen_time.time_pieces(matrix, kept, kernels, positions=(1, 8), recompute=(4,), iters=3, warmup=1)
     pieces = {(r["piece"], r["positions"]): r for r in result["pieces"]}
-    expected = {"full", "pruned", "recompute:4", *(f"{p}:{k}" for k in kernels for p in ("products", "screen"))}
+    expected = {"full", "pruned", "recompute:4", "screen:int4-g32-l1",
+                *(f"{p}:{k}" for k in kernels for p in ("products", "screen"))}
     assert {p for p, _ in pieces} == expected and {n for _, n in pieces} == {1, 8}
     assert pieces[("full", 1)]["bytes"] == 4096 * 64 * 2 and pieces[("pruned", 8)]["bytes"] == 512 * 64 * 2
     assert pieces[(f"screen:{tail.WEIGHT_ONLY}", 1)]["bytes"] == (4096 - 512) * (64 + 4)
     assert tail.INT5 in kernels  # 5 bits a value and an fp16 scale per 32 values
     assert pieces[(f"screen:{tail.INT5}", 8)]["bytes"] == (4096 - 512) * (64 * 5 // 8 + 2 * 2)
+    assert pieces[("screen:int4-g32-l1", 1)]["bytes"] == (4096 - 512) * (64 * 4 // 8 + 2 * 2)
     assert all(r["median_ms"] >= r["min_ms"] > 0 for r in result["pieces"])
     assert result["dropped"] == 4096 - 512 and result["copy_bandwidth"]["bytes_per_s"] > 0
     assert "| screen:" in screen_time.markdown(result, "t")
