@@ -228,13 +228,13 @@ def lowbit_products(h, s):
     return tail_lowbit.run(h, s, torch.full((h.shape[0],), float("inf")))[0], tail_lowbit.rounded(h, s["bits"])
 
 
-def lowbit_cs_bound(h, s, rows=None, pos=None):
+def lowbit_cs_bound(h, s, rows=None, pos=None, act=None):
     """|h| |e_j| + |h - h^| |deq(w_j)| + the kernel's float rounding, for every row and position (or the pairs
-    pos, rows): the int8 screen's bound, on the low-bit rows."""
+    pos, rows): the int8 screen's bound, on the low-bit rows (act: tail_lowbit.activations(h), if at hand)."""
     from scripts.levers.vocab import tail_lowbit
 
     hf = h.float()
-    hq = tail_lowbit.rounded(h, s["bits"])
+    hq = tail_lowbit.rounded(h, s["bits"], act)
     hn, dn, qn = hf.norm(dim=1), (hf - hq).norm(dim=1), hq.norm(dim=1)
     rnd = (hf.shape[1] // tail_lowbit.GROUP + 4) * 2.0 ** -23
     slack = (1 + tail_lowbit.WEIGHT_SLACK) * (1 + tail_lowbit.SUM_SLACK)
@@ -266,11 +266,12 @@ def lowbit_fill_screen(h, s, max_kept, full):
     from scripts.levers.vocab import tail_lowbit
 
     t = max_kept.float() - ARITH * max_kept.float().abs()
-    got = tail_lowbit.serve(h, s, t, full)
+    act = tail_lowbit.activations(h, s["bits"])  # once for the kernel and the Cauchy-Schwarz bound
+    got = tail_lowbit.serve(h, s, t, full, act=act)
     if got is None:
         return h.shape[0], None
     pos, row, est = got
-    keep = est + lowbit_cs_bound(h, s, row, pos) >= t[pos]
+    keep = est + lowbit_cs_bound(h, s, row, pos, act) >= t[pos]
     return int(torch.unique(pos[keep]).numel()), torch.unique(row[keep])
 
 

@@ -174,9 +174,9 @@ def activations(h, bits: int = BITS):
     return x.to(torch.int8).reshape(m, d).contiguous(), t.contiguous(), corr.contiguous(), beta.contiguous()
 
 
-def rounded(h, bits: int = BITS):
-    """h as the kernel multiplies it (float32 [m, hidden]): t x, group by group."""
-    x, t, _, _ = activations(h, bits)
+def rounded(h, bits: int = BITS, act=None):
+    """h as the kernel multiplies it (float32 [m, hidden]): t x, group by group (act: activations(h), if at hand)."""
+    x, t, _, _ = act or activations(h, bits)
     return (x.float().reshape(len(h), -1, GROUP) * t[..., None]).reshape(h.shape)
 
 
@@ -184,10 +184,10 @@ def _ptr(a):
     return None if a is None else a.data_ptr()
 
 
-def _call(h, s: dict, thr, est=None, bound=None, passed=None, out=None, pairs=None) -> int:
+def _call(h, s: dict, thr, est=None, bound=None, passed=None, out=None, pairs=None, act=None) -> int:
     """The kernel over these positions (at most MAX_POSITIONS); the number of passing pairs where pairs is given."""
     m = h.shape[0]
-    x, t, corr, beta = activations(h, s["bits"])
+    x, t, corr, beta = act or activations(h, s["bits"])
     count = ctypes.c_long(0)
     rc = library().lab_lowbit_screen(
         s["lb_w"].data_ptr(), s["lb_s"].data_ptr(), s["rows"], s["hidden"], s["bits"], x.data_ptr(), t.data_ptr(),
@@ -216,10 +216,10 @@ def run(h, s: dict, thr, want_bound: bool = False):
     return est, passed.view(torch.bool), bound
 
 
-def serve(h, s: dict, thr, out, max_pairs: int = MAX_PAIRS):
+def serve(h, s: dict, thr, out, max_pairs: int = MAX_PAIRS, act=None):
     """The served step: every row's estimate written into out (the step's logits, [m, vocab] BF16 or float32, at the
     rows' ids s["dropped"]) and the (position, row, estimate) of each row that passes, or None where more than
-    max_pairs pass at some call (the caller then reads the whole matrix)."""
+    max_pairs pass at some call (the caller then reads the whole matrix). act: activations(h), if at hand."""
     import torch
 
     if out.dtype not in (torch.bfloat16, torch.float32) or not out.is_contiguous():
@@ -229,7 +229,8 @@ def serve(h, s: dict, thr, out, max_pairs: int = MAX_PAIRS):
     for i in range(0, h.shape[0], MAX_POSITIONS):
         j = min(h.shape[0], i + MAX_POSITIONS)
         pairs = (torch.empty(max_pairs, 2, dtype=torch.int32), torch.empty(max_pairs, dtype=torch.float32))
-        count = _call(h[i:j], s, thr[i:j], out=out[i:j], pairs=pairs)
+        part = None if act is None else tuple(a[i:j] for a in act)
+        count = _call(h[i:j], s, thr[i:j], out=out[i:j], pairs=pairs, act=part)
         if count > max_pairs:
             return None
         pos.append(pairs[0][:count, 0].long() + i)
