@@ -20,31 +20,29 @@ INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
 
 
-def all_cpu_flags() -> set[str]:
-    """Every flag /proc/cpuinfo lists for the first CPU (empty where unreadable): what -march=native builds for."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_model_and_flags() -> tuple[str, list[str]]:
-    """The CPU's model name and which of CPU_FLAGS it has (from /proc/cpuinfo; "unknown", [] where unreadable)."""
-    cpu, flags = "unknown", []
+def _cpuinfo() -> tuple[str, set[str]]:
+    """The first CPU's model name and every flag /proc/cpuinfo lists for it ("unknown", empty where unreadable)."""
+    cpu = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name") and cpu == "unknown":
                 cpu = line.split(":", 1)[1].strip()
             elif line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                flags = [f for f in CPU_FLAGS if f in have]
-                break
+                return cpu, set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return cpu, flags
+    return cpu, set()
+
+
+def all_cpu_flags() -> set[str]:
+    """Every flag of the first CPU: what -march=native builds for."""
+    return _cpuinfo()[1]
+
+
+def cpu_model_and_flags() -> tuple[str, list[str]]:
+    """The CPU's model name and which of CPU_FLAGS it has (from /proc/cpuinfo; "unknown", [] where unreadable)."""
+    cpu, have = _cpuinfo()
+    return cpu, [f for f in CPU_FLAGS if f in have]
 
 
 def hardware() -> dict[str, Any]:

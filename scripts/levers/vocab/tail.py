@@ -90,7 +90,7 @@ def check_config(entry, where: str) -> None:
                         f"`make prune-vocab`)")
 
 
-def exact_kernels(cpu_flags=None, device: str = "cpu", forced: str | None = "env") -> list[str]:
+def exact_kernels(cpu_flags=None, device: str = "cpu") -> list[str]:
     """The kernels whose products the screen's bound holds for on this device: torch._int_mm (and Triton) on a GPU; on
     a CPU the 5-bit screen (its own C kernel, exact on every CPU) and, with 8-bit dot products, every int8 kernel
     (oneDNN's W8A8 GEMM first), elsewhere torch's int8 weight-only kernel alone. LAB_VOCAB_TAIL_KERNEL names one
@@ -99,10 +99,8 @@ def exact_kernels(cpu_flags=None, device: str = "cpu", forced: str | None = "env
 
     from scripts.common.hardware import INT8_DOT_FLAGS, cpu_model_and_flags
 
-    forced = os.environ.get("LAB_VOCAB_TAIL_KERNEL") if forced == "env" else forced
-    if forced == INT8:  # the int8 screens alone, the fastest of them (a variant that compares them with the 5-bit one)
-        return [k for k in exact_kernels(cpu_flags, device, forced=None) if k != INT5]
-    if forced:
+    forced = os.environ.get("LAB_VOCAB_TAIL_KERNEL")
+    if forced and forced != INT8:
         if forced not in KERNELS:
             raise TailError(f"LAB_VOCAB_TAIL_KERNEL={forced!r}: the screen's kernels are {', '.join(KERNELS)} (or "
                             f"{INT8}: the fastest int8 one)")
@@ -112,7 +110,9 @@ def exact_kernels(cpu_flags=None, device: str = "cpu", forced: str | None = "env
 
         return [INT_MM, TRITON] if importlib.util.find_spec("triton") else [INT_MM]
     flags = cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags
-    return [INT5, ONEDNN, INT_MM, WEIGHT_ONLY] if any(f in flags for f in INT8_DOT_FLAGS) else [INT5, WEIGHT_ONLY]
+    found = [INT5, ONEDNN, INT_MM, WEIGHT_ONLY] if any(f in flags for f in INT8_DOT_FLAGS) else [INT5, WEIGHT_ONLY]
+    # `int8`: the int8 screens alone, the fastest of them (a variant that compares them with the 5-bit one)
+    return [k for k in found if k != INT5] if forced == INT8 else found
 
 
 def kernel_name(cpu_flags=None, device: str = "cpu") -> str:
@@ -193,6 +193,11 @@ def triton_screen(h, s, max_kept):
     return a, passed.view(torch.bool)
 
 
+def threshold(max_kept):
+    """The logit a dropped row must reach to be screened in: the best kept logit less its BF16 rounding (float32)."""
+    return max_kept.float() - ARITH * max_kept.float().abs()
+
+
 def lowbit_approx_and_bound(h, s):
     """The low-bit screen's estimates and bounds: the kernel's L1 bound per group, or the row's Cauchy-Schwarz bound
     where that is smaller (as lowbit_screen() passes rows)."""
@@ -248,11 +253,12 @@ def lowbit_screen(h, s, max_kept):
     in only where both bounds reach the threshold."""
     from scripts.levers.vocab import tail_lowbit
 
-    t = max_kept.float() - ARITH * max_kept.float().abs()
-    est, passed, _ = tail_lowbit.run(h, s, t)
+    t = threshold(max_kept)
+    act = tail_lowbit.activations(h, s["bits"])  # once for the kernel and the Cauchy-Schwarz bound
+    est, passed, _ = tail_lowbit.run(h, s, t, act=act)
     pos, row = passed.nonzero(as_tuple=True)
     if len(pos):
-        keep = est[pos, row] + lowbit_cs_bound(h, s, row, pos) >= t[pos]
+        keep = est[pos, row] + lowbit_cs_bound(h, s, row, pos, act) >= t[pos]
         passed[pos[~keep], row[~keep]] = False
     return est, passed
 
@@ -265,7 +271,7 @@ def lowbit_fill_screen(h, s, max_kept, full):
 
     from scripts.levers.vocab import tail_lowbit
 
-    t = max_kept.float() - ARITH * max_kept.float().abs()
+    t = threshold(max_kept)
     act = tail_lowbit.activations(h, s["bits"])  # once for the kernel and the Cauchy-Schwarz bound
     got = tail_lowbit.serve(h, s, t, full, act=act)
     if got is None:
@@ -439,7 +445,7 @@ def screen(h, s, max_kept):
     if own := KERNELS[s["kernel"]].screen:
         return own(h, s, max_kept)
     a, hn, hq = products(h, s)
-    t = max_kept.float() - ARITH * max_kept.float().abs()
+    t = threshold(max_kept)
     r = t - hn * s["max_err"] - hq * s["max_qnorm"]
     low = torch.where(r >= 0, r / (1 + ARITH), r / (1 - ARITH))
     pos, row = (a >= low[:, None]).nonzero(as_tuple=True)

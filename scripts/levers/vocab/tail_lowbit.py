@@ -180,6 +180,11 @@ def rounded(h, bits: int = BITS, act=None):
     return (x.float().reshape(len(h), -1, GROUP) * t[..., None]).reshape(h.shape)
 
 
+def _rows(act, i: int, j: int):
+    """Positions i..j of activations() (None stays None)."""
+    return None if act is None else tuple(a[i:j] for a in act)
+
+
 def _ptr(a):
     return None if a is None else a.data_ptr()
 
@@ -200,9 +205,9 @@ def _call(h, s: dict, thr, est=None, bound=None, passed=None, out=None, pairs=No
     return count.value
 
 
-def run(h, s: dict, thr, want_bound: bool = False):
+def run(h, s: dict, thr, want_bound: bool = False, act=None):
     """(est float32 [m, rows], pass bool [m, rows], bound float32 or None) for positions h against thresholds thr
-    (float32 [m]); up to MAX_POSITIONS positions a call, more in turns."""
+    (float32 [m]); up to MAX_POSITIONS positions a call, more in turns (act: activations(h), if at hand)."""
     import torch
 
     m, n = h.shape[0], s["rows"]
@@ -212,7 +217,8 @@ def run(h, s: dict, thr, want_bound: bool = False):
     thr = thr.float().contiguous()
     for i in range(0, m, MAX_POSITIONS):
         j = min(m, i + MAX_POSITIONS)
-        _call(h[i:j], s, thr[i:j], est[i:j], None if bound is None else bound[i:j], passed[i:j])
+        _call(h[i:j], s, thr[i:j], est[i:j], None if bound is None else bound[i:j], passed[i:j],
+              act=_rows(act, i, j))
     return est, passed.view(torch.bool), bound
 
 
@@ -229,8 +235,7 @@ def serve(h, s: dict, thr, out, max_pairs: int = MAX_PAIRS, act=None):
     for i in range(0, h.shape[0], MAX_POSITIONS):
         j = min(h.shape[0], i + MAX_POSITIONS)
         pairs = (torch.empty(max_pairs, 2, dtype=torch.int32), torch.empty(max_pairs, dtype=torch.float32))
-        part = None if act is None else tuple(a[i:j] for a in act)
-        count = _call(h[i:j], s, thr[i:j], out=out[i:j], pairs=pairs, act=part)
+        count = _call(h[i:j], s, thr[i:j], out=out[i:j], pairs=pairs, act=_rows(act, i, j))
         if count > max_pairs:
             return None
         pos.append(pairs[0][:count, 0].long() + i)
