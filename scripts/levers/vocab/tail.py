@@ -23,6 +23,8 @@ on every step, cheaply and without ever missing one that could win:
      - "int5-g32" on every CPU (tail_lowbit.py, its own C kernel built at first use): the rows in 5 bits with one
        scale per 32 values (101 MB of Gemma 3's dropped rows against the int8 copy's 147.7), h in int8 per 32
        values; its bound is the smaller of an L1 bound per group (in the kernel) and step 3's, on these rows;
+     - "triton-int5" on a GPU with Triton: the same 5-bit rows and L1 bound per group in one Triton kernel, h in
+       float32 at one position and in BF16 on the tensor cores for 2-16 (tail_triton.py);
   3. since h . w_j - h^ . deq(w_j) = h . e_j + (h - h^) . deq(w_j), Cauchy-Schwarz puts the exact logit within
          bound_j = |h| |e_j| + (|h - h^| + ACC |h|) |deq(w_j)| + ARITH |a_j|
      of a_j (ARITH covers the BF16 rounding of the kernel's output, ACC the float32 sums of the weight-only kernel;
@@ -68,8 +70,10 @@ CHECK_VECTORS = 8  # random hidden states build() checks the bound on
 ACC_PER_TERM = 2.0 ** -22  # float32 sums of the weight-only kernel: relative error per summed term, with slack
 ONEDNN, WEIGHT_ONLY, INT_MM, TRITON = "onednn-w8a8", "torch-w8a16", "torch-int-mm", "triton-w8a16"  # (KERNELS)
 INT5 = "int5-g32"  # the 5-bit screen (tail_lowbit.py): its own bound, its own C kernel
+TRITON5 = "triton-int5"  # the same 5-bit screen on a GPU (tail_triton.py)
+LOWBIT = (INT5, TRITON5)  # fewer bytes than an int8 screen, more rows opened: the served steps decide (fill())
 INT8 = "int8"  # LAB_VOCAB_TAIL_KERNEL=int8: every int8 kernel above, the 5-bit one left out
-GPU_KERNELS = (INT_MM, TRITON)
+GPU_KERNELS = (INT_MM, TRITON, TRITON5)
 CHOICE_BATCHES, CHOICE_REPEAT = (1, 8), 5  # the timing by which build() picks a kernel: positions a step, calls
 ONLINE_TRIALS = 8  # served steps of each step size a screen and its runner-up take each before fill() keeps one
 INT_MM_MIN_ROWS = 17  # cuBLASLt's int8 GEMM in torch._int_mm takes more than 16 rows
@@ -91,10 +95,10 @@ def check_config(entry, where: str) -> None:
 
 
 def exact_kernels(cpu_flags=None, device: str = "cpu") -> list[str]:
-    """The kernels whose products the screen's bound holds for on this device: torch._int_mm (and Triton) on a GPU; on
-    a CPU the 5-bit screen (its own C kernel, exact on every CPU) and, with 8-bit dot products, every int8 kernel
-    (oneDNN's W8A8 GEMM first), elsewhere torch's int8 weight-only kernel alone. LAB_VOCAB_TAIL_KERNEL names one
-    instead, or `int8` for the int8 ones alone, to compare them on one machine."""
+    """The kernels whose products the screen's bound holds for on this device: torch._int_mm (and Triton's int8 and
+    5-bit screens) on a GPU; on a CPU the 5-bit screen (its own C kernel, exact on every CPU) and, with 8-bit dot
+    products, every int8 kernel (oneDNN's W8A8 GEMM first), elsewhere torch's int8 weight-only kernel alone.
+    LAB_VOCAB_TAIL_KERNEL names one instead, or `int8` for the int8 ones alone, to compare them on one machine."""
     import os
 
     from scripts.common.hardware import INT8_DOT_FLAGS, cpu_model_and_flags
@@ -108,11 +112,12 @@ def exact_kernels(cpu_flags=None, device: str = "cpu") -> list[str]:
     if device != "cpu":
         import importlib.util
 
-        return [INT_MM, TRITON] if importlib.util.find_spec("triton") else [INT_MM]
-    flags = cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags
-    found = [INT5, ONEDNN, INT_MM, WEIGHT_ONLY] if any(f in flags for f in INT8_DOT_FLAGS) else [INT5, WEIGHT_ONLY]
+        found = [INT_MM, TRITON, TRITON5] if importlib.util.find_spec("triton") else [INT_MM]
+    else:
+        flags = cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags
+        found = [INT5, ONEDNN, INT_MM, WEIGHT_ONLY] if any(f in flags for f in INT8_DOT_FLAGS) else [INT5, WEIGHT_ONLY]
     # `int8`: the int8 screens alone, the fastest of them (a variant that compares them with the 5-bit one)
-    return [k for k in found if k != INT5] if forced == INT8 else found
+    return [k for k in found if k not in LOWBIT] if forced == INT8 else found
 
 
 def kernel_name(cpu_flags=None, device: str = "cpu") -> str:
@@ -191,6 +196,42 @@ def triton_screen(h, s, max_kept):
 
     a, passed = tail_triton.run(h, s, max_kept, ARITH)
     return a, passed.view(torch.bool)
+
+
+def triton5_data(rows, dropped) -> dict:
+    from scripts.levers.vocab import tail_triton
+
+    return {"kernel": TRITON5, "dropped": dropped, **tail_triton.pack5(rows)}
+
+
+def _triton5(h, s, best, want_bound: bool = False):
+    """tail_triton.run5() over any number of positions, MAX_POSITIONS a launch: (estimates, pass, bounds or None)."""
+    import torch
+
+    from scripts.levers.vocab import tail_triton
+
+    step = tail_triton.MAX_POSITIONS
+    parts = [tail_triton.run5(h[i:i + step], s, best[i:i + step], ARITH, want_bound) for i in range(0, len(h), step)]
+    return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).view(torch.bool),
+            torch.cat([p[2] for p in parts]) if want_bound else None)
+
+
+def triton5_products(h, s):
+    import torch
+
+    never = torch.full((h.shape[0],), float("inf"), device=h.device)
+    return _triton5(h, s, never)[0], h.float()  # (its bound holds |h - h^| itself)
+
+
+def triton5_screen(h, s, max_kept):
+    return _triton5(h, s, max_kept)[:2]
+
+
+def triton5_bound(h, s):
+    import torch
+
+    a, _, bound = _triton5(h, s, torch.full((h.shape[0],), float("inf"), device=h.device), want_bound=True)
+    return a.float(), bound
 
 
 def threshold(max_kept):
@@ -297,7 +338,8 @@ KERNELS = {ONEDNN: Kernel("float32", onednn_handler, onednn_products, 0.0),
            INT_MM: Kernel("float32", None, int_mm_products, 2.0 ** -23),
            TRITON: Kernel("float32", None, triton_products, ACC_PER_TERM, triton_screen),
            INT5: Kernel("float16", None, lowbit_products, 0.0, lowbit_screen, lowbit_approx_and_bound,
-                        lowbit_fill_screen)}
+                        lowbit_fill_screen),
+           TRITON5: Kernel("float16", None, triton5_products, 0.0, triton5_screen, triton5_bound)}
 
 
 def step_time_us(s, hidden: int, batches=CHOICE_BATCHES, repeat: int = CHOICE_REPEAT) -> dict:
@@ -324,8 +366,8 @@ def step_time_us(s, hidden: int, batches=CHOICE_BATCHES, repeat: int = CHOICE_RE
 def fastest(matrix, kept_ids, kernels) -> dict:
     """The checked screen of the kernel with the least measured time per step (summed over CHOICE_BATCHES); every
     kernel's times under s["timed"]. A kernel whose bound fails is left out; if every one fails, the first error.
-    Where the 5-bit screen wins, the next fastest stays beside it as s["runner_up"]: these timings open no row, and
-    the 5-bit screen opens more than an int8 one, so fill() times both on the served steps themselves."""
+    Where a 5-bit screen (LOWBIT) wins, the next fastest stays beside it as s["runner_up"]: these timings open no row,
+    and a 5-bit screen opens more than an int8 one, so fill() times both on the served steps themselves."""
     built, timed, errors = {}, {}, []
     for k in kernels:
         try:  # a kernel this machine cannot run (a compile, a shape, a missing op) is left out as one that is inexact
@@ -341,7 +383,7 @@ def fastest(matrix, kept_ids, kernels) -> dict:
     order = sorted(built, key=lambda k: sum(timed[k].values()))
     best = built[order[0]]
     best["timed"] = timed
-    if best["kernel"] == INT5 and len(order) > 1:  # fewer bytes, more rows opened: the served steps decide (fill())
+    if best["kernel"] in LOWBIT and len(order) > 1:  # fewer bytes, more rows opened: the served steps decide (fill())
         best["runner_up"] = built[order[1]]
     return best
 
@@ -357,8 +399,8 @@ def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> di
         if len(candidates) > 1:
             return fastest(matrix, kept_ids, candidates)
         kernel = candidates[0]
-    if matrix.device.type == "cpu" and kernel == TRITON:
-        raise TailError(f"the {TRITON} screen runs on a GPU; the output matrix is on the CPU")
+    if matrix.device.type == "cpu" and kernel in (TRITON, TRITON5):
+        raise TailError(f"the {kernel} screen runs on a GPU; the output matrix is on the CPU")
     if matrix.device.type != "cpu" and kernel not in GPU_KERNELS:
         raise TailError(f"the {kernel} screen runs on the CPU only; the output matrix is on {matrix.device} (the "
                         f"{' and '.join(GPU_KERNELS)} screens run there)")
@@ -370,8 +412,8 @@ def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> di
     mask[torch.as_tensor(kept_ids, dtype=torch.long, device=matrix.device)] = False
     dropped = mask.nonzero().squeeze(1)
     rows = matrix[dropped].float()
-    if kernel == INT5:
-        s = lowbit_data(rows, dropped)
+    if kernel in LOWBIT:
+        s = (lowbit_data if kernel == INT5 else triton5_data)(rows, dropped)
         if check:
             check_bound(s, matrix)
         return s

@@ -118,10 +118,11 @@ def isa() -> str:
     return {2: "avx512-vnni", 1: "avx2", 0: "c"}[library().lab_lowbit_isa()]
 
 
-def pack(rows, bits: int = BITS) -> dict:
-    """The kernel's data for these rows (float32 [n, hidden], hidden a multiple of 32): packed values (4 bits, and a
-    bit plane for the fifth) and fp16 scales in blocks of 16 rows (tail_lowbit.c's layout), and the bytes a step
-    reads."""
+def group_values(rows, bits: int = BITS):
+    """(fp16 scale per group of 32 values [n, hidden / 32], values q in -L..L as float32 [n, hidden / 32, 32]) of
+    these rows (float32 [n, hidden]): each scale the group's largest |w| / L rounded up in fp16, so no value is clipped
+    and |w - s q| <= s / 2 value by value. The CPU kernel's layout (pack()) and the GPU's (tail_triton.pack5()) both
+    store these."""
     import torch
 
     n, d = rows.shape
@@ -135,7 +136,18 @@ def pack(rows, bits: int = BITS) -> dict:
                           f"store it")
     s16 = want.to(torch.float16)
     s16 = torch.where(s16.float() < want, torch.nextafter(s16, torch.full_like(s16, float("inf"))), s16)
-    q = torch.round(g / s16.float()[..., None]).clamp(-lv, lv)
+    return s16, torch.round(g / s16.float()[..., None]).clamp(-lv, lv)
+
+
+def pack(rows, bits: int = BITS) -> dict:
+    """The kernel's data for these rows (float32 [n, hidden], hidden a multiple of 32): packed values (4 bits, and a
+    bit plane for the fifth) and fp16 scales in blocks of 16 rows (tail_lowbit.c's layout), and the bytes a step
+    reads."""
+    import torch
+
+    n, d = rows.shape
+    lv = LEVELS[bits]
+    s16, q = group_values(rows, bits)
     pad = -n % BLOCK
     u = (q.to(torch.int16) + lv).to(torch.uint8).reshape(n, d)
     sc = s16

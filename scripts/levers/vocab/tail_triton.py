@@ -9,6 +9,14 @@ Two kernels share the epilogue: one position (a decode step at c=1) is a matrix-
 2 to 16 positions are one tensor-core tile of 16 positions against BLOCK_N rows (on an H200 the per-position loop of
 the first took 0.9 ms at 8 positions, the tile 0.28 ms).
 
+The 5-bit screen ("triton-int5") is the CPU's int5-g32 screen (tail_lowbit.py) on a GPU: the same values and fp16
+scales per group of 32 (tail_lowbit.group_values()), 0.69 bytes a value against 1 for int8, laid out for coalesced
+loads (pack5(): per row, a byte holds value j of a group in its low half and value j + 16 in its high half, a bit plane
+holds every value's fifth bit, then the scales). Its bound is the L1 bound per group of tail_lowbit, here with h in
+float32 at one position (no rounding of h) and in BF16 on the tensor cores in a tile (|h - h^| per group joins it):
+
+    |w . h - est| <= sum_g s_g (1/2 |h_g|_1 + 15 |h_g - h^_g|_1) + the float32 sums' rounding (GAMMA below)
+
 Imported only where the screen runs on a GPU with Triton; tail.py holds the bound and its check.
 """
 
@@ -19,11 +27,19 @@ import os
 import triton
 import triton.language as tl
 
+from scripts.levers.vocab import tail_lowbit
+
 MAX_POSITIONS = 16  # positions a launch takes (a decode step of up to 16 sequences)
 CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
            for bn, bk, w in ((16, 512, 4), (32, 256, 4), (32, 512, 8), (64, 256, 8), (64, 128, 4), (128, 128, 8))]
+CONFIGS5_ONE = [triton.Config({"BLOCK_N": bn, "BLOCK_G": bg}, num_warps=w)
+                for bn, bg, w in ((16, 8, 4), (32, 4, 4), (32, 8, 8), (64, 4, 8), (64, 2, 4), (128, 2, 8))]
+CONFIGS5_TILE = [triton.Config({"BLOCK_N": bn}, num_warps=w) for bn, w in ((32, 4), (64, 4), (64, 8), (128, 8))]
 if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's CPU interpreter (the tests): one config, nothing to time
     CONFIGS = [triton.Config({"BLOCK_N": 32, "BLOCK_K": 32})]
+    CONFIGS5_ONE = [triton.Config({"BLOCK_N": 32, "BLOCK_G": 2})]
+    CONFIGS5_TILE = [triton.Config({"BLOCK_N": 32})]
+LV5 = tail_lowbit.LEVELS[5]
 
 
 @triton.jit
@@ -118,3 +134,160 @@ def run(h, s, best, arith: float):
     kernel[grid](h.contiguous(), s["q"], s["scale"], s["err"], s["qnorm"], best.float().contiguous(), a, passed, m, n,
                  k, arith, s["acc"])
     return a, passed
+
+
+# ------------------------------------------------------------------------------------------------ the 5-bit screen
+def pack5(rows) -> dict:
+    """The 5-bit screen's data for these rows (float32 [n, hidden], on the GPU): "nib" uint8 [n, hidden / 2] (byte j
+    of a group: value j in the low half, j + 16 in the high half), "plane" uint8 [n, hidden / 8] (bit k % 8 of byte
+    k // 8: value k's fifth bit), "sc" fp16 [n, hidden / 32]; values stored as q + 15 (0..30)."""
+    import torch
+
+    n, d = rows.shape
+    s16, q = tail_lowbit.group_values(rows, 5)
+    u = (q + LV5).to(torch.uint8)  # [n, groups, 32]
+    nib = (u[..., :16] & 0x0F) | ((u[..., 16:] & 0x0F) << 4)
+    weights = 2 ** torch.arange(8, dtype=torch.int32, device=rows.device)
+    plane = ((u >> 4).reshape(n, d // 8, 8).to(torch.int32) * weights).sum(-1).to(torch.uint8)
+    nib, plane, sc = nib.reshape(n, d // 2).contiguous(), plane.contiguous(), s16.contiguous()
+    return {"nib": nib, "plane": plane, "sc": sc, "rows": n, "hidden": d,
+            "bytes": nib.numel() + plane.numel() + 2 * sc.numel()}
+
+
+def dequantize5(s: dict):
+    """The rows as the 5-bit kernels see them (float32 [rows, hidden]), unpacked from pack5()'s layout."""
+    import torch
+
+    n, d = s["rows"], s["hidden"]
+    nib = s["nib"].reshape(n, d // 32, 16)
+    u = torch.cat([nib & 0x0F, nib >> 4], -1).to(torch.int16)  # [n, groups, 32]
+    bits = (s["plane"][:, :, None].to(torch.int16) >> torch.arange(8, device=nib.device, dtype=torch.int16)) & 1
+    u = u | (bits.reshape(n, d // 32, 32) << 4)
+    return ((u - LV5).float() * s["sc"].float()[..., None]).reshape(n, d)
+
+
+def coefficients(hidden: int) -> tuple[float, float]:
+    """(c_half, c_delta) of the bound sum_g s_g (c_half |h_g|_1 + c_delta |h_g - h^_g|_1): 1/2 |w - s q| per value with
+    float32's rounding of w / s (tail_lowbit.WEIGHT_SLACK), 15 per value of h's rounding, and GAMMA = (hidden +
+    groups + 8) 2^-23 of |s q h| for the float32 products and sums (tensor-core or CUDA-core), all with the bound's own
+    sums' slack (tail_lowbit.SUM_SLACK)."""
+    gamma = (hidden + hidden // tail_lowbit.GROUP + 8) * 2.0 ** -23
+    slack = 1 + tail_lowbit.SUM_SLACK
+    return (0.5 * (1 + tail_lowbit.WEIGHT_SLACK) + LV5 * gamma) * slack, LV5 * (1 + gamma) * slack
+
+
+@triton.jit
+def _epilogue5(acc, bnd, rm, rn, M, N, mk_ptr, a_ptr, pass_ptr, bound_ptr, arith, WANT_BOUND: tl.constexpr):
+    """Write the estimates (BF16; the bound covers their rounding) and the pass flags (and the bounds)."""
+    mn = rn < N
+    best = tl.load(mk_ptr + rm, mask=rm < M, other=0.0)
+    t = tl.where(best == float("inf"), best, best - arith * tl.abs(best))
+    bound = bnd + arith * tl.abs(acc)
+    ok = (rm < M)[:, None] & mn[None, :]
+    offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
+    tl.store(a_ptr + offs, acc.to(tl.bfloat16), mask=ok)
+    tl.store(pass_ptr + offs, (acc + bound >= t[:, None]).to(tl.int8), mask=ok)
+    if WANT_BOUND:
+        tl.store(bound_ptr + offs, bound, mask=ok)
+
+
+@triton.autotune(configs=CONFIGS5_ONE, key=["N", "K"])
+@triton.jit
+def _screen5_one(h_ptr, nib_ptr, plane_ptr, sc_ptr, mk_ptr, a_ptr, pass_ptr, bound_ptr, M, N, K, arith, c_half,
+                 LV: tl.constexpr, WANT_BOUND: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
+    """One position: BLOCK_N rows, BLOCK_G groups at a time, on the CUDA cores; h in float32 (no rounding of h)."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = rn < N
+    r64 = rn.to(tl.int64)
+    groups = K // 32
+    rg = tl.arange(0, BLOCK_G)
+    rj = tl.arange(0, 16)
+    bit = (rj % 8)[None, None, :]
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    bnd = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for g0 in range(0, groups, BLOCK_G):
+        gg = g0 + rg
+        mg = gg < groups
+        m3 = mn[:, None, None] & mg[None, :, None] & (rj < 16)[None, None, :]
+        col = gg[:, None] * 16 + rj[None, :]  # the low value's byte
+        pb = gg[:, None] * 4 + rj[None, :] // 8  # the low value's fifth bit's byte; the high one's is 2 further
+        nib = tl.load(nib_ptr + r64[:, None, None] * (K // 2) + col[None, :, :], mask=m3, other=0)
+        prow = plane_ptr + r64[:, None, None] * (K // 8) + pb[None, :, :]
+        f_lo = (tl.load(prow, mask=m3, other=0) >> bit) & 1
+        f_hi = (tl.load(prow + 2, mask=m3, other=0) >> bit) & 1
+        q_lo = ((nib & 15) | (f_lo << 4)).to(tl.float32) - LV
+        q_hi = ((nib >> 4) | (f_hi << 4)).to(tl.float32) - LV
+        k_lo = gg[:, None] * 32 + rj[None, :]
+        mh = mg[:, None] & (rj < 16)[None, :]
+        h_lo = tl.load(h_ptr + k_lo, mask=mh, other=0.0).to(tl.float32)
+        h_hi = tl.load(h_ptr + k_lo + 16, mask=mh, other=0.0).to(tl.float32)
+        part = tl.sum(q_lo * h_lo[None, :, :] + q_hi * h_hi[None, :, :], axis=2)  # [BLOCK_N, BLOCK_G]
+        s = tl.load(sc_ptr + r64[:, None] * groups + gg[None, :], mask=mn[:, None] & mg[None, :], other=0.0)
+        s = s.to(tl.float32)
+        acc += tl.sum(s * part, axis=1)
+        bnd += tl.sum(s * tl.sum(tl.abs(h_lo) + tl.abs(h_hi), axis=1)[None, :], axis=1)
+    _epilogue5(acc[None, :], c_half * bnd[None, :], tl.arange(0, 1), rn, M, N, mk_ptr, a_ptr, pass_ptr, bound_ptr,
+               arith, WANT_BOUND)
+
+
+@triton.autotune(configs=CONFIGS5_TILE, key=["N", "K"])
+@triton.jit
+def _screen5_tile(h_ptr, nib_ptr, plane_ptr, sc_ptr, mk_ptr, a_ptr, pass_ptr, bound_ptr, M, N, K, arith, c_half,
+                  c_delta, LV: tl.constexpr, WANT_BOUND: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Up to 16 positions: per group, two tensor-core products of 16 positions x 16 values (h in BF16, values exact)
+    against BLOCK_N rows, scaled by the rows' group scales."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = rn < N
+    r64 = rn.to(tl.int64)
+    rm = tl.arange(0, 16)
+    mm = rm < M
+    rj = tl.arange(0, 16)
+    groups = K // 32
+    m2 = mn[:, None] & (rj < 16)[None, :]
+    mh = mm[:, None] & (rj < 16)[None, :]
+    bit = (rj % 8)[None, :]
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    bnd = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for g in range(0, groups):
+        nib = tl.load(nib_ptr + r64[:, None] * (K // 2) + g * 16 + rj[None, :], mask=m2, other=0)
+        prow = plane_ptr + r64[:, None] * (K // 8) + g * 4 + (rj // 8)[None, :]
+        f_lo = (tl.load(prow, mask=m2, other=0) >> bit) & 1
+        f_hi = (tl.load(prow + 2, mask=m2, other=0) >> bit) & 1
+        q_lo = ((nib & 15) | (f_lo << 4)).to(tl.float32) - LV
+        q_hi = ((nib >> 4) | (f_hi << 4)).to(tl.float32) - LV
+        hrow = h_ptr + rm[:, None] * K + g * 32 + rj[None, :]
+        h_lo = tl.load(hrow, mask=mh, other=0.0).to(tl.float32)
+        h_hi = tl.load(hrow + 16, mask=mh, other=0.0).to(tl.float32)
+        b_lo = h_lo.to(tl.bfloat16).to(tl.float32)  # exact in TF32, as the values are
+        b_hi = h_hi.to(tl.bfloat16).to(tl.float32)
+        d = tl.dot(b_lo, tl.trans(q_lo)) + tl.dot(b_hi, tl.trans(q_hi))
+        s = tl.load(sc_ptr + r64 * groups + g, mask=mn, other=0.0).to(tl.float32)
+        acc += d * s[None, :]
+        beta = c_half * tl.sum(tl.abs(h_lo) + tl.abs(h_hi), axis=1) \
+            + c_delta * tl.sum(tl.abs(h_lo - b_lo) + tl.abs(h_hi - b_hi), axis=1)
+        bnd += beta[:, None] * s[None, :]
+    _epilogue5(acc, bnd, rm, rn, M, N, mk_ptr, a_ptr, pass_ptr, bound_ptr, arith, WANT_BOUND)
+
+
+def run5(h, s, best, arith: float, want_bound: bool = False):
+    """(estimates BF16 [positions, rows], pass flags int8 [positions, rows], bounds float32 or None) of the 5-bit
+    screen (pack5()) for states h (any float dtype, at most MAX_POSITIONS) against the best kept logit per position
+    (float32; +inf: nothing passes); each bound covers its estimate's BF16 rounding."""
+    import torch
+
+    m, k = h.shape
+    if m > MAX_POSITIONS:
+        raise ValueError(f"the Triton screen takes at most {MAX_POSITIONS} positions a launch, not {m}")
+    n = s["rows"]
+    a = torch.empty((m, n), dtype=torch.bfloat16, device=h.device)
+    passed = torch.empty((m, n), dtype=torch.int8, device=h.device)
+    bound = torch.empty((m, n), dtype=torch.float32, device=h.device) if want_bound else passed
+    c_half, c_delta = coefficients(k)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+    args = (h.contiguous(), s["nib"], s["plane"], s["sc"], best.float().contiguous(), a, passed, bound, m, n, k, arith,
+            c_half)
+    if m == 1:
+        _screen5_one[grid](*args, LV=LV5, WANT_BOUND=want_bound)
+    else:
+        _screen5_tile[grid](*args, c_delta, LV=LV5, WANT_BOUND=want_bound)
+    return a, passed, bound if want_bound else None

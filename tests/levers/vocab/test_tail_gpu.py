@@ -1,6 +1,7 @@
-"""The exact tail's screen on a GPU (torch._int_mm, and the Triton kernel where Triton is installed), on the synthetic
-output matrices of test_tail.py: the bound holds on every row, the pass is the dense rule's, and the served argmax is
-the full product's at every position, dropped winners included. Skipped where no CUDA device is present."""
+"""The exact tail's screen on a GPU (torch._int_mm, and the Triton int8 and 5-bit kernels where Triton is installed),
+on the synthetic output matrices of test_tail.py: the bound holds on every row, the pass is the dense rule's, and the
+served argmax is the full product's at every position, dropped winners included. Skipped where no CUDA device is
+present."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU screen is not run")]
 
 
-@pytest.fixture(params=[tail.INT_MM, tail.TRITON])
+@pytest.fixture(params=[tail.INT_MM, tail.TRITON, tail.TRITON5])
 def gpu_kernel(request, monkeypatch):
     if request.param not in tail.exact_kernels(device="cuda"):
         pytest.skip(f"{request.param}: not on this machine (Triton missing)")
