@@ -34,11 +34,12 @@ CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
            for bn, bk, w in ((16, 512, 4), (32, 256, 4), (32, 512, 8), (64, 256, 8), (64, 128, 4), (128, 128, 8))]
 CONFIGS5_ONE = [triton.Config({"BLOCK_N": bn, "BLOCK_G": bg}, num_warps=w)
                 for bn, bg, w in ((16, 8, 4), (32, 4, 4), (32, 8, 8), (64, 4, 8), (64, 2, 4), (128, 2, 8))]
-CONFIGS5_TILE = [triton.Config({"BLOCK_N": bn}, num_warps=w) for bn, w in ((32, 4), (64, 4), (64, 8), (128, 8))]
+CONFIGS5_TILE = [triton.Config({"BLOCK_N": bn, "BLOCK_G": bg}, num_warps=w)
+                 for bn, bg, w in ((32, 2, 4), (32, 4, 4), (64, 2, 4), (64, 4, 8), (128, 2, 8))]
 if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's CPU interpreter (the tests): one config, nothing to time
     CONFIGS = [triton.Config({"BLOCK_N": 32, "BLOCK_K": 32})]
     CONFIGS5_ONE = [triton.Config({"BLOCK_N": 32, "BLOCK_G": 2})]
-    CONFIGS5_TILE = [triton.Config({"BLOCK_N": 32})]
+    CONFIGS5_TILE = [triton.Config({"BLOCK_N": 32, "BLOCK_G": 2})]
 LV5 = tail_lowbit.LEVELS[5]
 
 
@@ -139,19 +140,20 @@ def run(h, s, best, arith: float):
 # ------------------------------------------------------------------------------------------------ the 5-bit screen
 def pack5(rows) -> dict:
     """The 5-bit screen's data for these rows (float32 [n, hidden], on the GPU): "nib" uint8 [n, hidden / 2] (byte j
-    of a group: value j in the low half, j + 16 in the high half), "plane" uint8 [n, hidden / 8] (bit k % 8 of byte
-    k // 8: value k's fifth bit), "sc" fp16 [n, hidden / 32]; values stored as q + 15 (0..30)."""
+    of a group: value j in the low half, j + 16 in the high half), "plane" int32 [n, hidden / 32] (bit j of a group's
+    word: value j's fifth bit), "sc" fp16 [n, hidden / 32]; values stored as q + 15 (0..30)."""
     import torch
 
     n, d = rows.shape
     s16, q = tail_lowbit.group_values(rows, 5)
-    u = (q + LV5).to(torch.uint8)  # [n, groups, 32]
-    nib = (u[..., :16] & 0x0F) | ((u[..., 16:] & 0x0F) << 4)
-    weights = 2 ** torch.arange(8, dtype=torch.int32, device=rows.device)
-    plane = ((u >> 4).reshape(n, d // 8, 8).to(torch.int32) * weights).sum(-1).to(torch.uint8)
+    u = (q + LV5).to(torch.int32)  # [n, groups, 32]
+    nib = ((u[..., :16] & 0x0F) | ((u[..., 16:] & 0x0F) << 4)).to(torch.uint8)
+    bits = 2 ** torch.arange(32, dtype=torch.int64, device=rows.device)
+    plane = ((u >> 4).to(torch.int64) * bits).sum(-1)
+    plane = torch.where(plane >= 2 ** 31, plane - 2 ** 32, plane).to(torch.int32)  # the word's bits as int32
     nib, plane, sc = nib.reshape(n, d // 2).contiguous(), plane.contiguous(), s16.contiguous()
     return {"nib": nib, "plane": plane, "sc": sc, "rows": n, "hidden": d,
-            "bytes": nib.numel() + plane.numel() + 2 * sc.numel()}
+            "bytes": nib.numel() + 4 * plane.numel() + 2 * sc.numel()}
 
 
 def dequantize5(s: dict):
@@ -160,20 +162,27 @@ def dequantize5(s: dict):
 
     n, d = s["rows"], s["hidden"]
     nib = s["nib"].reshape(n, d // 32, 16)
-    u = torch.cat([nib & 0x0F, nib >> 4], -1).to(torch.int16)  # [n, groups, 32]
-    bits = (s["plane"][:, :, None].to(torch.int16) >> torch.arange(8, device=nib.device, dtype=torch.int16)) & 1
-    u = u | (bits.reshape(n, d // 32, 32) << 4)
+    u = torch.cat([nib & 0x0F, nib >> 4], -1).to(torch.int32)  # [n, groups, 32]
+    u = u | (((s["plane"][..., None] >> torch.arange(32, device=nib.device, dtype=torch.int32)) & 1) << 4)
     return ((u - LV5).float() * s["sc"].float()[..., None]).reshape(n, d)
 
 
-def coefficients(hidden: int) -> tuple[float, float]:
-    """(c_half, c_delta) of the bound sum_g s_g (c_half |h_g|_1 + c_delta |h_g - h^_g|_1): 1/2 |w - s q| per value with
-    float32's rounding of w / s (tail_lowbit.WEIGHT_SLACK), 15 per value of h's rounding, and GAMMA = (hidden +
-    groups + 8) 2^-23 of |s q h| for the float32 products and sums (tensor-core or CUDA-core), all with the bound's own
-    sums' slack (tail_lowbit.SUM_SLACK)."""
-    gamma = (hidden + hidden // tail_lowbit.GROUP + 8) * 2.0 ** -23
+def coefficients(hidden: int) -> tuple[float, float, float]:
+    """(c_one, c_half, c_delta): the bounds sum_g s_g c_one |h_g|_1 (one position, h in float32) and sum_g s_g (c_half
+    |h_g|_1 + c_delta |h_g - h^_g|_1) (a tile, h^ = h in BF16). Each holds 1/2 |w - s q| per value with float32's
+    rounding of w / s (tail_lowbit.WEIGHT_SLACK) and the float32 products' and sums' rounding, all with the bound's own
+    sums' slack (tail_lowbit.SUM_SLACK):
+      - one position: each value's product u h (u = q + 15 in 0..30, exact times h up to one rounding) summed over a
+        group in any order, less 15 sum(h_g), then over the groups: (32 + groups + 8) 2^-23 of 45 sum_g s_g |h_g|_1;
+      - a tile: the tensor cores multiply exactly (h^ has 8 significant bits, each s q split into two parts of at
+        most 10, float32 holds them whole in TF32) and sum in float32 in an order of their own: (hidden + groups +
+        8) 2^-23 of |s q h^| <= 15 s_g (|h_g|_1 + |h_g - h^_g|_1)."""
+    groups = hidden // tail_lowbit.GROUP
     slack = 1 + tail_lowbit.SUM_SLACK
-    return (0.5 * (1 + tail_lowbit.WEIGHT_SLACK) + LV5 * gamma) * slack, LV5 * (1 + gamma) * slack
+    half = 0.5 * (1 + tail_lowbit.WEIGHT_SLACK)
+    g_one = (tail_lowbit.GROUP + groups + 8) * 2.0 ** -23
+    g_tile = (hidden + groups + 8) * 2.0 ** -23
+    return (half + 3 * LV5 * g_one) * slack, (half + LV5 * g_tile) * slack, LV5 * (1 + g_tile) * slack
 
 
 @triton.jit
@@ -191,81 +200,92 @@ def _epilogue5(acc, bnd, rm, rn, M, N, mk_ptr, a_ptr, pass_ptr, bound_ptr, arith
         tl.store(bound_ptr + offs, bound, mask=ok)
 
 
+@triton.jit
+def _values5(nib_ptr, plane_ptr, sc_ptr, r64, gg, rj, K, groups, mn, mg):
+    """Rows r64, groups gg: (u of the low halves, u of the high halves as int32 [rows, groups, 16], in 0..30; the
+    scales float32 [rows, groups])."""
+    m2 = mn[:, None] & mg[None, :]
+    m3 = m2[:, :, None] & (rj < 16)[None, None, :]
+    nib = tl.load(nib_ptr + r64[:, None, None] * (K // 2) + (gg[:, None] * 16 + rj[None, :])[None, :, :], mask=m3,
+                  other=0).to(tl.int32)
+    word = tl.load(plane_ptr + r64[:, None] * groups + gg[None, :], mask=m2, other=0)[:, :, None]
+    u_lo = (nib & 15) | (((word >> rj[None, None, :]) & 1) << 4)
+    u_hi = (nib >> 4) | (((word >> (rj + 16)[None, None, :]) & 1) << 4)
+    s = tl.load(sc_ptr + r64[:, None] * groups + gg[None, :], mask=m2, other=0.0).to(tl.float32)
+    return u_lo, u_hi, s
+
+
 @triton.autotune(configs=CONFIGS5_ONE, key=["N", "K"])
 @triton.jit
-def _screen5_one(h_ptr, nib_ptr, plane_ptr, sc_ptr, mk_ptr, a_ptr, pass_ptr, bound_ptr, M, N, K, arith, c_half,
+def _screen5_one(h_ptr, nib_ptr, plane_ptr, sc_ptr, mk_ptr, a_ptr, pass_ptr, bound_ptr, M, N, K, arith, c_one,
                  LV: tl.constexpr, WANT_BOUND: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
-    """One position: BLOCK_N rows, BLOCK_G groups at a time, on the CUDA cores; h in float32 (no rounding of h)."""
+    """One position: BLOCK_N rows, BLOCK_G groups at a time, on the CUDA cores; h in float32 (no rounding of h):
+    sum_g s_g (u_g . h_g - 15 sum(h_g))."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mn = rn < N
     r64 = rn.to(tl.int64)
     groups = K // 32
     rg = tl.arange(0, BLOCK_G)
     rj = tl.arange(0, 16)
-    bit = (rj % 8)[None, None, :]
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     bnd = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for g0 in range(0, groups, BLOCK_G):
         gg = g0 + rg
         mg = gg < groups
-        m3 = mn[:, None, None] & mg[None, :, None] & (rj < 16)[None, None, :]
-        col = gg[:, None] * 16 + rj[None, :]  # the low value's byte
-        pb = gg[:, None] * 4 + rj[None, :] // 8  # the low value's fifth bit's byte; the high one's is 2 further
-        nib = tl.load(nib_ptr + r64[:, None, None] * (K // 2) + col[None, :, :], mask=m3, other=0)
-        prow = plane_ptr + r64[:, None, None] * (K // 8) + pb[None, :, :]
-        f_lo = (tl.load(prow, mask=m3, other=0) >> bit) & 1
-        f_hi = (tl.load(prow + 2, mask=m3, other=0) >> bit) & 1
-        q_lo = ((nib & 15) | (f_lo << 4)).to(tl.float32) - LV
-        q_hi = ((nib >> 4) | (f_hi << 4)).to(tl.float32) - LV
+        u_lo, u_hi, s = _values5(nib_ptr, plane_ptr, sc_ptr, r64, gg, rj, K, groups, mn, mg)
         k_lo = gg[:, None] * 32 + rj[None, :]
         mh = mg[:, None] & (rj < 16)[None, :]
         h_lo = tl.load(h_ptr + k_lo, mask=mh, other=0.0).to(tl.float32)
         h_hi = tl.load(h_ptr + k_lo + 16, mask=mh, other=0.0).to(tl.float32)
-        part = tl.sum(q_lo * h_lo[None, :, :] + q_hi * h_hi[None, :, :], axis=2)  # [BLOCK_N, BLOCK_G]
-        s = tl.load(sc_ptr + r64[:, None] * groups + gg[None, :], mask=mn[:, None] & mg[None, :], other=0.0)
-        s = s.to(tl.float32)
+        dot = tl.sum(u_lo.to(tl.float32) * h_lo[None, :, :] + u_hi.to(tl.float32) * h_hi[None, :, :], axis=2)
+        part = dot - LV * tl.sum(h_lo + h_hi, axis=1)[None, :]  # [BLOCK_N, BLOCK_G]
         acc += tl.sum(s * part, axis=1)
         bnd += tl.sum(s * tl.sum(tl.abs(h_lo) + tl.abs(h_hi), axis=1)[None, :], axis=1)
-    _epilogue5(acc[None, :], c_half * bnd[None, :], tl.arange(0, 1), rn, M, N, mk_ptr, a_ptr, pass_ptr, bound_ptr,
+    _epilogue5(acc[None, :], c_one * bnd[None, :], tl.arange(0, 1), rn, M, N, mk_ptr, a_ptr, pass_ptr, bound_ptr,
                arith, WANT_BOUND)
+
+
+@triton.jit
+def _split_dot(b, q, s, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
+    """b [16, WIDTH] (BF16 values) times the rows s q ([BLOCK_N, groups, 16] values, [BLOCK_N, groups] scales) on the
+    tensor cores, exactly: s = s1 + s2 with s1 its top 6 significant bits, so s1 q and s2 q fit TF32 whole."""
+    s1 = (s.to(tl.int32, bitcast=True) & -262144).to(tl.float32, bitcast=True)  # 0xFFFC0000: sign, exponent, 5 bits
+    w1 = tl.reshape(q * s1[:, :, None], (BLOCK_N, WIDTH))
+    w2 = tl.reshape(q * (s - s1)[:, :, None], (BLOCK_N, WIDTH))
+    return tl.dot(b, tl.trans(w1)) + tl.dot(b, tl.trans(w2))
 
 
 @triton.autotune(configs=CONFIGS5_TILE, key=["N", "K"])
 @triton.jit
 def _screen5_tile(h_ptr, nib_ptr, plane_ptr, sc_ptr, mk_ptr, a_ptr, pass_ptr, bound_ptr, M, N, K, arith, c_half,
-                  c_delta, LV: tl.constexpr, WANT_BOUND: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Up to 16 positions: per group, two tensor-core products of 16 positions x 16 values (h in BF16, values exact)
-    against BLOCK_N rows, scaled by the rows' group scales."""
+                  c_delta, LV: tl.constexpr, WANT_BOUND: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Up to 16 positions: 16 positions (h in BF16) against BLOCK_N rows, BLOCK_G groups at a time, on the tensor
+    cores (_split_dot)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mn = rn < N
     r64 = rn.to(tl.int64)
     rm = tl.arange(0, 16)
     mm = rm < M
+    rg = tl.arange(0, BLOCK_G)
     rj = tl.arange(0, 16)
     groups = K // 32
-    m2 = mn[:, None] & (rj < 16)[None, :]
-    mh = mm[:, None] & (rj < 16)[None, :]
-    bit = (rj % 8)[None, :]
     acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     bnd = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    for g in range(0, groups):
-        nib = tl.load(nib_ptr + r64[:, None] * (K // 2) + g * 16 + rj[None, :], mask=m2, other=0)
-        prow = plane_ptr + r64[:, None] * (K // 8) + g * 4 + (rj // 8)[None, :]
-        f_lo = (tl.load(prow, mask=m2, other=0) >> bit) & 1
-        f_hi = (tl.load(prow + 2, mask=m2, other=0) >> bit) & 1
-        q_lo = ((nib & 15) | (f_lo << 4)).to(tl.float32) - LV
-        q_hi = ((nib >> 4) | (f_hi << 4)).to(tl.float32) - LV
-        hrow = h_ptr + rm[:, None] * K + g * 32 + rj[None, :]
-        h_lo = tl.load(hrow, mask=mh, other=0.0).to(tl.float32)
+    for g0 in range(0, groups, BLOCK_G):
+        gg = g0 + rg
+        mg = gg < groups
+        u_lo, u_hi, s = _values5(nib_ptr, plane_ptr, sc_ptr, r64, gg, rj, K, groups, mn, mg)
+        hrow = h_ptr + rm[:, None, None] * K + (gg[:, None] * 32 + rj[None, :])[None, :, :]
+        mh = mm[:, None, None] & mg[None, :, None] & (rj < 16)[None, None, :]
+        h_lo = tl.load(hrow, mask=mh, other=0.0).to(tl.float32)  # [16, BLOCK_G, 16]
         h_hi = tl.load(hrow + 16, mask=mh, other=0.0).to(tl.float32)
-        b_lo = h_lo.to(tl.bfloat16).to(tl.float32)  # exact in TF32, as the values are
+        b_lo = h_lo.to(tl.bfloat16).to(tl.float32)
         b_hi = h_hi.to(tl.bfloat16).to(tl.float32)
-        d = tl.dot(b_lo, tl.trans(q_lo)) + tl.dot(b_hi, tl.trans(q_hi))
-        s = tl.load(sc_ptr + r64 * groups + g, mask=mn, other=0.0).to(tl.float32)
-        acc += d * s[None, :]
-        beta = c_half * tl.sum(tl.abs(h_lo) + tl.abs(h_hi), axis=1) \
-            + c_delta * tl.sum(tl.abs(h_lo - b_lo) + tl.abs(h_hi - b_hi), axis=1)
-        bnd += beta[:, None] * s[None, :]
+        acc += _split_dot(tl.reshape(b_lo, (16, BLOCK_G * 16)), (u_lo - LV).to(tl.float32), s, BLOCK_N, BLOCK_G * 16)
+        acc += _split_dot(tl.reshape(b_hi, (16, BLOCK_G * 16)), (u_hi - LV).to(tl.float32), s, BLOCK_N, BLOCK_G * 16)
+        beta = c_half * tl.sum(tl.abs(h_lo) + tl.abs(h_hi), axis=2) \
+            + c_delta * tl.sum(tl.abs(h_lo - b_lo) + tl.abs(h_hi - b_hi), axis=2)  # [16, BLOCK_G]
+        bnd += tl.sum(beta[:, None, :] * s[None, :, :], axis=2)
     _epilogue5(acc, bnd, rm, rn, M, N, mk_ptr, a_ptr, pass_ptr, bound_ptr, arith, WANT_BOUND)
 
 
@@ -282,12 +302,11 @@ def run5(h, s, best, arith: float, want_bound: bool = False):
     a = torch.empty((m, n), dtype=torch.bfloat16, device=h.device)
     passed = torch.empty((m, n), dtype=torch.int8, device=h.device)
     bound = torch.empty((m, n), dtype=torch.float32, device=h.device) if want_bound else passed
-    c_half, c_delta = coefficients(k)
+    c_one, c_half, c_delta = coefficients(k)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    args = (h.contiguous(), s["nib"], s["plane"], s["sc"], best.float().contiguous(), a, passed, bound, m, n, k, arith,
-            c_half)
+    args = (h.contiguous(), s["nib"], s["plane"], s["sc"], best.float().contiguous(), a, passed, bound, m, n, k, arith)
     if m == 1:
-        _screen5_one[grid](*args, LV=LV5, WANT_BOUND=want_bound)
+        _screen5_one[grid](*args, c_one, LV=LV5, WANT_BOUND=want_bound)
     else:
-        _screen5_tile[grid](*args, c_delta, LV=LV5, WANT_BOUND=want_bound)
+        _screen5_tile[grid](*args, c_half, c_delta, LV=LV5, WANT_BOUND=want_bound)
     return a, passed, bound if want_bound else None
