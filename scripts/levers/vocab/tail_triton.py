@@ -172,17 +172,19 @@ def coefficients(hidden: int) -> tuple[float, float, float]:
     |h_g|_1 + c_delta |h_g - h^_g|_1) (a tile, h^ = h in BF16). Each holds 1/2 |w - s q| per value with float32's
     rounding of w / s (tail_lowbit.WEIGHT_SLACK) and the float32 products' and sums' rounding, all with the bound's own
     sums' slack (tail_lowbit.SUM_SLACK):
-      - one position: each value's product u h (u = q + 15 in 0..30, exact times h up to one rounding) summed over a
-        group in any order, less 15 sum(h_g), then over the groups: (32 + groups + 8) 2^-23 of 45 sum_g s_g |h_g|_1;
+      - one position: each value taken as v = 1 + u / 32 (u = q + 15 in 0..30; v exact in float32), v h rounded once
+        and summed over a group in any order, then 32 (that sum - sum(h_g)) - 15 sum(h_g), then over the groups:
+        each step's rounding is below 2^-24 of terms no larger than 128 |h_g|_1, so (32 + groups + 16) 2^-17 of
+        sum_g s_g |h_g|_1;
       - a tile: the tensor cores multiply exactly (h^ has 8 significant bits, each s q split into two parts of at
         most 10, float32 holds them whole in TF32) and sum in float32 in an order of their own: (hidden + groups +
         8) 2^-23 of |s q h^| <= 15 s_g (|h_g|_1 + |h_g - h^_g|_1)."""
     groups = hidden // tail_lowbit.GROUP
     slack = 1 + tail_lowbit.SUM_SLACK
     half = 0.5 * (1 + tail_lowbit.WEIGHT_SLACK)
-    g_one = (tail_lowbit.GROUP + groups + 8) * 2.0 ** -23
+    g_one = (tail_lowbit.GROUP + groups + 16) * 2.0 ** -17
     g_tile = (hidden + groups + 8) * 2.0 ** -23
-    return (half + 3 * LV5 * g_one) * slack, (half + LV5 * g_tile) * slack, LV5 * (1 + g_tile) * slack
+    return (half + g_one) * slack, (half + LV5 * g_tile) * slack, LV5 * (1 + g_tile) * slack
 
 
 @triton.jit
@@ -202,17 +204,18 @@ def _epilogue5(acc, bnd, rm, rn, M, N, mk_ptr, a_ptr, pass_ptr, bound_ptr, arith
 
 @triton.jit
 def _values5(nib_ptr, plane_ptr, sc_ptr, r64, gg, rj, K, groups, mn, mg):
-    """Rows r64, groups gg: (u of the low halves, u of the high halves as int32 [rows, groups, 16], in 0..30; the
-    scales float32 [rows, groups])."""
+    """Rows r64, groups gg: (v = 1 + u / 32 of the low halves and of the high halves, float32 [rows, groups, 16], u in
+    0..30, made from the bits without an integer-to-float conversion; the scales float32 [rows, groups])."""
     m2 = mn[:, None] & mg[None, :]
     m3 = m2[:, :, None] & (rj < 16)[None, None, :]
     nib = tl.load(nib_ptr + r64[:, None, None] * (K // 2) + (gg[:, None] * 16 + rj[None, :])[None, :, :], mask=m3,
                   other=0).to(tl.int32)
     word = tl.load(plane_ptr + r64[:, None] * groups + gg[None, :], mask=m2, other=0)[:, :, None]
-    u_lo = (nib & 15) | (((word >> rj[None, None, :]) & 1) << 4)
-    u_hi = (nib >> 4) | (((word >> (rj + 16)[None, None, :]) & 1) << 4)
+    one = 0x3F800000  # 1.0: u's five bits go to the top of the mantissa
+    v_lo = (one | ((nib & 15) << 18) | (((word >> rj[None, None, :]) & 1) << 22)).to(tl.float32, bitcast=True)
+    v_hi = (one | ((nib >> 4) << 18) | (((word >> (rj + 16)[None, None, :]) & 1) << 22)).to(tl.float32, bitcast=True)
     s = tl.load(sc_ptr + r64[:, None] * groups + gg[None, :], mask=m2, other=0.0).to(tl.float32)
-    return u_lo, u_hi, s
+    return v_lo, v_hi, s
 
 
 @triton.autotune(configs=CONFIGS5_ONE, key=["N", "K"])
@@ -220,7 +223,7 @@ def _values5(nib_ptr, plane_ptr, sc_ptr, r64, gg, rj, K, groups, mn, mg):
 def _screen5_one(h_ptr, nib_ptr, plane_ptr, sc_ptr, mk_ptr, a_ptr, pass_ptr, bound_ptr, M, N, K, arith, c_one,
                  LV: tl.constexpr, WANT_BOUND: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
     """One position: BLOCK_N rows, BLOCK_G groups at a time, on the CUDA cores; h in float32 (no rounding of h):
-    sum_g s_g (u_g . h_g - 15 sum(h_g))."""
+    sum_g s_g (32 (v_g . h_g - sum(h_g)) - 15 sum(h_g)) = sum_g s_g q_g . h_g."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mn = rn < N
     r64 = rn.to(tl.int64)
@@ -232,13 +235,14 @@ def _screen5_one(h_ptr, nib_ptr, plane_ptr, sc_ptr, mk_ptr, a_ptr, pass_ptr, bou
     for g0 in range(0, groups, BLOCK_G):
         gg = g0 + rg
         mg = gg < groups
-        u_lo, u_hi, s = _values5(nib_ptr, plane_ptr, sc_ptr, r64, gg, rj, K, groups, mn, mg)
+        v_lo, v_hi, s = _values5(nib_ptr, plane_ptr, sc_ptr, r64, gg, rj, K, groups, mn, mg)
         k_lo = gg[:, None] * 32 + rj[None, :]
         mh = mg[:, None] & (rj < 16)[None, :]
         h_lo = tl.load(h_ptr + k_lo, mask=mh, other=0.0).to(tl.float32)
         h_hi = tl.load(h_ptr + k_lo + 16, mask=mh, other=0.0).to(tl.float32)
-        dot = tl.sum(u_lo.to(tl.float32) * h_lo[None, :, :] + u_hi.to(tl.float32) * h_hi[None, :, :], axis=2)
-        part = dot - LV * tl.sum(h_lo + h_hi, axis=1)[None, :]  # [BLOCK_N, BLOCK_G]
+        dot = tl.sum(v_lo * h_lo[None, :, :] + v_hi * h_hi[None, :, :], axis=2)
+        hsum = tl.sum(h_lo + h_hi, axis=1)[None, :]
+        part = 32 * (dot - hsum) - LV * hsum  # [BLOCK_N, BLOCK_G]
         acc += tl.sum(s * part, axis=1)
         bnd += tl.sum(s * tl.sum(tl.abs(h_lo) + tl.abs(h_hi), axis=1)[None, :], axis=1)
     _epilogue5(acc[None, :], c_one * bnd[None, :], tl.arange(0, 1), rn, M, N, mk_ptr, a_ptr, pass_ptr, bound_ptr,
@@ -274,15 +278,15 @@ def _screen5_tile(h_ptr, nib_ptr, plane_ptr, sc_ptr, mk_ptr, a_ptr, pass_ptr, bo
     for g0 in range(0, groups, BLOCK_G):
         gg = g0 + rg
         mg = gg < groups
-        u_lo, u_hi, s = _values5(nib_ptr, plane_ptr, sc_ptr, r64, gg, rj, K, groups, mn, mg)
+        v_lo, v_hi, s = _values5(nib_ptr, plane_ptr, sc_ptr, r64, gg, rj, K, groups, mn, mg)
         hrow = h_ptr + rm[:, None, None] * K + (gg[:, None] * 32 + rj[None, :])[None, :, :]
         mh = mm[:, None, None] & mg[None, :, None] & (rj < 16)[None, None, :]
         h_lo = tl.load(hrow, mask=mh, other=0.0).to(tl.float32)  # [16, BLOCK_G, 16]
         h_hi = tl.load(hrow + 16, mask=mh, other=0.0).to(tl.float32)
         b_lo = h_lo.to(tl.bfloat16).to(tl.float32)
         b_hi = h_hi.to(tl.bfloat16).to(tl.float32)
-        acc += _split_dot(tl.reshape(b_lo, (16, BLOCK_G * 16)), (u_lo - LV).to(tl.float32), s, BLOCK_N, BLOCK_G * 16)
-        acc += _split_dot(tl.reshape(b_hi, (16, BLOCK_G * 16)), (u_hi - LV).to(tl.float32), s, BLOCK_N, BLOCK_G * 16)
+        acc += _split_dot(tl.reshape(b_lo, (16, BLOCK_G * 16)), 32 * v_lo - (32 + LV), s, BLOCK_N, BLOCK_G * 16)
+        acc += _split_dot(tl.reshape(b_hi, (16, BLOCK_G * 16)), 32 * v_hi - (32 + LV), s, BLOCK_N, BLOCK_G * 16)
         beta = c_half * tl.sum(tl.abs(h_lo) + tl.abs(h_hi), axis=2) \
             + c_delta * tl.sum(tl.abs(h_lo - b_lo) + tl.abs(h_hi - b_hi), axis=2)  # [16, BLOCK_G]
         bnd += tl.sum(beta[:, None, :] * s[None, :, :], axis=2)
