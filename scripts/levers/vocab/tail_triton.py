@@ -17,6 +17,10 @@ float32 at one position (no rounding of h) and in BF16 on the tensor cores in a 
 
     |w . h - est| <= sum_g s_g (1/2 |h_g|_1 + 15 |h_g - h^_g|_1) + the float32 sums' rounding (GAMMA below)
 
+On an H200 the 5-bit kernel is bound by its unpacking, not by memory (0.30 / 0.87 ms at 1 / 8 positions on the
+Qwen3.5-4B head's shape against the int8 kernel's 0.19 / 0.24; results/vocab-lowbit-20261128/README.md), so the
+load-time timing keeps the int8 one there.
+
 Imported only where the screen runs on a GPU with Triton; tail.py holds the bound and its check.
 """
 
