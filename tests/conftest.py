@@ -38,6 +38,11 @@ os.environ.setdefault("KMP_BLOCKTIME", "0")
 # BF16 (inductor cache warm), and four 32-token EAGLE-3 requests to Gemma 3 270M 22 s against 33 s.
 # TEST_DTYPE=bfloat16 runs the suite as a native-BF16 CPU does.
 TEST_DTYPE = os.environ.get("TEST_DTYPE") or ("bfloat16" if native_bf16(cpu_model_and_flags()[1]) else "float32")
+# Compiled (the variants' default) where the CPU has native BF16, so the session server and the profile test's server
+# cover vLLM's compiled CPU path there; eager where it does not: on the AVX2-only EPYC of 2026-11-28 (family 25, model
+# 1), the compiled session server's warm-up alone took 82 s of a 124 s start on the quiet machine, inductor's cache
+# warm, and `make test` ran 1,676 s on a fresh clone (the budget is 1,500). TEST_ENFORCE_EAGER=0 or 1 chooses.
+TEST_ENFORCE_EAGER = os.environ.get("TEST_ENFORCE_EAGER") or ("0" if TEST_DTYPE == "bfloat16" else "1")
 # tests/levers/quantize/real needs llm-compressor, which lives in .venv-quant (`make test` runs it there)
 collect_ignore = [] if importlib.util.find_spec("llmcompressor") else ["levers/quantize/real"]
 
@@ -56,10 +61,11 @@ TEST_KV_GIB = "1"
 
 
 def server_args() -> list[str]:
-    """The arguments a server-starting script gets: TEST_DTYPE (none where it is the variants' own BF16) and the
-    tests' KV cache size."""
+    """The arguments a server-starting script gets: TEST_DTYPE (none where it is the variants' own BF16),
+    TEST_ENFORCE_EAGER where it is 1, and the tests' KV cache size."""
     dtype = [] if TEST_DTYPE == "bfloat16" else ["--set", f"SERVE_DTYPE={TEST_DTYPE}"]
-    return [*dtype, "--set", f"ENV_VLLM_CPU_KVCACHE_SPACE={TEST_KV_GIB}"]
+    eager = ["--set", "SERVE_ENFORCE_EAGER=1"] if TEST_ENFORCE_EAGER == "1" else []
+    return [*dtype, *eager, "--set", f"ENV_VLLM_CPU_KVCACHE_SPACE={TEST_KV_GIB}"]
 
 
 def _ephemeral_low() -> int:
