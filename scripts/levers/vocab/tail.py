@@ -403,7 +403,7 @@ def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> di
         raise TailError(f"the {kernel} screen runs on a GPU; the output matrix is on the CPU")
     if matrix.device.type != "cpu" and kernel not in GPU_KERNELS:
         raise TailError(f"the {kernel} screen runs on the CPU only; the output matrix is on {matrix.device} (the "
-                        f"{' and '.join(GPU_KERNELS)} screens run there)")
+                        f"{', '.join(GPU_KERNELS[:-1])} and {GPU_KERNELS[-1]} screens run there)")
     if matrix.device.type == "cuda" and kernel == INT_MM and matrix.shape[1] % 8:
         raise TailError(f"the {INT_MM} screen on a GPU needs a hidden size that is a multiple of 8, not "
                         f"{matrix.shape[1]} (cuBLASLt's int8 GEMM)")

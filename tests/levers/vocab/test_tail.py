@@ -6,6 +6,7 @@ included), and the refusals (the served fallback is tested with the real server 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -23,8 +24,8 @@ EXACT_HERE.add("int5-g32")  # its AVX2 pair sums cannot saturate (test_tail_lowb
 @pytest.fixture(params=list(tail.KERNELS))
 def kernel(request, monkeypatch):
     """Each kernel this CPU computes exactly (oneDNN's int8 GEMM saturates without VNNI or AMX)."""
-    if request.param == tail.TRITON:
-        pytest.skip("triton-w8a16 runs on a GPU (test_tail_gpu.py)")
+    if request.param in (tail.TRITON, tail.TRITON5):
+        pytest.skip(f"{request.param} runs on a GPU (test_tail_gpu.py; in Triton's interpreter: test_tail_triton.py)")
     if request.param not in EXACT_HERE:
         pytest.skip(f"{request.param}: this CPU has none of {', '.join(INT8_DOT_FLAGS)}")
     monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", request.param)
@@ -141,11 +142,14 @@ def test_the_kernel_follows_the_cpus_int8_dot_products(monkeypatch):
     assert tail.exact_kernels(["avx2", "amx_int8"])[:2] == ["int5-g32", "onednn-w8a8"]
     assert tail.exact_kernels(["avx2"]) == ["int5-g32", "torch-w8a16"]
     assert tail.kernel_name(["avx2"], device="cuda") == "torch-int-mm"
+    gpu = ["torch-int-mm", "triton-w8a16", "triton-int5"] if importlib.util.find_spec("triton") else ["torch-int-mm"]
+    assert tail.exact_kernels(device="cuda") == gpu
     monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", "torch-w8a16")
     assert tail.kernel_name(["avx512_vnni"]) == "torch-w8a16"
     monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", "int8")  # the int8 kernels this CPU computes exactly, no 5-bit one
     assert tail.exact_kernels(["avx512_vnni"]) == ["onednn-w8a8", "torch-int-mm", "torch-w8a16"]
     assert tail.exact_kernels(["avx2"]) == ["torch-w8a16"]
+    assert tail.exact_kernels(device="cuda") == [k for k in gpu if k != "triton-int5"]
     monkeypatch.setenv("LAB_VOCAB_TAIL_KERNEL", "int4")
     with pytest.raises(tail.TailError, match="LAB_VOCAB_TAIL_KERNEL='int4'.*onednn-w8a8, torch-w8a16"):
         tail.kernel_name()
@@ -184,10 +188,12 @@ def test_the_fastest_kernel_is_timed_for_real():
 
 def test_a_cpu_kernel_on_another_device_is_refused_naming_the_one_that_runs_there():
     rows = torch.empty(64, 8, dtype=torch.bfloat16, device="meta")
-    with pytest.raises(tail.TailError, match="torch-w8a16 screen runs on the CPU only.*torch-int-mm and triton-w8a16 screens run"):
+    with pytest.raises(tail.TailError, match="torch-w8a16 screen runs on the CPU only.*torch-int-mm, triton-w8a16 and "
+                                             "triton-int5 screens run"):
         tail.build(rows, [0, 1], kernel="torch-w8a16")
-    with pytest.raises(tail.TailError, match="triton-w8a16 screen runs on a GPU"):
-        tail.build(torch.zeros(64, 8, dtype=torch.bfloat16), [0, 1], kernel="triton-w8a16")
+    for gpu_only in ("triton-w8a16", "triton-int5"):
+        with pytest.raises(tail.TailError, match=f"{gpu_only} screen runs on a GPU"):
+            tail.build(torch.zeros(64, 8, dtype=torch.bfloat16), [0, 1], kernel=gpu_only)
 
 
 def test_checkpoint_asking_for_another_tail_method_fails_to_load(tmp_path):

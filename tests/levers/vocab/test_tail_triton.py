@@ -46,12 +46,6 @@ print("ok")
 """
 
 
-def test_triton_screen_kernels_in_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(paths.ROOT)}
-    r = subprocess.run([sys.executable, "-c", CHECK], cwd=paths.ROOT, env=env, capture_output=True, text=True,
-                       timeout=300, check=False)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout + r.stderr)[-2000:]
-
 
 CHECK5 = r"""
 import torch
@@ -90,8 +84,9 @@ print("ok")
 """
 
 
-def test_triton_5bit_screen_kernels_in_the_interpreter():
+@pytest.mark.parametrize("check", [CHECK, CHECK5], ids=["int8", "5bit"])
+def test_triton_screen_kernels_in_the_interpreter(check):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(paths.ROOT)}
-    r = subprocess.run([sys.executable, "-c", CHECK5], cwd=paths.ROOT, env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", check], cwd=paths.ROOT, env=env, capture_output=True, text=True,
                        timeout=300, check=False)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout + r.stderr)[-2000:]
