@@ -131,7 +131,7 @@ def test_plugin_is_an_installed_entry_point():
 # ------------------------------------------------------------------------------------------------ real vLLM (slow)
 PRUNED = "smollm2-v16k"
 # eager: the plugin computes the logits outside the compiled forward: compiled mode adds a start, not coverage
-EAGER = "SERVE_ENFORCE_EAGER=1"  # only the session server runs compiled (tests/conftest.py)
+EAGER = "SERVE_ENFORCE_EAGER=1"  # compiled only in the session server, where TEST_ENFORCE_EAGER is 0 (tests/conftest.py)
 
 
 @pytest.mark.slow
