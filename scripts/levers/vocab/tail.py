@@ -73,7 +73,8 @@ INT5 = "int5-g32"  # the 5-bit screen (tail_lowbit.py): its own bound, its own C
 TRITON5 = "triton-int5"  # the same 5-bit screen on a GPU (tail_triton.py)
 LOWBIT = (INT5, TRITON5)  # fewer bytes than an int8 screen, more rows opened: the served steps decide (fill())
 INT8 = "int8"  # LAB_VOCAB_TAIL_KERNEL=int8: every int8 kernel above, the 5-bit one left out
-GPU_KERNELS = (INT_MM, TRITON, TRITON5)
+TRITON_KERNELS = (TRITON, TRITON5)  # GPU-only: Triton kernels
+GPU_KERNELS = (INT_MM, *TRITON_KERNELS)
 CHOICE_BATCHES, CHOICE_REPEAT = (1, 8), 5  # the timing by which build() picks a kernel: positions a step, calls
 ONLINE_TRIALS = 8  # served steps of each step size a screen and its runner-up take each before fill() keeps one
 INT_MM_MIN_ROWS = 17  # cuBLASLt's int8 GEMM in torch._int_mm takes more than 16 rows
@@ -112,7 +113,7 @@ def exact_kernels(cpu_flags=None, device: str = "cpu") -> list[str]:
     if device != "cpu":
         import importlib.util
 
-        found = [INT_MM, TRITON, TRITON5] if importlib.util.find_spec("triton") else [INT_MM]
+        found = list(GPU_KERNELS) if importlib.util.find_spec("triton") else [INT_MM]
     else:
         flags = cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags
         found = [INT5, ONEDNN, INT_MM, WEIGHT_ONLY] if any(f in flags for f in INT8_DOT_FLAGS) else [INT5, WEIGHT_ONLY]
@@ -399,7 +400,7 @@ def build(matrix, kept_ids, kernel: str | None = None, check: bool = True) -> di
         if len(candidates) > 1:
             return fastest(matrix, kept_ids, candidates)
         kernel = candidates[0]
-    if matrix.device.type == "cpu" and kernel in (TRITON, TRITON5):
+    if matrix.device.type == "cpu" and kernel in TRITON_KERNELS:
         raise TailError(f"the {kernel} screen runs on a GPU; the output matrix is on the CPU")
     if matrix.device.type != "cpu" and kernel not in GPU_KERNELS:
         raise TailError(f"the {kernel} screen runs on the CPU only; the output matrix is on {matrix.device} (the "

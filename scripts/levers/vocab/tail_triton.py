@@ -15,7 +15,7 @@ loads (pack5(): per row, a byte holds value j of a group in its low half and val
 holds every value's fifth bit, then the scales). Its bound is the L1 bound per group of tail_lowbit, here with h in
 float32 at one position (no rounding of h) and in BF16 on the tensor cores in a tile (|h - h^| per group joins it):
 
-    |w . h - est| <= sum_g s_g (1/2 |h_g|_1 + 15 |h_g - h^_g|_1) + the float32 sums' rounding (GAMMA below)
+    |w . h - est| <= sum_g s_g (1/2 |h_g|_1 + 15 |h_g - h^_g|_1) + the float32 sums' rounding (coefficients())
 
 On an H200 the 5-bit kernel is bound by its unpacking, not by memory (0.30 / 0.87 ms at 1 / 8 positions on the
 Qwen3.5-4B head's shape against the int8 kernel's 0.19 / 0.24; results/vocab-lowbit-20261128/README.md), so the

@@ -24,7 +24,7 @@ EXACT_HERE.add("int5-g32")  # its AVX2 pair sums cannot saturate (test_tail_lowb
 @pytest.fixture(params=list(tail.KERNELS))
 def kernel(request, monkeypatch):
     """Each kernel this CPU computes exactly (oneDNN's int8 GEMM saturates without VNNI or AMX)."""
-    if request.param in (tail.TRITON, tail.TRITON5):
+    if request.param in tail.TRITON_KERNELS:
         pytest.skip(f"{request.param} runs on a GPU (test_tail_gpu.py; in Triton's interpreter: test_tail_triton.py)")
     if request.param not in EXACT_HERE:
         pytest.skip(f"{request.param}: this CPU has none of {', '.join(INT8_DOT_FLAGS)}")
