@@ -220,8 +220,8 @@ shape-proxy: $(STAMP) ## write the random-weight Qwen3.5-4B shape proxy to weigh
 eval-latency: weights ## measure VARIANT's latency/throughput (c=1,4,8; fixed+natural) -> experiments/VARIANT/latency_*.json (TOPOLOGY=.cache/replicas/VARIANT.json: the replicas make serve-replicas runs)
 	$(PY) -m scripts.measure.latency $(VARIANT) $(ENGINE_SET) $(if $(TOPOLOGY),--topology $(TOPOLOGY)) $(BENCH_ARGS)
 
-eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2) back to back, one ladder id
-	$(PY) -m scripts.measure.latency --ladder $(BASE) $(BENCH_ARGS)
+eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2) back to back, one ladder id; ROUNDS=2 alternates the order for each ratio's 95% interval, ONLY=a,b keeps those rungs
+	$(PY) -m scripts.measure.latency --ladder $(BASE) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
 
 soak: weights ## bounded soak of VARIANT's server: 120 streamed requests at c=1, 8, 32 with disconnects and refusals, then idle and RSS checks (SOAK_ARGS) -> experiments/VARIANT/soak_*.json
 	$(PY) -m scripts.measure.soak $(VARIANT) $(ENGINE_SET) $(SOAK_ARGS)

@@ -145,3 +145,104 @@ def parity_stats(kld: list[float], top1_agree: list[bool], nll_ref: list[float],
         "ppl_ratio": ppl_var / ppl_ref,
         "nll_tokens": len(nll_ref),
     }
+
+
+# ------------------------------------------------------------------------------------------- speed over alternating rounds
+SPEED_CONFIDENCE = 0.95  # two-sided: "faster" when the interval's lower end is above 1.00, a tie when it holds 1.00
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: int) -> float:
+    """Student's t distribution function with `df` degrees of freedom."""
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (p in (0.5, 1)), by bisection on t_cdf: t_quantile(0.975, 1) = 12.706."""
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2.0
+
+
+@dataclass(frozen=True)
+class SpeedRatio:
+    """A candidate's speed over its reference's from rounds that alternate the two: the geometric mean of the per-round
+    ratios and its two-sided `confidence` interval (Student's t on the log ratios, rounds - 1 degrees of freedom; None
+    with fewer than two rounds). `verdict`: faster (lower end > 1), slower (upper end < 1), tie (the interval holds
+    1.00), or one round (no interval: nothing certified)."""
+    ratio: float
+    lo: float | None
+    hi: float | None
+    rounds: int
+    confidence: float = SPEED_CONFIDENCE
+
+    @property
+    def verdict(self) -> str:
+        if self.lo is None:
+            return "one round"
+        return "faster" if self.lo > 1.0 else "slower" if self.hi < 1.0 else "tie"
+
+    @property
+    def faster(self) -> bool:
+        return self.verdict == "faster"
+
+    def text(self, spec: str = ".2f") -> str:
+        """'1.61 [1.52, 1.70]', or '1.61 (1 round)' where there is no interval."""
+        if self.lo is None:
+            return f"{self.ratio:{spec}} ({self.rounds} round)"
+        return f"{self.ratio:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}]"
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "verdict": self.verdict}
+
+
+def speed_ratio(pairs: list[tuple[float, float]], confidence: float = SPEED_CONFIDENCE) -> SpeedRatio | None:
+    """SpeedRatio of (candidate, reference) speeds, one pair a round (both measured in that round; higher is faster,
+    e.g. output tok/s). None when no round has both. Rounds are exchangeable after alternation, so the log ratios are
+    treated as independent: log r_i = log(cand_i / ref_i), mean m, sample sd s, n rounds;
+    interval = exp(m ± t_{(1+confidence)/2, n-1} · s / sqrt(n))."""
+    logs = [math.log(c / r) for c, r in pairs if c and r and c > 0 and r > 0]
+    if not logs:
+        return None
+    n = len(logs)
+    m = sum(logs) / n
+    if n == 1:
+        return SpeedRatio(math.exp(m), None, None, 1, confidence)
+    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
+    half = t_quantile((1.0 + confidence) / 2.0, n - 1) * sd / math.sqrt(n)
+    return SpeedRatio(math.exp(m), math.exp(m - half), math.exp(m + half), n, confidence)

@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", help="with --ladder: comma-separated variants to keep (the reference always stays)")
     p.add_argument("--ladder-id", help="without --ladder: the ladder this one variant's run belongs to (make optimize "
                    "measures its ladder a rung at a time, so a killed ladder continues)")
+    p.add_argument("--rounds", type=int, default=1, help="with --ladder: measure the ladder this many times, alternating "
+                   "the order (make eval-latency-ladder ROUNDS=2): the ratios then carry a 95%% interval")
+    p.add_argument("--round", type=int, help="with --ladder-id: which round of the ladder this run is (rounds alternate a "
+                   "candidate and its reference; make compare pairs their records by round for the ratio's interval)")
     p.add_argument("--base-url", help="measure a running server instead of starting one")
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated levels (default %(default)s)")
     p.add_argument("--modes", default=",".join(MODES), help="fixed,natural")
@@ -282,6 +286,8 @@ def run_variant(name: str, args, ladder_id: str | None = None) -> int:
         if counters := read_counters(variant):
             record["engine_counters"] = counters  # over the whole server run: warm-up requests included
         record["inputs"]["ladder_id"] = ladder_id
+        if getattr(args, "round", None):
+            record["inputs"]["round"] = args.round
     except (BenchError, PromptSetError, VariantError, ServerError, CheckpointError, ReplicaError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -317,8 +323,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no variant of base {args.variant!r} has its weights present", file=sys.stderr)
         return 1
     ladder_id = f"{args.variant}-{now_utc():%Y%m%d-%H%M%S}"
-    print(f"ladder {ladder_id}: {', '.join(names)} (back to back)", flush=True)
-    return max(run_variant(n, args, ladder_id) for n in names)
+    print(f"ladder {ladder_id}: {', '.join(names)} (back to back, {args.rounds} round(s))", flush=True)
+    worst = 0
+    for k, order in enumerate(round_orders(names, args.rounds), start=1):
+        args.round = k if args.rounds > 1 else None
+        worst = max([worst, *(run_variant(n, args, ladder_id) for n in order)])
+    return worst
+
+
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The ladder's order in each round: as given in odd rounds, reversed in even ones (ABBA), so a drift of the
+    machine over the ladder weighs on every rung alike and each candidate alternates with its reference."""
+    return [list(names) if k % 2 == 0 else list(reversed(names)) for k in range(rounds)]
 
 
 if __name__ == "__main__":

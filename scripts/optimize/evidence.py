@@ -1,10 +1,12 @@
 """make optimize's quality evidence, cheapest first, and the certified winner per concurrency.
 
 Parity for every lossy candidate and greedy identity for every lossless one (minutes each); then, per concurrency,
-candidates in order of speed: one slower than the best certified so far (the BF16 reference to begin with) is not
-pursued; one whose gate fails is rejected; one whose gate lacks only the suite gets it (the 10% sample, then every
-item under BUDGET=full where the sample does not decide), for itself and for any variant up its chain whose pass it
-needs (a lossless speculation's lossy parent). The first certified one is that concurrency's winner. Verdicts are the
+candidates in order of speed (the geometric mean of their per-round ratios to the BF16 reference): one whose ratio is
+not above 1.00 ends the search; one whose ratio's 95% interval over the ladder's rounds holds 1.00 (a tie) or has a
+single round is not faster and buys no more evidence; one whose gate fails is rejected; one whose gate lacks only the
+suite gets it (the 10% sample, then every item under BUDGET=full where the sample does not decide), for itself and for
+any variant up its chain whose pass it needs (a lossless speculation's lossy parent). The first certified one whose
+interval's lower end is above 1.00 is that concurrency's winner. Verdicts are the
 gate's (scripts/common/gate.py through scripts/report/compare.py: judge, then chain), the same as `make compare`'s.
 """
 
@@ -16,13 +18,15 @@ from scripts.common.gate import SUITE_KEY, quality_source
 from scripts.common.variants import load_variant, reference_name
 from scripts.data.bigbench_tasks import SUITE_DIR
 from scripts.optimize.plan import BUDGETS, Candidate
-from scripts.optimize.report import criterion_text, throughput
+from scripts.optimize.report import criterion_text
+from scripts.optimize.speeds import Speeds
 from scripts.report.compare import Judged, chain, judge
 
 
 @dataclass
 class Outcome:
-    """What the run concluded about one candidate: certified | rejected | not certified | not pursued | failed."""
+    """What the run concluded about one candidate: certified | tie (at parity, not faster with 95% confidence) |
+    rejected | not certified | not pursued | failed."""
     status: str
     why: str
     judged: Judged | None = None
@@ -77,24 +81,24 @@ def run_suite(r, variant: str, reference: str, kind: str) -> bool:
     return True
 
 
-def speed(speeds: dict[str, str | None], variant: str, level: int) -> float | None:
-    return throughput(speeds.get(variant), level)
+def above(speeds: Speeds, variant: str, reference: str, level: int) -> bool:
+    """The variant's point ratio to the reference is above 1.00 at this level."""
+    return (speeds.point(variant, reference, level) or 0) > 1.0
 
 
-def contenders(plan, measured: list[Candidate], speeds: dict[str, str | None]) -> set[str]:
-    """The candidates worth evidence: faster than the reference at some level, and every candidate up the chain of
-    one (a lossless speculation needs its lossy parent certified, however fast the parent is)."""
+def contenders(plan, measured: list[Candidate], speeds: Speeds) -> set[str]:
+    """The candidates worth evidence: faster than the reference at some level (point estimate over the rounds), and
+    every candidate up the chain of one (a lossless speculation needs its lossy parent certified, however fast the
+    parent is)."""
     names = {c.variant for c in measured}
-    out = {c.variant for c in measured if any((speed(speeds, c.variant, lv) or 0) > (speed(speeds, plan.reference, lv)
-                                                                                      or float("inf"))
-                                              for lv in plan.concurrency)}
+    out = {c.variant for c in measured if any(above(speeds, c.variant, plan.reference, lv) for lv in plan.concurrency)}
     for v in list(out):
         while (v := reference_name(load_variant(v).resolved)) in names:
             out.add(v)
     return out
 
 
-def certify(r, measured: list[Candidate], speeds: dict[str, str | None]) -> dict[str, Outcome]:
+def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
     plan, budget = r.plan, BUDGETS[r.plan.budget]
     out: dict[str, Outcome] = {}
     worth = contenders(plan, measured, speeds)
@@ -112,14 +116,17 @@ def certify(r, measured: list[Candidate], speeds: dict[str, str | None]) -> dict
     judged = judge_plan([c.variant for c in measured])
     won: dict[int, float] = {}
     for level in plan.concurrency:
-        best = speed(speeds, plan.reference, level)
-        for c in sorted(measured, key=lambda c: -(speed(speeds, c.variant, level) or 0)):
-            s = speed(speeds, c.variant, level)
+        for c in sorted(measured, key=lambda c: -(speeds.point(c.variant, plan.reference, level) or 0)):
+            sr = speeds.versus(c.variant, plan.reference, level)
             if c.variant in out and out[c.variant].status == "failed":
                 continue
-            if s is None or best is None or s <= best:
+            if sr is None or sr.ratio <= 1.0:
                 break
             if any(x.status == "fail" for x in judged[c.variant].criteria):
+                continue
+            if not sr.faster:  # a tie with the reference (or one round): not faster, whatever its quality
+                r.note(c.variant, f"c={level}: {sr.text()} × {plan.reference} over {sr.rounds} round(s) is "
+                       f"{'a tie (its 95% interval holds 1.00)' if sr.verdict == 'tie' else 'one round: no interval'}")
                 continue
             waiting = needs_suite(c.variant, judged)
             if waiting and (budget.suite is None or r.no_suite):
@@ -135,7 +142,7 @@ def certify(r, measured: list[Candidate], speeds: dict[str, str | None]) -> dict
                         break
                 judged = judge_plan([c.variant for c in measured])
             if judged[c.variant].certified:
-                won[level] = s
+                won[level] = sr.ratio
                 out.setdefault(c.variant, Outcome("certified", "", judged[c.variant])).winner_at.append(level)
                 break
     for c in measured:
@@ -144,15 +151,19 @@ def certify(r, measured: list[Candidate], speeds: dict[str, str | None]) -> dict
             out[c.variant].judged = out[c.variant].judged or j
             continue
         failed = [x for x in j.criteria if x.status == "fail"]
-        faster = [lv for lv in plan.concurrency
-                  if (speed(speeds, c.variant, lv) or 0) > (speed(speeds, plan.reference, lv) or float("inf"))]
+        faster = [lv for lv in plan.concurrency if above(speeds, c.variant, plan.reference, lv)]
         if failed:
             out[c.variant] = Outcome("rejected", "; ".join(criterion_text(x) for x in failed), j)
+        elif j.certified and not any((sr := speeds.versus(c.variant, plan.reference, lv)) and sr.faster
+                                     for lv in plan.concurrency):
+            out[c.variant] = Outcome("tie", "at parity, but not faster with 95% confidence at any level: " + "; ".join(
+                f"c={lv} {sr.text() if (sr := speeds.versus(c.variant, plan.reference, lv)) else '—'}"
+                for lv in plan.concurrency), j)
         elif j.certified:
             out[c.variant] = Outcome("certified", "a faster certified variant won every level", j)
         elif not faster:
             out[c.variant] = Outcome("not pursued", "not faster than the BF16 reference at any level measured", j)
-        elif all(lv in won and (speed(speeds, c.variant, lv) or 0) <= won[lv] for lv in faster):
+        elif all(lv in won and (speeds.point(c.variant, plan.reference, lv) or 0) <= won[lv] for lv in faster):
             out[c.variant] = Outcome("not pursued", "slower than the certified winner wherever it beats BF16: its "
                                      "remaining evidence was not bought", j)
         else:

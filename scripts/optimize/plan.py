@@ -32,22 +32,31 @@ LOSSY_GATE = {"GATE_MAX_MEAN_KLD": "0.05", "GATE_MIN_TOP1": "0.90", "GATE_MAX_PP
 @dataclass(frozen=True)
 class Budget:
     """How much evidence each phase buys. `suite`: None (cut), "sample" (the 10% sample, `make eval-quality`) or
-    "full" (every drawn item once the sample does not decide). `levers`: the templates proposed (None: all)."""
+    "full" (every drawn item once the sample does not decide). `levers`: the templates proposed (None: all).
+    `ladder_rounds`: (on a CPU, on a GPU) how many times the ladder runs, its order alternating (ABBA), so each
+    candidate's ratio to the reference carries a 95% interval over rounds (a GPU lease varies more: the same GPU pair
+    measured 1.12x and 1.34x in two leases: results/gpu-stack-20261128/README.md)."""
     ladder: tuple[str, ...]
     parity: tuple[str, ...]
     identity: tuple[str, ...]
     suite: str | None
     levers: tuple[str, ...] | None
+    ladder_rounds: tuple[int, int] = (2, 3)
+    gpu_levers: tuple[str, ...] | None = None  # the GPU templates proposed (None: all)
+
+    def rounds(self, gpu: bool) -> int:
+        return self.ladder_rounds[1 if gpu else 0]
 
 
 BUDGETS = {
     # minutes on two CPU cores: 4 prompts x 32 tokens a level, 1024 scored tokens, 4 identity prompts, no suite
     "tiny": Budget(ladder=("--limit", "4", "--max-tokens-cap", "32"), parity=("--tokens", "1024", "--ctx", "256"),
                    identity=("--limit", "4", "--max-tokens", "32"), suite=None,
-                   levers=("gguf-bf16-server", "gguf-q8-0-server", "gguf-q8-0-server-ngram4")),
+                   levers=("gguf-bf16-server", "gguf-q8-0-server", "gguf-q8-0-server-ngram4"),
+                   gpu_levers=("graphs", "fp8kv", "ngram4")),
     # the scripts' own defaults (16 prompts of latency-v1, 8192 scored tokens, 32 identity prompts), the suite sample
     "normal": Budget(ladder=(), parity=(), identity=(), suite="sample", levers=None),
-    "full": Budget(ladder=(), parity=(), identity=(), suite="full", levers=None),
+    "full": Budget(ladder=(), parity=(), identity=(), suite="full", levers=None, ladder_rounds=(3, 5)),
 }
 
 
@@ -75,6 +84,7 @@ class Plan:
     hardware: str
     candidates: list[Candidate]
     left_out: list[dict[str, str]]
+    rounds: int | None = None  # the ladder's rounds (None: the budget's for this machine); edit to buy more
 
 
 # ------------------------------------------------------------------------------------------------------- templates
@@ -213,9 +223,10 @@ def vocab_tail(base: str, ref: dict[str, str], config: dict) -> tuple[tuple[str,
 
 
 def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float | None, hardware: str,
-            gpu: bool = False, cpu_flags: list[str] | None = None) -> tuple[Plan, dict[str, dict[str, str]]]:
+            gpu: bool = False, cpu_flags: list[str] | None = None,
+            capability: int | None = None) -> tuple[Plan, dict[str, dict[str, str]]]:
     """(the plan, {variant: config} of every variant it needs): candidates the model and the hardware admit
-    (`cpu_flags`: this machine's unless given)."""
+    (`cpu_flags`: this machine's unless given; on a GPU, `capability`: the device's as vLLM reads it unless given)."""
     from scripts.common.hardware import INT8_DOT_FLAGS, cpu_model_and_flags
 
     flags = cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags
@@ -229,17 +240,25 @@ def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float |
     model_dir = paths.ROOT / ref["MODEL"]
     if not (model_dir / "config.json").is_file():
         raise PlanError(f"{ref['MODEL']} does not exist: run `make weights VARIANT={ref_name}`")
-    if gpu:
-        raise PlanError("make optimize proposes CPU ladders only so far: on a GPU machine measure the GPU variants "
-                        "by hand (scripts/gpu/README.md)")
     config = json.loads((model_dir / "config.json").read_text())
     left_out: list[dict[str, str]] = []
     if err := vllm_refusal(config):
         raise PlanError(f"{ref_name}: vLLM cannot serve it, so there is no BF16 reference to judge against: {err}")
-    wanted = BUDGETS[budget].levers
-    tpl = templates(base, ref)
-    sources = gguf_sources(base, ref)
-    gguf_err = gguf_refusal(model_dir)
+    if gpu:
+        from scripts.optimize import gpu as gpu_plan
+
+        cc = gpu_plan.capability() if capability is None else capability
+        if cc is None:
+            raise PlanError("VLLM_TARGET=cuda, but vLLM sees no CUDA device here: run on a GPU machine, or "
+                            "VLLM_TARGET=cpu for the CPU plan")
+        wanted = BUDGETS[budget].gpu_levers
+        tpl, left_out = gpu_plan.templates(base, ref, model_dir, config, cc, list(concurrency), LOSSY_GATE)
+        sources, gguf_err = {}, None
+    else:
+        wanted = BUDGETS[budget].levers
+        tpl = templates(base, ref)
+        sources = gguf_sources(base, ref)
+        gguf_err = gguf_refusal(model_dir)
     configs: dict[str, dict[str, str]] = {}
     candidates = []
     for suffix, (lever, engine, cfg, needs) in tpl.items():
@@ -250,18 +269,19 @@ def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float |
         if suffix.startswith("gguf") and gguf_err:
             left_out.append({"lever": lever, "why": f"the GGUF export refuses {ref['MODEL']}: {gguf_err}"})
             continue
-        if suffix.startswith("int8") and not (paths.ROOT / ".venv-quant").is_dir():
+        if cfg.get("CALIBRATE_RECIPE") and not (paths.ROOT / ".venv-quant").is_dir():
             left_out.append({"lever": lever, "why": "llm-compressor is not installed: `make install-quant`"})
             continue
-        if suffix.startswith("int8") and not int8_dot and budget != "full":
+        if not gpu and suffix.startswith("int8") and not int8_dot and budget != "full":
             left_out.append({"lever": lever, "why": f"this CPU has none of {', '.join(INT8_DOT_FLAGS)}: W8A8 decoded "
                              "slower than BF16 without them (results/optimize_smoldocs_20261127-140103.md); BUDGET=full "
                              "or a candidate added to the plan measures it anyway"})
             continue
         builds = [f"{base}-{n}" for n in needs]
         for b in needs:
-            configs[f"{base}-{b}"] = sources[b]
-        if engine == "vllm" and cfg.get("SOURCE") == "lever":
+            if b in sources:
+                configs[f"{base}-{b}"] = sources[b]
+        if engine == "vllm" and cfg.get("SOURCE") == "lever" and (cfg.get("CALIBRATE_RECIPE") or cfg.get("PRUNE_KEEP")):
             builds.append(name)
         configs[name] = cfg
         candidates.append(Candidate(name, lever, engine, "identity" if cfg.get("GATE_GREEDY_IDENTITY") else "parity",

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.metrics import ratio
 from scripts.common.records import TRIAL_ENV, git_state, now_utc
 from scripts.common.variants import load_variant
+from scripts.optimize.speeds import Speeds
 from scripts.report.compare import MARKERS, bf16_server, engine_label, evidence, fmt, pareto_front
 
 # the phase of a step a state written before steps named their own phase holds
@@ -32,22 +32,6 @@ def kept_seconds(steps: dict[str, dict], phases) -> dict[str, float]:
     return spent
 
 
-def level_stat(record: str | None, level: int, key: str) -> float | None:
-    """One statistic of a latency record (a path under the repository) at one concurrency, fixed length."""
-    if not record:
-        return None
-    rec = json.loads((paths.ROOT / record).read_text())
-    return ((rec.get("summary", {}).get("fixed", {}).get(str(level))) or {}).get(key)
-
-
-def throughput(record: str | None, level: int) -> float | None:
-    return level_stat(record, level, "output_throughput")
-
-
-def tpot_p50(record: str | None, level: int) -> float | None:
-    return level_stat(record, level, "p50_tpot_ms")
-
-
 def plot(r, speeds, outcomes, out: Path) -> None:
     import matplotlib
 
@@ -57,10 +41,9 @@ def plot(r, speeds, outcomes, out: Path) -> None:
     levels = r.plan.concurrency
     fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 4.5), squeeze=False)
     for ax, level in zip(axes[0], levels, strict=True):
-        base = throughput(speeds.get(r.plan.reference), level)
         pts = []
         for v, o in outcomes.items():
-            x = ratio(throughput(speeds.get(v), level), base)
+            x = speeds.point(v, r.plan.reference, level)
             if x is None:
                 continue
             kld = o.judged.kld if o.judged else None
@@ -68,7 +51,7 @@ def plot(r, speeds, outcomes, out: Path) -> None:
         lossy = [p for p in pts if p[1]]
         floor = min((p[1] for p in lossy), default=1e-3) / 10
         for x, y, v, status in pts:
-            verdict = {"certified": "pass", "rejected": "fail"}.get(status, "inconclusive")
+            verdict = {"certified": "pass", "tie": "pass", "rejected": "fail"}.get(status, "inconclusive")
             marker, color = MARKERS[verdict]
             ax.scatter(x, y or floor, marker=marker, color=color, s=50)
             ax.annotate(v.removeprefix(f"{r.plan.base}-") + ("" if y else " (lossless)"), (x, y or floor), fontsize=7,
@@ -80,7 +63,7 @@ def plot(r, speeds, outcomes, out: Path) -> None:
         ax.axhline(floor * 1.6, color="gray", lw=0.5, ls=":")
         ax.set_yscale("log")
         ax.set_title(f"{r.plan.base}, c={level}: green certified, red rejected, orange undecided", fontsize=9)
-        ax.set(xlabel=f"output tok/s × {r.plan.reference}", ylabel="mean KLD vs reference (nats; lossless: bottom row)")
+        ax.set(xlabel=f"output tok/s × {r.plan.reference} (geometric mean over the rounds)", ylabel="mean KLD vs reference (nats; lossless: bottom row)")
         ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
@@ -102,7 +85,15 @@ def criterion_text(c) -> str:
     return f"{c.name} {c.status}{value} (limit {'≤' if c.kind == 'max' else '≥'} {c.limit:g}){': ' + tail if tail else ''}"
 
 
-def write(r, speeds: dict[str, str | None], outcomes: dict, wall_s: float) -> Path:
+def ratio_cell(speeds: Speeds, variant: str, reference: str, level: int) -> str:
+    """'1.61 [1.49, 1.74]' (95% interval over the rounds), '1.25 (1 round)', or — where not measured."""
+    if variant == reference:
+        return "1.00"
+    sr = speeds.versus(variant, reference, level)
+    return sr.text() if sr else "—"
+
+
+def write(r, speeds: Speeds, outcomes: dict, wall_s: float) -> Path:
     plan = r.plan
     stamp = f"{now_utc():%Y%m%d-%H%M%S}"
     md = paths.RESULTS / f"optimize_{plan.base}_{stamp}.md"
@@ -114,8 +105,9 @@ def write(r, speeds: dict[str, str | None], outcomes: dict, wall_s: float) -> Pa
             configs[p] = load_variant(p).resolved
             p = configs[p].get("PARENT")
     servers = [plan.reference] + [v for v, o in outcomes.items() if o.status == "certified" and bf16_server(v, configs)]
-    fastest = {lv: max(servers, key=lambda v: throughput(speeds.get(v), lv) or 0) for lv in plan.concurrency}
-    ref_rec = json.loads((paths.ROOT / speeds[plan.reference]).read_text())
+    fastest = {lv: max(servers, key=lambda v: speeds.tput(v, lv) or 0) for lv in plan.concurrency}
+    ref_rec = json.loads((paths.ROOT / speeds.record(plan.reference)).read_text())
+    rounds = len(speeds.records(plan.reference))
     git = git_state()
     lines = [f"# make optimize {plan.base}: the certified fastest variant on {plan.hardware}", "",
              f"`make optimize BASE={plan.base} BUDGET={plan.budget} CONCURRENCY={','.join(map(str, plan.concurrency))}"
@@ -125,8 +117,10 @@ def write(r, speeds: dict[str, str | None], outcomes: dict, wall_s: float) -> Pa
              f"`{paths.shown(paths.EVAL / 'optimize' / (plan.base + '.yaml'))}`; ladder `{r.state.ladder_id}` "
              f"({ref_rec['inputs']['prompt_set']}, {ref_rec['inputs']['num_prompts']} prompts, fixed output length"
              + (f", max_tokens capped at {ref_rec['inputs']['max_tokens_cap']}" if ref_rec['inputs'].get('max_tokens_cap') else "")
-             + "). Speed is output tok/s of one ladder run on this machine, one server at a time; verdicts are the "
-             "parity gate's (one-sided 95% bounds), as `make gate` prints them."
+             + f"). Speed is output tok/s on this machine, one server at a time, over {rounds} round(s) of the ladder "
+             "in alternating order; each ratio is the geometric mean of its per-round ratios with its 95% interval "
+             "[lower, upper] (Student's t over the rounds): faster means the lower end is above 1.00, an interval "
+             "holding 1.00 is a tie. Verdicts are the parity gate's (one-sided 95% bounds), as `make gate` prints them."
              + (f" A trial: its records carry `trial: {os.environ[TRIAL_ENV]}`, which `make compare` and "
                 "`make gate` leave out (scripts/common/records.py)." if os.environ.get(TRIAL_ENV) else ""),
              "", "## The winner", "",
@@ -137,33 +131,33 @@ def write(r, speeds: dict[str, str | None], outcomes: dict, wall_s: float) -> Pa
         w = next((v for v, o in outcomes.items() if lv in o.winner_at), None)
         winners[lv] = w or plan.reference
         v = winners[lv]
-        rec = json.loads((paths.ROOT / speeds[v]).read_text())
-        t, f = throughput(speeds[v], lv), fastest[lv]
+        rec = json.loads((paths.ROOT / speeds.record(v)).read_text())
+        f = fastest[lv]
         lines.append(f"| c={lv} | {v if w else plan.reference + ' (no certified candidate is faster)'} | {engine_label(rec)} | "
-                     f"{fmt(t, '.1f')} | {fmt(ratio(t, throughput(speeds[plan.reference], lv)))} | "
-                     f"{fmt(ratio(t, throughput(speeds[f], lv)))} ({f}) | {fmt(tpot_p50(speeds[v], lv), '.1f')} | "
+                     f"{fmt(speeds.tput(v, lv), '.1f')} | {ratio_cell(speeds, v, plan.reference, lv)} | "
+                     f"{ratio_cell(speeds, v, f, lv)} ({f}) | {fmt(speeds.tpot_p50(v, lv), '.1f')} | "
                      f"{evidence_line(outcomes[v]) if w else 'the reference'} |")
     if plan.slo_tpot_ms:
         lines += ["", f"Under SLO_TPOT_MS={plan.slo_tpot_ms:g} (TPOT p50):"]
         for lv in plan.concurrency:
-            ok = [v for v in [plan.reference, *(v for v, o in outcomes.items() if o.status == "certified")]
-                  if (tpot_p50(speeds.get(v), lv) or float("inf")) <= plan.slo_tpot_ms]
-            best = max(ok, key=lambda v: throughput(speeds.get(v), lv) or 0, default=None)
-            lines.append(f"- c={lv}: " + (f"{best}, {fmt(throughput(speeds[best], lv), '.1f')} tok/s at TPOT p50 "
-                                          f"{fmt(tpot_p50(speeds[best], lv), '.1f')} ms" if best else
+            ok = [v for v in [plan.reference, *(v for v, o in outcomes.items() if o.status in ("certified", "tie"))]
+                  if (speeds.tpot_p50(v, lv) or float("inf")) <= plan.slo_tpot_ms]
+            best = max(ok, key=lambda v: speeds.tput(v, lv) or 0, default=None)
+            lines.append(f"- c={lv}: " + (f"{best}, {fmt(speeds.tput(best, lv), '.1f')} tok/s at TPOT p50 "
+                                          f"{fmt(speeds.tpot_p50(best, lv), '.1f')} ms" if best else
                                           "no certified variant meets it"))
     w1 = winners[plan.concurrency[0]]
     lines += ["", "## Serve it", "", "```bash"] + [f"make serve VARIANT={w}    # the winner at c={','.join(str(lv) for lv in plan.concurrency if winners[lv] == w)}"
                                                    for w in dict.fromkeys(winners.values())] + [
         f"make build VARIANT={w1}    # its serving image (buildah), then make verify-image VARIANT={w1}", "```", "",
         "## Every candidate", "",
-        "| variant | lever | " + " | ".join(f"c={lv} tok/s | × BF16" for lv in plan.concurrency) + " | verdict | why |",
+        "| variant | lever | " + " | ".join(f"c={lv} tok/s | × BF16 [95% interval]" for lv in plan.concurrency)
+        + " | verdict | why |",
         "| --- | --- | " + " | ".join("---: | ---:" for _ in plan.concurrency) + " | --- | --- |"]
     levers = {c.variant: c.lever for c in plan.candidates}
     for v in [plan.reference, *(c.variant for c in plan.candidates)]:
         o = outcomes.get(v)
-        cells = " | ".join(f"{fmt(throughput(speeds.get(v), lv), '.1f')} | "
-                           f"{fmt(ratio(throughput(speeds.get(v), lv), throughput(speeds[plan.reference], lv)))}"
+        cells = " | ".join(f"{fmt(speeds.tput(v, lv), '.1f')} | {ratio_cell(speeds, v, plan.reference, lv)}"
                            for lv in plan.concurrency)
         if v == plan.reference:
             verdict, why = "reference", "BF16 weights served by vLLM"

@@ -40,7 +40,15 @@ from scripts.common import paths
 from scripts.common.hardware import hardware, hardware_key
 from scripts.common.records import TRIAL_ENV, now_utc
 from scripts.common.server import group_pids
-from scripts.common.variants import VariantError, build_target, list_variants, load_variant, reference_name
+from scripts.common.variants import (
+    VariantError,
+    build_target,
+    list_variants,
+    load_variant,
+    reference_name,
+    serving_target,
+)
+from scripts.measure.latency import round_orders
 from scripts.optimize import evidence, report
 from scripts.optimize.plan import (
     BUDGETS,
@@ -54,6 +62,7 @@ from scripts.optimize.plan import (
     write_configs,
     write_plan,
 )
+from scripts.optimize.speeds import Speeds
 
 STATE = paths.CACHE / "optimize"
 STOP_GRACE_S = 60  # what an interrupted step gets to stop its servers before SIGKILL
@@ -130,16 +139,18 @@ class Runner:
     reused: int = 0
     ran: int = 0
     no_suite: bool = False  # SUITE=0: certify on parity and identity alone, saying what waited on the suite
+    gpu: bool = False  # vLLM's target is CUDA here: the GPU plan and the GPU's number of ladder rounds
 
     def note(self, variant: str, text: str) -> None:
         if text not in self.notes.setdefault(variant, []):
             self.notes[variant].append(text)
 
     def step(self, phase: str, target: str, variant: str, args: tuple[str, ...] = (), extra_key: str = "",
-             records: str | None = None) -> dict:
+             records: str | None = None, tag: str = "") -> dict:
         """Run `make <target> VARIANT=<variant>` (args through the target's *_ARGS variable) unless the state holds
-        it with the same inputs. Returns its state entry: status ok | failed, record (the new record's path), error."""
-        sid = f"{target}:{variant}"
+        it with the same inputs. Returns its state entry: status ok | failed, record (the new record's path), error.
+        `tag` tells apart steps of one target and variant (a ladder's rounds: "#r2")."""
+        sid = f"{target}:{variant}{tag}"
         key = digest(lineage(variant), code_hash(STEP_CODE[target]), self.hw, " ".join(args), extra_key)
         old = self.state.steps.get(sid)
         if old and old["key"] == key and (old.get("record") is None or (paths.ROOT / old["record"]).is_file()):
@@ -219,7 +230,8 @@ def make_plan(args) -> tuple[Plan, list[str]]:
             print(f"[plan] read {paths.shown(path)} ({len(plan.candidates)} candidates)")
             return plan, []
         print(f"[plan] BUDGET={args.budget} differs from the plan's {plan.budget}: proposing again")
-    plan, configs = propose(args.base, args.budget or "normal", args.concurrency or list(CONCURRENCY), args.slo_tpot_ms, hw)
+    plan, configs = propose(args.base, args.budget or "normal", args.concurrency or list(CONCURRENCY), args.slo_tpot_ms, hw,
+                            gpu=serving_target() == "cuda")
     levers = {c.variant: c.lever for c in plan.candidates}
     written = write_configs(configs, levers)
     write_plan(plan, path)
@@ -248,19 +260,24 @@ def build(r: Runner, c: Candidate) -> bool:
     return True
 
 
-def ladder(r: Runner, rungs: list[str]) -> dict[str, str | None]:
+def ladder(r: Runner, rungs: list[str]) -> Speeds:
+    """The reference and every candidate, one server at a time, in `rounds` rounds of alternating order (ABBA: as
+    listed, then reversed), so each candidate's ratio to the reference is paired round by round with its interval."""
     budget = BUDGETS[r.plan.budget]
+    rounds = r.plan.rounds or budget.rounds(r.gpu)
     args = ("--concurrency", ",".join(map(str, r.plan.concurrency)), "--modes", "fixed", *budget.ladder)
-    out = {}
+    out = Speeds({v: [None] * rounds for v in rungs})
     other_args = r.state.ladder_args is not None and r.state.ladder_args != list(args)  # another BUDGET's ladder
-    if r.state.ladder_id is None or other_args or all(f"eval-latency:{v}" not in r.state.steps for v in rungs):
+    if r.state.ladder_id is None or other_args or not any(sid.startswith("eval-latency:") for sid in r.state.steps):
         r.state.ladder_id = f"{r.plan.base}-optimize-{now_utc():%Y%m%d-%H%M%S}"
     r.state.ladder_args = list(args)
-    for v in rungs:
-        e = r.step("ladder", "eval-latency", v, (*args, "--ladder-id", r.state.ladder_id), records="latency")
-        out[v] = e["record"] if e["status"] == "ok" else None
-        if e["status"] != "ok":
-            r.note(v, f"latency run failed: {e.get('error')}")
+    for k, order in enumerate(round_orders(rungs, rounds), start=1):
+        for v in order:
+            e = r.step("ladder", "eval-latency", v, (*args, "--ladder-id", r.state.ladder_id, "--round", str(k)),
+                       records="latency", tag=f"#r{k}")
+            out.rounds[v][k - 1] = e["record"] if e["status"] == "ok" else None
+            if e["status"] != "ok":
+                r.note(v, f"latency run failed (round {k}): {e.get('error')}")
     return out
 
 
@@ -283,12 +300,13 @@ def run(args) -> int:
     plan, _ = make_plan(args)
     if plan.budget == "tiny":  # a trial: its records are evidence for this run only, never the variants' (of_record)
         os.environ[TRIAL_ENV] = f"optimize-tiny-{plan.base}"
-    r = Runner(plan, State.load(plan.base), plan.hardware, STATE / plan.base / "logs", no_suite=args.no_suite)
+    r = Runner(plan, State.load(plan.base), plan.hardware, STATE / plan.base / "logs", no_suite=args.no_suite,
+               gpu=serving_target() == "cuda")
     r.phase_s["plan"] = round(time.monotonic() - t0, 1)
     ok = [c for c in plan.candidates if build(r, c)]
     speeds = ladder(r, [plan.reference, *(c.variant for c in ok)])
-    measured = [c for c in ok if speeds.get(c.variant)]
-    if speeds.get(plan.reference) is None:
+    measured = [c for c in ok if speeds.measured(c.variant)]
+    if not speeds.measured(plan.reference):
         raise OptimizeError(f"the reference {plan.reference} could not be measured: {r.notes.get(plan.reference, ['?'])[-1]}")
     verdicts = evidence.certify(r, measured, speeds)
     md = report.write(r, speeds, verdicts, time.monotonic() - t0)

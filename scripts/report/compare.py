@@ -6,6 +6,10 @@ The newest record of each variant on each hardware and prompt set is used (a var
 appears in both tables). Records of replicas behind a router are left to `make plan`. Only records with status ok are compared; a failed newest record is listed as not
 comparable. A ratio is marked back-to-back only when both records come from one ladder run
 (`make eval-latency-ladder`, same inputs.ladder_id); anything else is labelled as measured in separate runs.
+A ratio to the BF16 reference is the geometric mean of its per-round ratios where the ladder ran in several rounds
+(`make eval-latency-ladder ROUNDS=2`, `make optimize`: records paired by inputs.round, else by their order in the
+ladder) with its 95% interval (scripts/common/metrics.py: speed_ratio); a variant is named faster only when the lower
+end is above 1.00. One round has no interval and certifies no speedup; an interval holding 1.00 is a tie.
 The gate column is the parity gate's verdict (scripts/common/gate.py) from the variant's quality records: only a
 variant whose every criterion passes is certified; the fastest certified variant is named per group at c=1 and at
 c=8 with the evidence line of each criterion, and inconclusive variants are listed with what would decide them.
@@ -33,7 +37,7 @@ from scripts.common import paths
 from scripts.common.engines import ENGINES
 from scripts.common.gate import IDENTITY_KEY, SUITE_KEY, Criterion, GateError, gate_for, scored, verdict
 from scripts.common.hardware import hardware_key
-from scripts.common.metrics import ratio
+from scripts.common.metrics import SpeedRatio, ratio, speed_ratio
 from scripts.common.records import all_records, now_utc
 from scripts.common.variants import VariantError, lever_of, list_variants, load_variant, reference_name
 
@@ -157,6 +161,45 @@ def ladder_records(records: list[tuple[Path, dict]]) -> dict[tuple[tuple[str, st
     return out
 
 
+def ladder_rounds(records: list[tuple[Path, dict]]) -> dict[tuple[tuple[str, str], str, str], dict[int, dict]]:
+    """{(group, variant, ladder id): {round: record}} of the comparable records of every ladder: a record's round is its
+    inputs.round, else its place among the variant's records of that ladder (oldest first); a round measured twice
+    keeps its newest record."""
+    out: dict[tuple[tuple[str, str], str, str], dict[int, dict]] = {}
+    for _, r in records:  # oldest first per variant
+        ladder = r["inputs"].get("ladder_id")
+        if ladder and r["status"] == "ok" and MODE in r["summary"] and not r["inputs"].get("max_tokens_cap") \
+                and not (r.get("topology") or {}).get("router"):
+            rounds = out.setdefault((group_key(r), r["variant"], ladder), {})
+            rounds[r["inputs"].get("round") or len(rounds) + 1] = r
+    return out
+
+
+def speed_interval(rec: dict, ref: dict | None, level: str, rounds: dict) -> SpeedRatio | None:
+    """`rec`'s output tok/s over `ref`'s at one level: paired round by round where both ran in rec's ladder, else the
+    one pair of these two records (one round: no interval)."""
+    if ref is None:
+        return None
+    ladder = rec["inputs"].get("ladder_id")
+    mine = rounds.get((group_key(rec), rec["variant"], ladder), {})
+    theirs = rounds.get((group_key(ref), ref["variant"], ladder), {}) if ref["inputs"].get("ladder_id") == ladder else {}
+    shared = sorted(set(mine) & set(theirs))
+    if len(shared) > 1:
+        return speed_ratio([(throughput(mine[k], level), throughput(theirs[k], level)) for k in shared])
+    return speed_ratio([(throughput(rec, level), throughput(ref, level))])
+
+
+def faster(row: dict, level: str) -> bool:
+    """The row's interval against its BF16 reference lies above 1.00 at this level (more than one round)."""
+    sr = row.get("vs_base_ci", {}).get(level)
+    return bool(sr and sr.faster)
+
+
+def ci_text(row: dict, level: str) -> str:
+    sr = row.get("vs_base_ci", {}).get(level)
+    return sr.text() if sr else "—"
+
+
 def reference_record(name: str | None, group, ladder: str | None, members: dict[str, dict],
                      in_ladder: dict) -> dict | None:
     """The record of `name` (a parent or reference) in the given ladder where it was measured there, else its newest."""
@@ -273,11 +316,15 @@ def winner_lines(group_rows: list[dict], judged: dict[str, Judged], undecided: b
         ranked = sorted((r for r in group_rows if r["vs_base"].get(level) is not None),
                         key=lambda r: -r["vs_base"][level])
         certified = next((r for r in ranked if judged[r["variant"]].certified), None)
-        best = certified if certified and certified["vs_base"][level] > 1.0 else None
+        best = next((r for r in ranked if judged[r["variant"]].certified and faster(r, level)), None)
         if certified and best is None:
+            sr = certified["vs_base_ci"].get(level)
+            why = ("" if sr is None or sr.ratio <= 1.0 else
+                   ": one round, no interval (`make eval-latency-ladder ROUNDS=2` measures one)" if sr.lo is None else
+                   ": a tie, its 95% interval holds 1.00")
             lines.append(f"**Fastest at certified parity, c={level}: the BF16 reference** — no certified variant is "
-                         f"faster (the fastest certified, {certified['variant']}, runs at "
-                         f"{certified['vs_base'][level]:.2f}× {certified['base']})")
+                         f"faster with 95% confidence (the fastest certified, {certified['variant']}, runs at "
+                         f"{ci_text(certified, level)}× {certified['base']}{why})")
         elif best is None:
             lines.append(f"**Fastest at certified parity, c={level}: none certified** "
                          f"({len(ranked)} variant(s) with a BF16 reference measured here; why, fastest first:)")
@@ -291,7 +338,7 @@ def winner_lines(group_rows: list[dict], judged: dict[str, Judged], undecided: b
                       f"({server['engine']}, {server['tput'][level]:.1f} tok/s)"
                       if server and server["variant"] != best["base"] else "")
             lines.append(f"**Fastest at certified parity, c={level}: {best['variant']}** — "
-                         f"{best['vs_base'][level]:.2f}× {best['base']} ({best['tput'][level]:.1f} vs "
+                         f"{ci_text(best, level)}× {best['base']} ({best['tput'][level]:.1f} vs "
                          f"{best['base_tput'][level]:.1f} output tok/s, back-to-back: {best['b2b']}){beside}. Evidence:")
             lines += [f"- {c.line()}" for c in judged[best["variant"]].criteria]
         lines.append("")
@@ -337,30 +384,44 @@ def winners_table(rows: list[dict], judged: dict[str, Judged], configs: dict[str
     for r in rows:
         if r["base"]:
             by_group.setdefault(r["group"], []).append(r)
-    lines = ["| hardware | prompts | at | fastest certified | lever | engine | × BF16 c=1 | × BF16 c=8 | "
+    lines = ["| hardware | prompts | at | fastest certified | lever | engine | × BF16 c=1 [95%] | × BF16 c=8 [95%] | "
              "× fastest BF16 server c=1 / c=8 | evidence (one-sided 95% bound, limit) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (hw, _), group in sorted(by_group.items()):
         where = f"{hw.replace('(R)', '').replace(' Processor', '')} | {group[0]['prompt_set']}"
         picks: dict[str, list[str]] = {}
         for level in LEVELS:
-            ranked = sorted((r for r in group if (r["vs_base"].get(level) or 0) > 1.0 and judged[r["variant"]].certified),
+            ranked = sorted((r for r in group if faster(r, level) and judged[r["variant"]].certified),
                             key=lambda r: (-r["vs_base"][level], r["variant"]))
             picks.setdefault(ranked[0]["variant"] if ranked else "", []).append(f"c={level}")
         for variant, levels in picks.items():
             at = ", ".join(levels)
             if not variant:
                 lines.append(f"| {where} | {at} | the BF16 reference | — | — | 1.00 | 1.00 | — | no certified variant "
-                             "is faster |")
+                             f"is faster with 95% confidence{unproven(group, judged, levels)} |")
                 continue
             r = next(x for x in group if x["variant"] == variant)
             servers = r.get("bf16_server", {})
             beside = " / ".join(f"{fmt(vs_fastest_bf16(r, c))} ({servers[c]['variant']})" if c in servers else "—"
                                 for c in LEVELS)
             lines.append(f"| {where} | {at} | {variant} | {lever_of(configs.get(variant, {}))} | {r['engine']} | "
-                         + " | ".join(fmt(r["vs_base"].get(c)) for c in LEVELS)
+                         + " | ".join(ci_text(r, c) for c in LEVELS)
                          + f" | {beside} | {evidence(judged[variant])} |")
     return lines
+
+
+def unproven(group: list[dict], judged: dict[str, Judged], levels: list[str]) -> str:
+    """Why the fastest certified variant above 1.00 at these levels is not named: one round, or a tie."""
+    for at in levels:
+        level = at.removeprefix("c=")
+        above = sorted((r for r in group if (r["vs_base"].get(level) or 0) > 1.0 and judged[r["variant"]].certified),
+                       key=lambda r: (-r["vs_base"][level], r["variant"]))
+        if above:
+            r = above[0]
+            sr = r["vs_base_ci"].get(level)
+            return (f" (fastest certified above 1.00 at {at}: {r['variant']}, {ci_text(r, level)}, "
+                    + ("one round: no interval)" if sr is None or sr.lo is None else "a tie)"))
+    return ""
 
 
 def write_readme_table(readme: Path, table: list[str]) -> bool:
@@ -393,11 +454,14 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
     configs = newest_configs(records)
     groups, not_comparable = comparable_groups(records)
     in_ladder = ladder_records(records)
+    rounds = ladder_rounds(records)
     excluded = [(f"{v} ({hw})", why) for v, hw, why in not_comparable if v not in leave_out]
     lines = [f"# Variant comparison ({now_utc():%Y-%m-%d})", "",
              f"Newest latency record per variant, its ratios against its parent's and reference's records of the same "
              f"ladder where they were measured in it; mode `{MODE}` (every request generates exactly its max_tokens).",
-             "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency. Gate = the parity",
+             "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency; × BF16 over several",
+             "rounds of one ladder: the geometric mean of the per-round ratios [its 95% interval]; one round has no",
+             "interval, and only a lower end above 1.00 names a variant faster. Gate = the parity",
              "gate's verdict from the variant's quality records (`make gate VARIANT=…`: one-sided 95% bounds; only",
              "`pass` is certified, `inconclusive` and `missing` never count as a pass). % of roofline (GPU tables) =",
              "the time a decode step's bytes take at the copy bandwidth measured in the same run ÷ TPOT p50; — where",
@@ -424,6 +488,8 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
             base = baseline_of(v, members)
             pref, bref = (reference_record(x, (hw, prompts), ladder, members, in_ladder) for x in (parent, base))
             vs_parent, vs_base = speedups(r, pref), speedups(r, bref)
+            vs_base_ci = {c: speed_interval(r, bref, c, rounds) for c in LEVELS}
+            vs_base = {**vs_base, **{c: sr.ratio for c, sr in vs_base_ci.items() if sr}}
             refs = [x for x in (pref, bref) if x]
             b2b = "yes" if refs and ladder and all(x["inputs"].get("ladder_id") == ladder for x in refs) else (
                 "—" if not refs else "no (separate runs)")
@@ -434,10 +500,11 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                          f"{fmt(wb / 2**20 if wb else None, '.0f')} | {kv or '—'} | "
                          + " | ".join(fmt(t, '.1f') for t in tput) + " | "
                          + " | ".join(fmt(vs_parent.get(str(c))) for c in levels) + " | "
-                         + " | ".join(fmt(vs_base.get(c)) for c in LEVELS)
+                         + " | ".join(vs_base_ci[c].text() if vs_base_ci.get(c) else "—" for c in LEVELS)
                          + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof) + f" | {b2b} | {judged[v].short()} |")
             row = {"group": (hw, prompts), "prompt_set": r["inputs"].get("prompt_set", prompts), "variant": v,
                    "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
+                   "vs_base_ci": vs_base_ci,
                    "base": base, "b2b": b2b, "ladder": ladder,
                    "tput": {c: throughput(r, c) for c in LEVELS}, "base_tput": {c: throughput(bref, c) for c in LEVELS}}
             rows.append(row)

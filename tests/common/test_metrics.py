@@ -104,3 +104,49 @@ def test_near_tie_is_inclusive_up_to_float32_rounding():
         torch.tensor(0.0)))
     assert gap > TIE_NATS and near_tie(gap)
     assert near_tie(0.25) and not near_tie(0.625) and not near_tie(TIE_NATS + 1e-3)
+
+
+# ------------------------------------------------------------------------------------------- speed over alternating rounds
+def test_t_quantiles_match_the_tables():
+    from scripts.common.metrics import t_quantile
+
+    # two-sided 95% critical values of Student's t (any statistics table)
+    for df, t in ((1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764), (30, 2.0423)):
+        assert t_quantile(0.975, df) == pytest.approx(t, abs=1e-4)
+
+
+def test_speed_ratio_two_rounds_by_hand():
+    from scripts.common.metrics import speed_ratio
+
+    # log 1.60 = 0.470004, log 1.62 = 0.482426: mean 0.476215, sd 0.012422 / sqrt 2 = 0.0087837,
+    # half width 12.7062 x 0.0087837 / sqrt 2 = 0.078918 -> exp(0.476215 -+ 0.078918) = 1.48778 .. 1.74216
+    r = speed_ratio([(160.0, 100.0), (162.0, 100.0)])
+    assert r.ratio == pytest.approx(1.60997, abs=1e-5)
+    assert (r.lo, r.hi) == pytest.approx((1.48779, 1.74218), abs=1e-4)
+    assert r.rounds == 2 and r.verdict == "faster" and r.faster
+    assert r.text() == "1.61 [1.49, 1.74]"
+
+
+def test_speed_ratio_tie_when_the_rounds_disagree():
+    from scripts.common.metrics import speed_ratio
+
+    # the same GPU pair measured 1.12x and 1.34x: log ratios 0.113329, 0.292670; sd 0.126813; half width
+    # 12.7062 x 0.126813 / sqrt 2 = 1.139388 -> [exp(-0.936389), exp(1.342388)] = [0.392, 3.828]: holds 1.00
+    r = speed_ratio([(1.12, 1.0), (1.34, 1.0)])
+    assert r.ratio == pytest.approx(1.22507, abs=1e-5)
+    assert r.lo == pytest.approx(0.39205, abs=1e-4) and r.hi == pytest.approx(3.8281, abs=1e-3)
+    assert r.verdict == "tie" and not r.faster
+
+
+def test_speed_ratio_three_rounds_slower_and_one_round():
+    from scripts.common.metrics import speed_ratio
+
+    # log 0.90, 0.91, 0.89 = -0.105361, -0.094311, -0.116534: mean -0.105402, sd 0.011112, t(0.975, 2) = 4.302653,
+    # half 0.027603 -> [0.87546, 0.92515]
+    r = speed_ratio([(90, 100), (91, 100), (89, 100)])
+    assert (r.lo, r.hi) == pytest.approx((0.87546, 0.92515), abs=1e-5)
+    assert r.verdict == "slower"
+    one = speed_ratio([(50, 40)])
+    assert one.ratio == 1.25 and one.lo is None and one.verdict == "one round" and not one.faster
+    assert one.text() == "1.25 (1 round)"
+    assert speed_ratio([(None, 40), (50, 0)]) is None

@@ -1,6 +1,7 @@
-"""make optimize's order of evidence (scripts/optimize/evidence.py), on fake verdicts and speeds: the suite is bought
-only for a candidate faster than the best certified so far whose other criteria pass, a lossless child's lossy
-parent gets it first, a failing candidate is rejected without it, and BUDGET=tiny cuts it."""
+"""make optimize's order of evidence (scripts/optimize/evidence.py), on fake verdicts and speeds over two rounds: the
+suite is bought only for a candidate faster than the best certified so far whose other criteria pass, a lossless
+child's lossy parent gets it first, a failing candidate is rejected without it, BUDGET=tiny cuts it, and a candidate
+whose speed interval holds 1.00 (a tie) never wins however fast its point estimate."""
 
 from __future__ import annotations
 
@@ -9,12 +10,27 @@ from dataclasses import dataclass, field
 import pytest
 
 from scripts.common.gate import Criterion
+from scripts.common.metrics import speed_ratio
 from scripts.optimize import evidence
 from scripts.optimize.plan import Candidate, Plan
+from scripts.optimize.speeds import Speeds
 from scripts.report.compare import Judged
 
 SUITE = "GATE_MAX_SUITE_DROP[bigbench_lite]"
-REFS = {"x-q8": "x-bf16", "x-q8-ngram": "x-q8", "x-int8": "x-bf16", "x-slow": "x-bf16", "x-bad": "x-bf16"}
+REFS = {"x-q8": "x-bf16", "x-q8-ngram": "x-q8", "x-int8": "x-bf16", "x-slow": "x-bf16", "x-bad": "x-bf16",
+        "x-tie": "x-bf16"}
+# output tok/s (c=1, c=8) of round 1; round 2 is the same x 1.012 for a candidate, x 1.01 for the reference (tight
+# intervals), except x-tie, whose two rounds disagree: 12 then 9 at c=1 (ratios 1.20, 0.89: its interval holds 1.00)
+SPEEDS = {"x-bf16": (10, 40), "x-q8": (20, 60), "x-q8-ngram": (25, 50), "x-int8": (15, 70), "x-slow": (9, 30),
+          "x-bad": (30, 90)}
+TIE = {1: (12, 9), 8: (50, 35)}
+
+
+class FakeSpeeds(Speeds):
+    def versus(self, variant, reference, level):
+        ref = [SPEEDS[reference][level != 1] * f for f in (1, 1.01)]
+        mine = TIE[level] if variant == "x-tie" else [SPEEDS[variant][level != 1] * f for f in (1, 1.012)]
+        return speed_ratio(list(zip(mine, ref, strict=True)))
 
 
 def judged(status_by_criterion: dict[str, str]) -> Judged:
@@ -31,7 +47,7 @@ class FakeRunner:
     no_suite: bool = False
     notes: dict[str, list[str]] = field(default_factory=dict)
 
-    def step(self, phase, target, variant, args=(), extra_key="", records=None):
+    def step(self, phase, target, variant, args=(), extra_key="", records=None, tag=""):
         self.steps.append(f"{target}:{variant}")
         return {"status": "ok", "record": None}
 
@@ -46,9 +62,8 @@ def world(monkeypatch):
            "x-q8-ngram": {"GATE_GREEDY_IDENTITY": "pass"},
            "x-int8": {"GATE_MAX_MEAN_KLD": "pass", SUITE: "missing"},
            "x-slow": {"GATE_MAX_MEAN_KLD": "pass", SUITE: "missing"},
-           "x-bad": {"GATE_MAX_MEAN_KLD": "fail", SUITE: "missing"}}
-    speeds = {"x-bf16": (10, 40), "x-q8": (20, 60), "x-q8-ngram": (25, 50), "x-int8": (15, 70), "x-slow": (9, 30),
-              "x-bad": (30, 90)}
+           "x-bad": {"GATE_MAX_MEAN_KLD": "fail", SUITE: "missing"},
+           "x-tie": {"GATE_MAX_MEAN_KLD": "pass"}}
 
     def judge_plan(variants):
         out = {"x-bf16": Judged("reference")}
@@ -68,7 +83,6 @@ def world(monkeypatch):
 
     monkeypatch.setattr(evidence, "judge_plan", judge_plan)
     monkeypatch.setattr(evidence, "run_suite", run_suite)
-    monkeypatch.setattr(evidence, "speed", lambda s, v, level: speeds[v][0 if level == 1 else 1])
     monkeypatch.setattr(evidence, "reference_name", lambda settings: settings["ref"])
     monkeypatch.setattr(evidence, "load_variant", lambda v: type("V", (), {"resolved": {"ref": REFS.get(v)}})())
     return state
@@ -86,7 +100,7 @@ def plan(budget: str) -> Plan:
 
 def test_evidence_is_bought_for_contenders_only_parents_first(world):
     r = FakeRunner(plan("normal"))
-    out = evidence.certify(r, candidates(), {})
+    out = evidence.certify(r, candidates(), FakeSpeeds())
     assert [s for s in r.steps if s.startswith("suite")] == ["suite-sample:x-q8", "suite-sample:x-int8"]
     assert out["x-q8-ngram"].winner_at == [1] and out["x-int8"].winner_at == [8]
     assert out["x-bad"].status == "rejected" and "GATE_MAX_MEAN_KLD fail" in out["x-bad"].why
@@ -97,7 +111,17 @@ def test_evidence_is_bought_for_contenders_only_parents_first(world):
 
 def test_tiny_cuts_the_suite_and_names_what_waited(world):
     r = FakeRunner(plan("tiny"))
-    out = evidence.certify(r, candidates(), {})
+    out = evidence.certify(r, candidates(), FakeSpeeds())
     assert not [s for s in r.steps if s.startswith("suite")]
     assert not any(o.winner_at for o in out.values())
     assert out["x-q8"].status == "not certified" and "cut by BUDGET=tiny" in " ".join(r.notes["x-q8"])
+
+
+def test_a_tie_with_the_reference_never_wins(world):
+    tie = [Candidate("x-tie", "tie", "vllm", "parity"), Candidate("x-slow", "slow", "vllm", "parity")]
+    r = FakeRunner(Plan("x", "x-bf16", "normal", [1, 8], None, "cpu", tie, []))
+    out = evidence.certify(r, tie, FakeSpeeds())
+    assert FakeSpeeds().versus("x-tie", "x-bf16", 1).ratio > 1.0  # faster by its point estimate
+    assert out["x-tie"].status == "tie" and not out["x-tie"].winner_at and "c=1 1.03 [" in out["x-tie"].why
+    assert "a tie (its 95% interval holds 1.00)" in " ".join(r.notes["x-tie"])
+    assert "eval-parity:x-tie" in r.steps and "eval-parity:x-slow" not in r.steps

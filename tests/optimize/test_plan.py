@@ -191,9 +191,12 @@ def test_a_ladder_of_another_budget_gets_its_own_id(tmp_path, monkeypatch):
     state = run_mod.State(tmp_path / "state.json")
     r = run_mod.Runner(plan, state, "h", tmp_path)
 
-    def step(phase, target, variant, args=(), extra_key="", records=None):
-        state.steps[f"{target}:{variant}"] = {"status": "ok", "record": None}
-        return state.steps[f"{target}:{variant}"]
+    calls = []
+
+    def step(phase, target, variant, args=(), extra_key="", records=None, tag=""):
+        calls.append((variant, args[args.index("--round") + 1], tag))
+        state.steps[f"{target}:{variant}{tag}"] = {"status": "ok", "record": None}
+        return state.steps[f"{target}:{variant}{tag}"]
 
     monkeypatch.setattr(r, "step", step)
     run_mod.ladder(r, ["x-bf16"])
@@ -203,3 +206,27 @@ def test_a_ladder_of_another_budget_gets_its_own_id(tmp_path, monkeypatch):
     plan.budget = "normal"
     run_mod.ladder(r, ["x-bf16"])
     assert state.ladder_id != tiny and "--limit" not in state.ladder_args
+
+
+def test_the_ladder_alternates_its_rounds(tmp_path, monkeypatch):
+    plan = Plan(base="x", reference="x-bf16", budget="normal", concurrency=[1], slo_tpot_ms=None, hardware="h",
+                candidates=[], left_out=[])
+    r = run_mod.Runner(plan, run_mod.State(tmp_path / "state.json"), "h", tmp_path)
+    calls = []
+
+    def step(phase, target, variant, args=(), extra_key="", records=None, tag=""):
+        calls.append((variant, args[args.index("--round") + 1], tag))
+        return {"status": "ok" if (variant, tag) != ("x-b", "#r2") else "failed", "record": f"{variant}{tag}.json"}
+
+    monkeypatch.setattr(r, "step", step)
+    speeds = run_mod.ladder(r, ["x-bf16", "x-a", "x-b"])  # two rounds on a CPU under BUDGET=normal, ABBA
+    assert calls == [("x-bf16", "1", "#r1"), ("x-a", "1", "#r1"), ("x-b", "1", "#r1"),
+                     ("x-b", "2", "#r2"), ("x-a", "2", "#r2"), ("x-bf16", "2", "#r2")]
+    assert speeds.rounds["x-a"] == ["x-a#r1.json", "x-a#r2.json"] and speeds.rounds["x-b"] == ["x-b#r1.json", None]
+    assert "round 2" in r.notes["x-b"][0]
+    r.gpu, calls[:] = True, []
+    run_mod.ladder(r, ["x-bf16", "x-a"])  # three on a GPU
+    assert [c[0] for c in calls] == ["x-bf16", "x-a", "x-a", "x-bf16", "x-bf16", "x-a"]
+    plan.rounds, calls[:] = 4, []  # the plan file's own number wins
+    run_mod.ladder(r, ["x-bf16"])
+    assert len(calls) == 4

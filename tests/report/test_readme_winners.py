@@ -23,17 +23,30 @@ def test_readme_table_is_written_between_the_markers_only(tmp_path):
 
 
 def test_winner_is_the_fastest_certified_and_the_reference_when_none_is_faster():
-    def row(v, c1, c8):
+    from scripts.common.metrics import speed_ratio
+
+    def row(v, c1, c8):  # per level, the (variant, reference) tok/s of each round
+        ci = {"1": speed_ratio(c1), "8": speed_ratio(c8)}
         return {"group": ("cpu x", "p"), "prompt_set": "latency-v1.jsonl", "variant": v, "engine": "vLLM",
-                "base": "m-bf16", "vs_base": {"1": c1, "8": c8}}
+                "base": "m-bf16", "vs_base": {k: sr.ratio for k, sr in ci.items()}, "vs_base_ci": ci}
 
     judged = {"fast-uncertified": compare.Judged("inconclusive"), "ok": compare.Judged("pass"),
-              "slow": compare.Judged("pass")}
-    rows = [row("fast-uncertified", 3.0, 3.0), row("ok", 1.5, 0.9), row("slow", 1.2, 0.8)]
+              "tie": compare.Judged("pass"), "slow": compare.Judged("pass"), "once": compare.Judged("pass")}
+    rows = [row("fast-uncertified", [(30, 10), (30, 10)], [(30, 10), (31, 10)]),
+            row("tie", [(20, 10), (11, 10)], [(20, 10), (9, 10)]),  # 1.48x by its point estimate, [0.03, 64]: a tie
+            # log 1.50, 1.53: mean 0.415367, sd 0.014003, half 12.706 x 0.014003 / sqrt 2 = 0.12582 -> [1.34, 1.72]
+            row("ok", [(15, 10), (15.3, 10)], [(9, 10), (9.1, 10)]),
+            row("once", [(12, 10)], [(12, 10)]),  # one round: no interval
+            row("slow", [(9, 10), (9.1, 10)], [(8, 10), (8.1, 10)])]
     table = compare.winners_table(rows, judged, {"ok": {"PARENT": "m-bf16", "CALIBRATE_RECIPE": "x"}})
-    assert table[2].startswith("| cpu x | latency-v1.jsonl | c=1 | ok | quantize | vLLM | 1.50 | 0.90 |")
+    assert table[2].startswith("| cpu x | latency-v1.jsonl | c=1 | ok | quantize | vLLM | 1.51 [1.34, 1.72] | 0.90 [")
     assert table[3].startswith("| cpu x | latency-v1.jsonl | c=8 | the BF16 reference |")
+    assert "no certified variant is faster with 95% confidence (fastest certified above 1.00 at c=8: tie, " in table[3]
+    assert table[3].endswith("a tie) |")
     assert len(table) == 4
+    rows = [r for r in rows if r["variant"] in ("once", "slow")]
+    table = compare.winners_table(rows, judged, {})
+    assert "c=1, c=8 | the BF16 reference" in table[2] and "once, 1.20 (1 round), one round: no interval)" in table[2]
 
 
 @pytest.mark.slow

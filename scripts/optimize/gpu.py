@@ -1,0 +1,266 @@
+"""The GPU side of make optimize's plan: the levers this GPU and this model admit, decided from the device's compute
+capability and vLLM's own checks, never from a table of GPU names.
+
+    python -m scripts.optimize.gpu smollm2-bf16      # on a CUDA machine: capability, each lever admitted or why not
+
+vLLM's checks, as the installed vLLM has them (0.26.0 on the lent H200, the same classes in later releases):
+- a compressed-tensors scheme's minimum capability (`get_min_capability()`): W8A8 FP8 (89: below it vLLM serves the
+  same FP8 checkpoint weight-only, as CompressedTensorsW8A16Fp8 on Marlin), W4A8 FP8 (90), W8A8 INT8 (75), WNA16 (75);
+- each mixed-precision kernel vLLM can select for CUDA (`_POSSIBLE_KERNELS`): its minimum capability and its
+  `can_implement()` on every linear layer shape of the checkpoint (W4A16: 4-bit symmetric, group 128, BF16
+  activations; W4A8: the same weights, FP8 activations), reached by the `--linear-backend` name vLLM maps to it.
+A lever the GPU or the model cannot take is listed with the first reason vLLM gives.
+
+Every CUDA GPU gets: an FP8 KV cache, max_num_seqs and CUDA-graph capture sizes matched to the concurrency levels,
+n-gram speculation, the checkpoint's own MTP head where it carries one; W4A16 (GPTQ, group 128) on vLLM's choice and
+on each other kernel it admits; FP8 W8A8 with static activation scales where the scheme's capability allows, else FP8
+weights served weight-only and W8A8 INT8; W4A8 where its scheme and kernel allow; SGLang serving the BF16 weights
+where SGLang is installed. The plan module adds the pruned output layer and committed EAGLE-3 heads on every machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+from contextlib import suppress
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.checkpoint import layer_family, read_safetensors_header
+
+GROUP = 128  # the group size of the W4A16 and W4A8 recipes (gptq-w4a16, rtn-w4a8-fp8)
+# a layer whose module name ends so is a linear layer the quantization recipes take (lm_head and embeddings are not)
+LINEAR_SUFFIXES = ("proj", "fc1", "fc2", "c_fc", "c_proj", "query_key_value", "dense", "in_proj_qkvz", "in_proj_ba")
+# lossy candidates: the project's tolerances (the plan module's LOSSY_GATE), set there; lossless: greedy identity
+IDENTITY = {"GATE_GREEDY_IDENTITY": "1"}
+
+
+class GpuPlanError(ValueError):
+    """No CUDA device, or vLLM's CUDA checks cannot be read; one line, ready to print."""
+
+
+def capability() -> int | None:
+    """The capability query: the current CUDA device's compute capability as vLLM reads it (90 for 9.0), else None."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return None
+    cc = current_platform.get_device_capability()
+    return None if cc is None else cc.to_int()
+
+
+def linear_shapes(model_dir: Path) -> dict[str, tuple[int, int]]:
+    """{layer family: (N out, K in)} of the checkpoint's linear layers in its decoder (safetensors headers; one shape
+    per family, the first layer's): what a quantized kernel must implement. Vision towers and MTP heads are left out."""
+    out: dict[str, tuple[int, int]] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        for name, t in read_safetensors_header(f).items():
+            module = name.removesuffix(".weight")
+            if (len(t.shape) == 2 and name.endswith(".weight") and module.rsplit(".", 1)[-1].endswith(LINEAR_SUFFIXES)
+                    and ".layers." in module and not any(x in module for x in ("visual", "vision", "mtp."))):
+                out.setdefault(layer_family(module), (t.shape[0], t.shape[1]))
+    return out
+
+
+def _kernel_table() -> tuple[list[type], dict[type, str]]:
+    """(vLLM's CUDA mixed-precision kernels in its own order of preference, {kernel: its --linear-backend name})."""
+    from vllm.model_executor.kernels.linear import _LINEAR_BACKEND_KERNEL_MAP, _POSSIBLE_KERNELS
+    from vllm.platforms.interface import PlatformEnum
+
+    names = {k: b for b, ks in _LINEAR_BACKEND_KERNEL_MAP.items() for k in ks}
+    return list(_POSSIBLE_KERNELS[PlatformEnum.CUDA]), names
+
+
+def kernel_verdicts(shapes: dict[str, tuple[int, int]], cc: int, act: str = "bf16") -> dict[str, str | None]:
+    """{--linear-backend name: None where vLLM's kernel implements every layer at capability cc, else vLLM's reason}
+    for 4-bit group-128 weights with `act` activations (bf16: W4A16; fp8: W4A8). Kernels with no backend name (vLLM
+    cannot be told to use them) are left out."""
+    import torch
+    from vllm.model_executor.kernels.linear.mixed_precision import MPLinearLayerConfig
+    from vllm.scalar_type import scalar_types
+
+    act_type = torch.bfloat16 if act == "bf16" else torch.float8_e4m3fn
+    weight = scalar_types.uint4b8 if act == "bf16" else scalar_types.int4
+    kernels, names = _kernel_table()
+    fields = {"weight_type": weight, "act_type": act_type, "group_size": GROUP, "zero_points": False,
+              "out_type": torch.bfloat16}
+    if "has_g_idx" in {f.name for f in dataclasses.fields(MPLinearLayerConfig)}:  # vLLM 0.26 (GPTQ act-order)
+        fields["has_g_idx"] = False
+    out: dict[str, str | None] = {}
+    for k in kernels:
+        if k not in names or names[k] in out:
+            continue
+        reason = None
+        if k.get_min_capability() > cc:
+            reason = f"{k.__name__} requires capability {k.get_min_capability()}, this GPU's is {cc}"
+        for family, (n, kk) in shapes.items():
+            if reason:
+                break
+            cfg = MPLinearLayerConfig(**fields, full_weight_shape=(kk, n), partition_weight_shape=(kk, n))
+            try:
+                ok, why = k.can_implement(cfg)
+            except Exception as e:  # a kernel whose check needs a package or op this vLLM build lacks
+                ok, why = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if not ok:
+                reason = f"{k.__name__} cannot implement {family} (N={n}, K={kk}): {why}"
+        out[names[k]] = reason
+    return out
+
+
+def scheme_capabilities() -> dict[str, int]:
+    """vLLM's minimum compute capability of each compressed-tensors scheme the recipes write."""
+    from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
+        CompressedTensorsW4A8Fp8,
+        CompressedTensorsW8A8Fp8,
+        CompressedTensorsW8A8Int8,
+        CompressedTensorsWNA16,
+    )
+
+    return {"fp8_w8a8": CompressedTensorsW8A8Fp8.get_min_capability(),
+            "w4a8_fp8": CompressedTensorsW4A8Fp8.get_min_capability(),
+            "int8_w8a8": CompressedTensorsW8A8Int8.get_min_capability(),
+            "wna16": CompressedTensorsWNA16.get_min_capability()}
+
+
+def mtp_layers(config: dict) -> int:
+    """How many MTP layers the checkpoint's config declares (Qwen3.5 / Qwen3-Next `mtp_num_hidden_layers`, DeepSeek
+    `num_nextn_predict_layers`); 0 where none."""
+    text = config.get("text_config") or config
+    return int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 0)
+
+
+def has_mtp_weights(model_dir: Path) -> bool:
+    return any(name.startswith("mtp.") or ".mtp." in name for f in model_dir.glob("*.safetensors")
+               for name in read_safetensors_header(f))
+
+
+def serving(ref: dict[str, str]) -> dict[str, str]:
+    """The reference's serving settings every GPU candidate keeps (its SERVE_ and ENV_ keys but the CPU's)."""
+    return {k: v for k, v in ref.items() if (k.startswith(("SERVE_", "ENV_")) and not k.startswith("ENV_VLLM_CPU"))
+            or k in ("SHAPE_PROXY", "EVAL_TASKS")}
+
+
+def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc: int, concurrency: list[int],
+              lossy_gate: dict[str, str]) -> tuple[dict[str, tuple[str, str, dict[str, str], list[str]]],
+                                                   list[dict[str, str]]]:
+    """({suffix: (lever, engine, config, the variants it needs built first)}, [{lever, why} left out]) on a CUDA GPU of
+    capability cc (90 for 9.0), cheapest first."""
+    r = f"{base}-bf16"
+    keep = serving(ref)
+    same = {"MODEL": ref["MODEL"], "SOURCE": ref.get("SOURCE", "lever"), "PARENT": r, "BASE": base, **keep}
+    quant = {"SOURCE": "lever", "PARENT": r, "BASE": base, **keep, **lossy_gate}
+    out: dict[str, tuple[str, str, dict[str, str], list[str]]] = {}
+    left: list[dict[str, str]] = []
+    top = max(concurrency)
+    out["graphs"] = (f"max_num_seqs {top} and CUDA graphs captured at exactly {sorted(set(concurrency))} (the ladder's "
+                     "levels)", "vllm", {**same, "SERVE_MAX_NUM_SEQS": str(top), "SERVE_COMPILATION_CONFIG": json.dumps(
+                         {"cudagraph_capture_sizes": sorted(set(concurrency))}), **IDENTITY}, [])
+    out["fp8kv"] = ("FP8 (e4m3) KV cache", "vllm", {**same, "SERVE_KV_CACHE_DTYPE": "fp8", **lossy_gate}, [])
+    out["ngram4"] = ("n-gram speculation (K=4), BF16 weights", "vllm",
+                     {**same, "SERVE_SPECULATIVE_CONFIG": '{"method": "ngram", "num_speculative_tokens": 4, '
+                      '"prompt_lookup_min": 2, "prompt_lookup_max": 4}', **IDENTITY}, [])
+    if (n := mtp_layers(config)) and has_mtp_weights(model_dir):
+        out["mtp3"] = (f"the checkpoint's own MTP head ({n} layer(s)), 3 tokens drafted a step", "vllm",
+                       {**same, "SERVE_SPECULATIVE_CONFIG": '{"method": "mtp", "num_speculative_tokens": 3}',
+                        **IDENTITY}, [])
+    else:
+        left.append({"lever": "the model's own MTP head", "why": "its checkpoint carries none" + (
+            f" (config.json declares {n} MTP layer(s) but no mtp.* tensor is stored)" if n else
+            " (config.json declares no MTP layer)")})
+    shapes = linear_shapes(model_dir)
+    caps = scheme_capabilities()
+    if cc < caps["wna16"]:
+        left.append({"lever": "W4A16 (GPTQ, group 128)", "why": f"vLLM's CompressedTensorsWNA16 needs capability "
+                     f"{caps['wna16']}, this GPU's is {cc}"})
+    else:
+        kernels = kernel_verdicts(shapes, cc)
+        admitted = [b for b, why in kernels.items() if why is None]
+        w4 = {"MODEL": f"weights/{base}-w4a16", **quant, "CALIBRATE_RECIPE": "gptq-w4a16"}
+        if not admitted:
+            left.append({"lever": "W4A16 (GPTQ, group 128)", "why": "no CUDA kernel of vLLM implements every layer: "
+                         + "; ".join(f"{b}: {w}" for b, w in kernels.items())})
+        else:
+            out["w4a16"] = ("W4A16 (GPTQ, group 128, llm-compressor) on vLLM's own kernel choice", "vllm", w4, [])
+            for b in admitted:
+                out[f"w4a16-{b}"] = (f"W4A16 (GPTQ, group 128) on the {b} kernel (--linear-backend {b})", "vllm",
+                                     {**{k: v for k, v in w4.items() if k != "CALIBRATE_RECIPE" and k not in lossy_gate},
+                                      "PARENT": f"{base}-w4a16", "SERVE_LINEAR_BACKEND": b,
+                                      "GATE_REFERENCE": r, "GATE_QUALITY_OF": f"{base}-w4a16", **lossy_gate},
+                                     ["w4a16"])
+            left += [{"lever": f"W4A16 on the {b} kernel", "why": why} for b, why in kernels.items() if why]
+    if cc >= caps["fp8_w8a8"]:
+        out["fp8-static"] = ("FP8 W8A8, static per-tensor activation scales (llm-compressor): vLLM's norm and "
+                             "activation fusions apply", "vllm",
+                             {"MODEL": f"weights/{base}-fp8-static", **quant, "CALIBRATE_RECIPE": "fp8-w8a8-static"}, [])
+        left.append({"lever": "W8A8 INT8", "why": f"FP8 W8A8 runs here (vLLM's CompressedTensorsW8A8Fp8 needs "
+                     f"capability {caps['fp8_w8a8']}, this GPU's is {cc}): the same bytes, proposed instead"})
+    else:
+        out["fp8"] = (f"FP8 weights, served weight-only (vLLM's W8A8 FP8 needs capability {caps['fp8_w8a8']}, this "
+                      f"GPU's is {cc}: CompressedTensorsW8A16Fp8)", "vllm",
+                      {"MODEL": f"weights/{base}-fp8", **quant, "CALIBRATE_RECIPE": "fp8-w8a8"}, [])
+        if cc >= caps["int8_w8a8"]:
+            out["int8"] = ("W8A8 INT8, dynamic per-token activations (llm-compressor)", "vllm",
+                           {"MODEL": f"weights/{base}-int8", **quant, "CALIBRATE_RECIPE": "int8-w8a8"}, [])
+        else:
+            left.append({"lever": "W8A8 INT8", "why": f"vLLM's CompressedTensorsW8A8Int8 needs capability "
+                         f"{caps['int8_w8a8']}, this GPU's is {cc}"})
+    if cc < caps["w4a8_fp8"]:
+        left.append({"lever": "W4A8 (4-bit weights, FP8 activations)", "why": f"vLLM's CompressedTensorsW4A8Fp8 needs "
+                     f"capability {caps['w4a8_fp8']}, this GPU's is {cc}"})
+    elif why := kernel_verdicts(shapes, cc, act="fp8").get("cutlass"):
+        left.append({"lever": "W4A8 (4-bit weights, FP8 activations)", "why": why})
+    else:
+        out["w4a8"] = ("W4A8: 4-bit group-128 weights, dynamic FP8 activations (CUTLASS)", "vllm",
+                       {"MODEL": f"weights/{base}-w4a8", **quant, "CALIBRATE_RECIPE": "rtn-w4a8-fp8"}, [])
+    if importlib.util.find_spec("sglang") is None:
+        left.append({"lever": "SGLang serving the BF16 weights", "why": "SGLang is not installed on this machine "
+                     "(scripts/gpu/sglang-payload.sh carries it to the lent GPU)"})
+    else:
+        out["sglang"] = ("SGLang serving the BF16 weights (a second engine)", "sglang",
+                         {"MODEL": ref["MODEL"], "SOURCE": ref.get("SOURCE", "lever"), "PARENT": r, "BASE": base,
+                          "ENGINE": "sglang", "SGLANG_DTYPE": "bfloat16",
+                          "SGLANG_CONTEXT_LENGTH": ref.get("SERVE_MAX_MODEL_LEN", "8192"),
+                          "SGLANG_MAX_RUNNING_REQUESTS": str(top), **IDENTITY,
+                          **{k: v for k, v in ref.items() if k in ("SHAPE_PROXY", "EVAL_TASKS")}}, [])
+    return out, left
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("reference", help="a base's BF16 variant, e.g. smollm2-bf16")
+    p.add_argument("--concurrency", default="1,8", help="the ladder's levels (default 1,8)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from scripts.common.variants import VariantError, load_variant
+    from scripts.optimize.plan import LOSSY_GATE
+
+    args = build_parser().parse_args(argv)
+    try:
+        ref = load_variant(args.reference).settings
+        model_dir = paths.ROOT / ref["MODEL"]
+        if not (model_dir / "config.json").is_file():
+            raise GpuPlanError(f"{ref['MODEL']} does not exist: run `make weights VARIANT={args.reference}`")
+        if (cc := capability()) is None:
+            raise GpuPlanError("no CUDA device visible to vLLM here: the GPU plan needs one (VLLM_TARGET=cuda)")
+        config = json.loads((model_dir / "config.json").read_text())
+        out, left = templates(ref["BASE"], ref, model_dir, config, cc, [int(x) for x in args.concurrency.split(",")],
+                              LOSSY_GATE)
+    except (GpuPlanError, VariantError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"compute capability {cc / 10:.1f}")
+    for suffix, (lever, engine, _, _) in out.items():
+        print(f"  propose {ref['BASE']}-{suffix} ({engine}): {lever}")
+    for x in left:
+        print(f"  leave out {x['lever']}: {x['why']}")
+    return 0
+
+
+if __name__ == "__main__":
+    with suppress(BrokenPipeError):
+        sys.exit(main())

@@ -1,0 +1,121 @@
+"""The GPU plan (scripts/optimize/gpu.py) for compute capabilities 8.0, 8.6, 8.9 and 9.0: vLLM's own scheme capabilities
+and kernel checks run for real; only the capability query (vLLM's current platform: is it CUDA, which capability) is
+faked, after vLLM's modules are imported on this machine's real platform."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts.optimize import gpu
+from scripts.optimize.plan import LOSSY_GATE
+
+pytest.importorskip("vllm")
+
+
+@pytest.fixture
+def device(monkeypatch):
+    """set(cc): vLLM's current platform answers as a CUDA device of that capability (90 for 9.0)."""
+    gpu._kernel_table()  # vLLM's kernel and scheme modules imported on the real platform first: some run
+    gpu.scheme_capabilities()  # device queries at import time that a faked CUDA platform would send to missing ops
+    from vllm.platforms import current_platform as cp
+    from vllm.platforms.interface import DeviceCapability
+
+    def set_cc(cc: int) -> None:
+        for name, fn in {"is_cuda": lambda: True, "is_cuda_alike": lambda: True,
+                         "get_device_capability": lambda device_id=0: DeviceCapability(cc // 10, cc % 10),
+                         "is_device_capability": lambda c, device_id=0: (c if isinstance(c, int) else c[0] * 10 + c[1]) == cc,
+                         "has_device_capability": lambda c, device_id=0: cc >= (c if isinstance(c, int) else c[0] * 10 + c[1]),
+                         }.items():
+            monkeypatch.setattr(cp, name, fn, raising=False)
+
+    return set_cc
+
+
+def checkpoint(tmp_path, kv_out: int, mtp: bool = False):
+    """A two-layer checkpoint: attention q/k/v/o and the MLP, hidden 256, MLP 512; k_proj's and v_proj's N = kv_out."""
+    import torch
+    from safetensors.torch import save_file
+
+    t = {}
+    for i in range(2):
+        p = f"model.layers.{i}"
+        t |= {f"{p}.self_attn.q_proj.weight": torch.zeros(256, 256), f"{p}.self_attn.k_proj.weight": torch.zeros(kv_out, 256),
+              f"{p}.self_attn.v_proj.weight": torch.zeros(kv_out, 256), f"{p}.self_attn.o_proj.weight": torch.zeros(256, 256),
+              f"{p}.mlp.gate_proj.weight": torch.zeros(512, 256), f"{p}.mlp.up_proj.weight": torch.zeros(512, 256),
+              f"{p}.mlp.down_proj.weight": torch.zeros(256, 512)}
+    t |= {"model.embed_tokens.weight": torch.zeros(1000, 256), "lm_head.weight": torch.zeros(1000, 256)}
+    if mtp:
+        t["mtp.layers.0.mlp.down_proj.weight"] = torch.zeros(256, 512)
+    save_file({k: v.to(torch.bfloat16) for k, v in t.items()}, str(tmp_path / "model.safetensors"))
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, **({"mtp_num_hidden_layers": 1} if mtp else {})}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path, config
+
+
+REF = {"MODEL": "weights/m", "SOURCE": "local:/x", "BASE": "m", "SERVE_MAX_MODEL_LEN": "4096", "SERVE_MAX_NUM_SEQS": "8",
+       "ENV_VLLM_CPU_KVCACHE_SPACE": "4"}
+
+
+def plan_for(cc: int, folder, config, device) -> tuple[dict, dict[str, str]]:
+    device(cc)
+    out, left = gpu.templates("m", REF, folder, config, cc, [1, 8], LOSSY_GATE)
+    return out, {x["lever"]: x["why"] for x in left}
+
+
+def test_shapes_come_from_the_checkpoint(tmp_path):
+    folder, _ = checkpoint(tmp_path, 192, mtp=True)
+    assert gpu.linear_shapes(folder) == {"self_attn.q_proj": (256, 256), "self_attn.k_proj": (192, 256),
+                                         "self_attn.v_proj": (192, 256), "self_attn.o_proj": (256, 256),
+                                         "mlp.gate_proj": (512, 256), "mlp.up_proj": (512, 256),
+                                         "mlp.down_proj": (256, 512)}  # no lm_head, embedding or MTP layer
+
+
+@pytest.mark.parametrize("cc", [80, 86])
+def test_ampere(tmp_path, device, cc):
+    out, left = plan_for(cc, *checkpoint(tmp_path, 256), device)
+    assert {"graphs", "fp8kv", "ngram4", "w4a16", "w4a16-marlin", "fp8", "int8"} <= set(out)
+    assert not {"fp8-static", "w4a8", "w4a16-machete", "mtp3"} & set(out)
+    assert "CompressedTensorsW8A16Fp8" in out["fp8"][0] and out["fp8"][2]["CALIBRATE_RECIPE"] == "fp8-w8a8"
+    assert left["W4A16 on the machete kernel"] == f"MacheteLinearKernel requires capability 90, this GPU's is {cc}"
+    assert left["W4A8 (4-bit weights, FP8 activations)"].startswith("vLLM's CompressedTensorsW4A8Fp8 needs capability 90")
+    assert "declares no MTP layer" in left["the model's own MTP head"]
+    g = out["graphs"][2]
+    assert g["SERVE_MAX_NUM_SEQS"] == "8" and json.loads(g["SERVE_COMPILATION_CONFIG"]) == {"cudagraph_capture_sizes": [1, 8]}
+    assert "ENV_VLLM_CPU_KVCACHE_SPACE" not in g and g["GATE_GREEDY_IDENTITY"] == "1"
+    assert out["fp8kv"][2]["SERVE_KV_CACHE_DTYPE"] == "fp8" and out["fp8kv"][2]["GATE_MAX_MEAN_KLD"] == "0.05"
+    marlin = out["w4a16-marlin"]
+    assert marlin[2]["SERVE_LINEAR_BACKEND"] == "marlin" and marlin[3] == ["w4a16"]
+    assert marlin[2]["GATE_QUALITY_OF"] == "m-w4a16" and "CALIBRATE_RECIPE" not in marlin[2]
+
+
+def test_ada(tmp_path, device):
+    out, left = plan_for(89, *checkpoint(tmp_path, 256), device)
+    assert {"fp8-static", "w4a16-marlin"} <= set(out) and not {"fp8", "int8", "w4a8", "w4a16-machete"} & set(out)
+    assert out["fp8-static"][2]["CALIBRATE_RECIPE"] == "fp8-w8a8-static"
+    assert "capability 89, this GPU's is 89" in left["W8A8 INT8"]
+
+
+def test_hopper(tmp_path, device):
+    out, left = plan_for(90, *checkpoint(tmp_path, 256, mtp=True), device)
+    assert {"fp8-static", "w4a8", "w4a16", "w4a16-marlin", "w4a16-machete", "mtp3"} <= set(out)
+    assert json.loads(out["mtp3"][2]["SERVE_SPECULATIVE_CONFIG"]) == {"method": "mtp", "num_speculative_tokens": 3}
+
+
+def test_hopper_refuses_what_the_shape_cannot_take(tmp_path, device):
+    # k_proj with N = 192: vLLM's Machete and CUTLASS W4A8 kernels refuse N not divisible by 128, Marlin takes it
+    out, left = plan_for(90, *checkpoint(tmp_path, 192), device)
+    assert "w4a16-marlin" in out and "w4a16-machete" not in out and "w4a8" not in out
+    assert left["W4A16 on the machete kernel"] == ("MacheteLinearKernel cannot implement self_attn.k_proj (N=192, "
+                                                   "K=256): Output features size must be divisible by 128")
+    assert left["W4A8 (4-bit weights, FP8 activations)"].startswith("CutlassW4A8LinearKernel cannot implement "
+                                                                     "self_attn.k_proj (N=192, K=256):")
+
+
+def test_no_cuda_device_is_one_line(monkeypatch):
+    from vllm.platforms import current_platform as cp
+
+    monkeypatch.setattr(cp, "is_cuda", lambda: False, raising=False)
+    assert gpu.capability() is None
+    assert gpu.main(["smollm2-bf16"]) == 2
