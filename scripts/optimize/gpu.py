@@ -12,7 +12,7 @@ vLLM's checks, as the installed vLLM has them (0.26.0 on the lent H200, the same
 A lever the GPU or the model cannot take is listed with the first reason vLLM gives.
 
 Every CUDA GPU gets: an FP8 KV cache, max_num_seqs and CUDA-graph capture sizes matched to the concurrency levels,
-n-gram speculation, the checkpoint's own MTP head where it carries one; W4A16 (GPTQ, group 128) on vLLM's choice and
+n-gram speculation, the checkpoint's own MTP head where it carries one; W4A16 (GPTQ, group 128 where K allows) on vLLM's choice and
 on each other kernel it admits; FP8 W8A8 with static activation scales where the scheme's capability allows, else FP8
 weights served weight-only and W8A8 INT8; W4A8 where its scheme and kernel allow; SGLang serving the BF16 weights
 where SGLang is installed. The plan module adds the pruned output layer and committed EAGLE-3 heads on every machine.
@@ -30,12 +30,14 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import layer_family, read_safetensors_header
+from scripts.levers.quantize.calibrate import CalibrateError, group_size_for
 
-GROUP = 128  # the group size of the W4A16 and W4A8 recipes (gptq-w4a16, rtn-w4a8-fp8)
+GROUP = 128  # the group size of the W4A16 and W4A8 recipes (gptq-w4a16, rtn-w4a8-fp8; W4A16 takes less where K needs)
 # a layer whose module name ends so is a linear layer the quantization recipes take (lm_head and embeddings are not)
 LINEAR_SUFFIXES = ("proj", "fc1", "fc2", "c_fc", "c_proj", "query_key_value", "dense", "in_proj_qkvz", "in_proj_ba")
 # lossy candidates: the project's tolerances (the plan module's LOSSY_GATE), set there; lossless: greedy identity
 IDENTITY = {"GATE_GREEDY_IDENTITY": "1"}
+W4A16 = "W4A16 (GPTQ, group 128 or the largest power of two that divides K)"
 
 
 class GpuPlanError(ValueError):
@@ -76,8 +78,9 @@ def _kernel_table() -> tuple[list[type], dict[type, str]]:
 
 def kernel_verdicts(shapes: dict[str, tuple[int, int]], cc: int, act: str = "bf16") -> dict[str, str | None]:
     """{--linear-backend name: None where vLLM's kernel implements every layer at capability cc, else vLLM's reason}
-    for 4-bit group-128 weights with `act` activations (bf16: W4A16; fp8: W4A8). Kernels with no backend name (vLLM
-    cannot be told to use them) are left out."""
+    for 4-bit symmetric weights with `act` activations: bf16 (W4A16, each layer's group the calibrate lever gives it:
+    the largest power of two <= 128 dividing its input width) or fp8 (W4A8, group 128). Kernels with no backend name
+    (vLLM cannot be told to use them) are left out."""
     import torch
     from vllm.model_executor.kernels.linear.mixed_precision import MPLinearLayerConfig
     from vllm.scalar_type import scalar_types
@@ -85,8 +88,7 @@ def kernel_verdicts(shapes: dict[str, tuple[int, int]], cc: int, act: str = "bf1
     act_type = torch.bfloat16 if act == "bf16" else torch.float8_e4m3fn
     weight = scalar_types.uint4b8 if act == "bf16" else scalar_types.int4
     kernels, names = _kernel_table()
-    fields = {"weight_type": weight, "act_type": act_type, "group_size": GROUP, "zero_points": False,
-              "out_type": torch.bfloat16}
+    fields = {"weight_type": weight, "act_type": act_type, "zero_points": False, "out_type": torch.bfloat16}
     if "has_g_idx" in {f.name for f in dataclasses.fields(MPLinearLayerConfig)}:  # vLLM 0.26 (GPTQ act-order)
         fields["has_g_idx"] = False
     out: dict[str, str | None] = {}
@@ -99,7 +101,12 @@ def kernel_verdicts(shapes: dict[str, tuple[int, int]], cc: int, act: str = "bf1
         for family, (n, kk) in shapes.items():
             if reason:
                 break
-            cfg = MPLinearLayerConfig(**fields, full_weight_shape=(kk, n), partition_weight_shape=(kk, n))
+            try:  # W4A16: the group the calibrate lever gives this layer; W4A8: its recipe demands 128
+                group = group_size_for(kk, GROUP, family) if act == "bf16" else GROUP
+            except CalibrateError as e:
+                reason = str(e)
+                break
+            cfg = MPLinearLayerConfig(**fields, group_size=group, full_weight_shape=(kk, n), partition_weight_shape=(kk, n))
             try:
                 ok, why = k.can_implement(cfg)
             except Exception as e:  # a kernel whose check needs a package or op this vLLM build lacks
@@ -173,19 +180,19 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
     shapes = linear_shapes(model_dir)
     caps = scheme_capabilities()
     if cc < caps["wna16"]:
-        left.append({"lever": "W4A16 (GPTQ, group 128)", "why": f"vLLM's CompressedTensorsWNA16 needs capability "
-                     f"{caps['wna16']}, this GPU's is {cc}"})
+        left.append({"lever": W4A16, "why": f"vLLM's CompressedTensorsWNA16 needs capability {caps['wna16']}, this "
+                     f"GPU's is {cc}"})
     else:
         kernels = kernel_verdicts(shapes, cc)
         admitted = [b for b, why in kernels.items() if why is None]
         w4 = {"MODEL": f"weights/{base}-w4a16", **quant, "CALIBRATE_RECIPE": "gptq-w4a16"}
         if not admitted:
-            left.append({"lever": "W4A16 (GPTQ, group 128)", "why": "no CUDA kernel of vLLM implements every layer: "
+            left.append({"lever": W4A16, "why": "no CUDA kernel of vLLM implements every layer: "
                          + "; ".join(f"{b}: {w}" for b, w in kernels.items())})
         else:
             out["w4a16"] = ("W4A16 (GPTQ, group 128, llm-compressor) on vLLM's own kernel choice", "vllm", w4, [])
             for b in admitted:
-                out[f"w4a16-{b}"] = (f"W4A16 (GPTQ, group 128) on the {b} kernel (--linear-backend {b})", "vllm",
+                out[f"w4a16-{b}"] = (f"W4A16 (GPTQ) on the {b} kernel (--linear-backend {b})", "vllm",
                                      {**{k: v for k, v in w4.items() if k != "CALIBRATE_RECIPE" and k not in lossy_gate},
                                       "PARENT": f"{base}-w4a16", "SERVE_LINEAR_BACKEND": b,
                                       "GATE_REFERENCE": r, "GATE_QUALITY_OF": f"{base}-w4a16", **lossy_gate},
