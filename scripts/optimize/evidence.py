@@ -26,7 +26,7 @@ from scripts.report.compare import Judged, chain, judge
 @dataclass
 class Outcome:
     """What the run concluded about one candidate: certified | tie (at parity, not faster with 95% confidence) |
-    rejected | not certified | not pursued | failed."""
+    rejected | not certified | not pursued | failed | speed only (a shape proxy's: no quality evidence exists)."""
     status: str
     why: str
     judged: Judged | None = None
@@ -101,6 +101,13 @@ def contenders(plan, measured: list[Candidate], speeds: Speeds) -> set[str]:
 def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
     plan, budget = r.plan, BUDGETS[r.plan.budget]
     out: dict[str, Outcome] = {}
+    if load_variant(plan.reference).resolved.get("SHAPE_PROXY") == "1":  # random weights: speed is all there is
+        return {c.variant: Outcome("speed only", "a shape proxy (random weights): no quality evidence exists, so "
+                                   "nothing is certified; " + "; ".join(
+                                       f"c={lv} {sr.text()} × {plan.reference} ({sr.verdict})"
+                                       for lv in plan.concurrency
+                                       if (sr := speeds.versus(c.variant, plan.reference, lv))))
+                for c in measured}
     worth = contenders(plan, measured, speeds)
     for c in measured:
         if c.variant not in worth:

@@ -127,13 +127,16 @@ def write(r, speeds: Speeds, outcomes: dict, wall_s: float) -> Path:
              "| concurrency | certified winner | engine | tok/s | × " + plan.reference + " | × fastest BF16 server | TPOT p50 ms | evidence |",
              "| --- | --- | --- | ---: | ---: | --- | ---: | --- |"]
     winners = {}
+    proxy = configs[plan.reference].get("SHAPE_PROXY") == "1"
     for lv in plan.concurrency:
         w = next((v for v, o in outcomes.items() if lv in o.winner_at), None)
         winners[lv] = w or plan.reference
         v = winners[lv]
         rec = json.loads((paths.ROOT / speeds.record(v)).read_text())
         f = fastest[lv]
-        lines.append(f"| c={lv} | {v if w else plan.reference + ' (no certified candidate is faster)'} | {engine_label(rec)} | "
+        none = (" (a shape proxy: random weights, nothing can be certified; the ladder below is speed only)"
+                if proxy else " (no certified candidate is faster)")
+        lines.append(f"| c={lv} | {v if w else plan.reference + none} | {engine_label(rec)} | "
                      f"{fmt(speeds.tput(v, lv), '.1f')} | {ratio_cell(speeds, v, plan.reference, lv)} | "
                      f"{ratio_cell(speeds, v, f, lv)} ({f}) | {fmt(speeds.tpot_p50(v, lv), '.1f')} | "
                      f"{evidence_line(outcomes[v]) if w else 'the reference'} |")

@@ -125,3 +125,12 @@ def test_a_tie_with_the_reference_never_wins(world):
     assert out["x-tie"].status == "tie" and not out["x-tie"].winner_at and "c=1 1.03 [" in out["x-tie"].why
     assert "a tie (its 95% interval holds 1.00)" in " ".join(r.notes["x-tie"])
     assert "eval-parity:x-tie" in r.steps and "eval-parity:x-slow" not in r.steps
+
+
+def test_a_shape_proxy_buys_no_evidence_and_certifies_nothing(world, monkeypatch):
+    monkeypatch.setattr(evidence, "load_variant", lambda v: type("V", (), {"resolved": {"SHAPE_PROXY": "1"}})())
+    r = FakeRunner(plan("normal"))
+    out = evidence.certify(r, candidates(), FakeSpeeds())
+    assert not r.steps and {o.status for o in out.values()} == {"speed only"}
+    assert not any(o.winner_at for o in out.values())
+    assert "c=1 2.00 [" in out["x-q8"].why and "(faster)" in out["x-q8"].why and "no quality evidence" in out["x-q8"].why
