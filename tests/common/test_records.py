@@ -11,7 +11,7 @@ import pytest
 
 from scripts.common import records
 from scripts.common.gate import Criterion
-from scripts.common.metrics import RequestSample, summarize
+from scripts.common.metrics import RequestSample, speed_ratio, summarize
 from scripts.common.variants import load_variant
 from scripts.report import compare
 from scripts.report import schemas as check_schemas
@@ -33,15 +33,18 @@ def make_record(variant="smollm2-bf16", tput_scale=1.0, ladder=None) -> dict:
 
 def write_ladder(exp, speeds: dict[str, float], parents: dict[str, str] | None = None,
                  engines: dict[str, dict] | None = None) -> None:
-    """One ladder's latency records: smollm2-bf16 at speed 1.0 and each other variant at its speed, child of
-    smollm2-bf16 unless `parents` names another parent."""
-    for name, scale in {"smollm2-bf16": 1.0, **speeds}.items():
-        rec = make_record("smollm2-bf16", scale, ladder="L")
-        if name != "smollm2-bf16":
-            rec["variant"], rec["config"]["PARENT"] = name, (parents or {}).get(name, "smollm2-bf16")
-        if name in (engines or {}):
-            rec["engine"] = engines[name]
-        records.write_record(rec, exp / name, "latency")
+    """One ladder's latency records in two rounds: smollm2-bf16 at speed 1.0 and each other variant at its speed x 1.02
+    in round 1 and / 1.02 in round 2 (the geometric mean is its speed; its 95% interval over the two rounds is
+    exp(log speed -+ 12.706 x 0.0198)), child of smollm2-bf16 unless `parents` names another parent."""
+    for k, jitter in ((1, 1.02), (2, 1 / 1.02)):
+        for name, scale in {"smollm2-bf16": 1.0, **speeds}.items():
+            rec = make_record("smollm2-bf16", scale * (1.0 if name == "smollm2-bf16" else jitter), ladder="L")
+            rec["inputs"]["round"] = k
+            if name != "smollm2-bf16":
+                rec["variant"], rec["config"]["PARENT"] = name, (parents or {}).get(name, "smollm2-bf16")
+            if name in (engines or {}):
+                rec["engine"] = engines[name]
+            records.write_record(rec, exp / name, "latency")
 
 
 def test_atomic_writer_names_and_never_overwrites(tmp_path):
@@ -156,15 +159,23 @@ def test_compare_names_the_fastest_certified_variant_per_level(tmp_path):
     judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-a": compare.Judged("pass", [kld]),
               "smollm2-b": compare.Judged("inconclusive", [kld, top1])}
     text, rows = compare.build_report(records.all_records("latency", exp), judged)
-    assert "Fastest at certified parity, c=1: smollm2-a** — 1.50× smollm2-bf16" in text
+    assert "Fastest at certified parity, c=1: smollm2-a** — 1.50 [1.17, 1.93]× smollm2-bf16" in text
     assert "- PASS         GATE_MAX_MEAN_KLD = 0.02 [0.018, 0.022]" in text
     assert "- smollm2-b: inconclusive GATE_MIN_TOP1 = 0.9 [0.89, 0.91] — ≈24320 tokens would decide it" in text
     assert compare.plot_pareto(rows, judged, tmp_path / "p.png") and (tmp_path / "p.png").stat().st_size > 0
     # a certified variant slower than BF16 is never "the fastest": the reference is
     judged["smollm2-b"] = compare.Judged("fail", [kld])
-    rows_slow = [{**r, "vs_base": {"1": 0.5}} if r["variant"] == "smollm2-a" else r for r in rows]
-    assert "c=1: the BF16 reference** — no certified variant is faster (the fastest certified, smollm2-a, runs at " \
-           "0.50×" in "\n".join(compare.winner_lines([r for r in rows_slow if r["base"]], judged))
+    slow = speed_ratio([(0.51, 1.0), (0.49, 1.0)])
+    rows_slow = [{**r, "vs_base": {"1": slow.ratio}, "vs_base_ci": {"1": slow}} if r["variant"] == "smollm2-a" else r
+                 for r in rows]
+    assert "c=1: the BF16 reference** — no certified variant is faster with 95% confidence (the fastest certified, " \
+           "smollm2-a, runs at 0.50 [" in "\n".join(compare.winner_lines([r for r in rows_slow if r["base"]], judged))
+    # nor is one whose two rounds disagree (a tie), however fast its point estimate
+    tie = speed_ratio([(2.0, 1.0), (1.1, 1.0)])
+    rows_tie = [{**r, "vs_base": {"1": tie.ratio}, "vs_base_ci": {"1": tie}} if r["variant"] == "smollm2-a" else r
+                for r in rows]
+    assert "(the fastest certified, smollm2-a, runs at 1.48 [0.03, 66.18]× smollm2-bf16: a tie, its 95% interval " \
+           "holds 1.00)" in "\n".join(compare.winner_lines([r for r in rows_tie if r["base"]], judged))
 
 
 def test_pareto_front():
@@ -210,8 +221,8 @@ def test_compare_names_one_winner_across_engines(tmp_path):
               "smollm2-gguf": compare.Judged("pass", [drop])}
     text, _ = compare.build_report(records.all_records("latency", exp), judged)
     across = text.split("### Across engines")[1]
-    assert "Fastest at certified parity, c=1: smollm2-gguf** — 2.00× smollm2-bf16" in across
-    assert "Fastest at certified parity, c=1: smollm2-a** — 1.50×" in text.split("### Across engines")[0]
+    assert "Fastest at certified parity, c=1: smollm2-gguf** — 2.00 [1.56, 2.57]× smollm2-bf16" in across
+    assert "Fastest at certified parity, c=1: smollm2-a** — 1.50 [1.17, 1.93]×" in text.split("### Across engines")[0]
 
 
 def test_bf16_servers_are_the_reference_and_other_engines_on_unquantized_weights():
@@ -231,31 +242,36 @@ def test_compare_gives_the_winner_against_the_fastest_bf16_server(tmp_path):
              "smollm2-srv": (1.5, {"PARENT": "smollm2-gguf-bf16", "ENGINE": "llamaserver"}),
              "smollm2-gguf-q8-0": (1.0, {"GGUF_TYPE": "Q8_0", "ENGINE": "llamacpp"}),
              "smollm2-q8-srv": (3.0, {"PARENT": "smollm2-gguf-q8-0", "ENGINE": "llamaserver"})}
-    records.write_record(make_record("smollm2-bf16", 1.0, ladder="L"), exp / "smollm2-bf16", "latency")
-    for name, (scale, keys) in rungs.items():
-        rec = make_record("smollm2-bf16", scale, ladder="L")
-        rec["variant"] = name
-        rec["config"] = {k: v for k, v in rec["config"].items() if not k.startswith(("SERVE_", "ENV_"))}
-        rec["config"].update({"PARENT": "smollm2-bf16", **keys})
-        rec["engine"] = {"name": keys["ENGINE"], "version": "1"}
-        records.write_record(rec, exp / name, "latency")
+    for k, jitter in ((1, 1.02), (2, 1 / 1.02)):  # two rounds (write_ladder's jitter)
+        ref = make_record("smollm2-bf16", 1.0, ladder="L")
+        ref["inputs"]["round"] = k
+        records.write_record(ref, exp / "smollm2-bf16", "latency")
+        for name, (scale, keys) in rungs.items():
+            rec = make_record("smollm2-bf16", scale * jitter, ladder="L")
+            rec["variant"], rec["inputs"]["round"] = name, k
+            rec["config"] = {k: v for k, v in rec["config"].items() if not k.startswith(("SERVE_", "ENV_"))}
+            rec["config"].update({"PARENT": "smollm2-bf16", **keys})
+            rec["engine"] = {"name": keys["ENGINE"], "version": "1"}
+            records.write_record(rec, exp / name, "latency")
     ok = compare.Judged("pass", [Criterion("GATE_GREEDY_IDENTITY", 0, "max", value=0, status="pass")])
     judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-gguf-bf16": compare.Judged("missing", note="x"),
               "smollm2-srv": ok, "smollm2-gguf-q8-0": compare.Judged("missing", note="x"), "smollm2-q8-srv": ok}
     recs = records.all_records("latency", exp)
     text, rows = compare.build_report(recs, judged)
     across = text.split("### Across engines")[1]
-    assert "c=1: smollm2-q8-srv** — 3.00× smollm2-bf16" in across
+    assert "c=1: smollm2-q8-srv** — 3.00 [2.33, 3.86]× smollm2-bf16" in across
     assert "; 2.00× the fastest BF16 server here, smollm2-srv (" in across
     configs = {r["variant"]: r["config"] for _, r in recs}
     (row,) = [line for line in compare.winners_table(rows, judged, configs) if "smollm2-q8-srv" in line]
-    assert "| 3.00 | — | 2.00 (smollm2-srv) / — |" in row
+    assert "| 3.00 [2.33, 3.86] | — | 2.00 (smollm2-srv) / — |" in row
     # another model on the same machine is measured against its own BF16 servers only
-    other = make_record("gemma3-270m-bf16", 1.0, ladder="L")
-    records.write_record(other, exp / "gemma3-270m-bf16", "latency")
-    fast = make_record("gemma3-270m-bf16", 1.2, ladder="L")
-    fast["variant"], fast["config"]["PARENT"] = "gemma3-270m-fast", "gemma3-270m-bf16"
-    records.write_record(fast, exp / "gemma3-270m-fast", "latency")
+    for k, jitter in ((1, 1.02), (2, 1 / 1.02)):
+        other = make_record("gemma3-270m-bf16", 1.0, ladder="L")
+        other["inputs"]["round"] = k
+        records.write_record(other, exp / "gemma3-270m-bf16", "latency")
+        fast = make_record("gemma3-270m-bf16", 1.5 * jitter, ladder="L")
+        fast["variant"], fast["config"]["PARENT"], fast["inputs"]["round"] = "gemma3-270m-fast", "gemma3-270m-bf16", k
+        records.write_record(fast, exp / "gemma3-270m-fast", "latency")
     text, _ = compare.build_report(records.all_records("latency", exp), {**judged, "gemma3-270m-bf16":
                                    compare.Judged("reference"), "gemma3-270m-fast": ok})
     line = next(x for x in text.splitlines() if "c=1: gemma3-270m-fast**" in x)
@@ -273,7 +289,7 @@ def test_compare_leaves_superseded_variants_out_of_its_tables(tmp_path):
     assert not any(line.startswith("| smollm2-old |") for line in text.splitlines())
     assert [r["variant"] for r in rows] == ["smollm2-bf16", "smollm2-old-child"]
     child = next(line for line in text.splitlines() if line.startswith("| smollm2-old-child"))
-    assert "| 0.50 |" in child and "| 1.50 |" in child  # × its superseded parent, × BF16
+    assert "| 0.50 |" in child and "| 1.50 [1.17, 1.93] |" in child  # × its superseded parent (round 2), × BF16
     assert "c=1: smollm2-old-child**" in text
     assert "1 superseded variant(s) left out of these tables" in text and "smollm2-old (by smollm2-new)" in text
     for name, extra in (("smollm2-bf16", ""), ("smollm2-new", "PARENT=smollm2-bf16\n"),
