@@ -45,6 +45,11 @@
 #                                               # caches, warm-up, pack, warm start from the tarball); tarballs in
 #                                               # /root/bake/<V><BAKE_TAG>.tar.gz, records + logs as $OUT/bake.tar (and
 #                                               # in /root/bake/results: run it under setsid to outlive the call)
+#   [GEMM_ARGS="--quick …"] [NORUN=1] bash scripts/gpu/device.sh gemm   # the W4A16 GEMM microbench
+#                                               # (scripts.measure.gemm_bench) on vLLM's kernels (the bundle `setup`
+#                                               # unpacked) and the kernel wheels carried in .gpu/whl-kernels, installed
+#                                               # into /root/kernels (NORUN=1: install only; wheels carried over several
+#                                               # calls add up); $OUT/gemm_<stamp>.json + .md
 #   [LAB_CACHE_SHIM=1] [FORCE=1] bash scripts/gpu/device.sh startc V TARBALL   # one timed start from a baked
 #                                               # tarball as `scripts.serve --cache` imports it (FORCE=1: its caches
 #                                               # used even where the manifest differs, to see what really hits); the
@@ -66,7 +71,7 @@ step=${1:?step}; shift
 export PYTHONUNBUFFERED=1 VLLM_TARGET=cuda TRITON_CACHE_AUTOTUNING=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -x /root/sgl-python ] && export LAB_SGLANG_PYTHON=/root/sgl-python  # written by `setup` when SGLang's wheels came
-SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage RUN=/root/run
+SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage RUN=/root/run KERNELS=/root/kernels
 EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|SpecDecoding|draft|mtp|runner|KV cache|memory|Asynchronous scheduling|CUDA graphs"
 sets=(); for kv in ${SET:-}; do sets+=(--set "$kv"); done
 # SET's keys are vLLM's (SERVE_*): a variant served by another engine (ENGINE=sglang) gets none of them
@@ -401,5 +406,23 @@ rdir = Path(f"/root/bake/results/cold-start-cuda-{dt.datetime.now(dt.UTC):%Y%m%d
 print(f"healthy after {rec['ready_s']} s; reported {rec['reported_s']}; bytes {before} -> {record['cache_bytes_after']}")
 PY
     ;;
+  gemm)
+    # The kernel wheels (gemlite, torchao, MSLK, FBGEMM GenAI, humming-kernels + pyelftools, conch-triton-kernels) go to
+    # their own folder, on PYTHONPATH for this step only: gemlite's wheel declares a vllm.general_plugins entry point
+    # that would load into every vLLM server of the lease from /root/extra. GEMM_LIMIT (s) stops the bench with SIGTERM
+    # first; it then writes the rows measured so far.
+    mkdir -p $KERNELS; new=()  # a wheel installed by an earlier call of the lease is not installed again
+    for w in .gpu/whl-kernels/*.whl; do [ -f "$w" ] && [ ! -f "$KERNELS/.done-$(basename "$w")" ] && new+=("$w"); done
+    if [ ${#new[@]} -gt 0 ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $KERNELS "${new[@]}" || exit 1
+      for w in "${new[@]}"; do touch "$KERNELS/.done-$(basename "$w")"; done
+    fi
+    ls $KERNELS | grep dist-info | tr '\n' ' '; echo
+    [ -n "${NORUN:-}" ] && exit 0
+    [ -d $SITE/vllm ] || echo "no vLLM bundle in $SITE (recv + setup first): the vllm-* rows will say unavailable"
+    export PYTHONPATH=$SITE:$EXTRA:$KERNELS:$PWD PYTHONFAULTHANDLER=1
+    nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+    timeout -s TERM ${GEMM_LIMIT:-560} python3 -m scripts.measure.gemm_bench --out $OUT ${GEMM_ARGS:-}; rc=$?
+    ls -la $OUT; exit $rc ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

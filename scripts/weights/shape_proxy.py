@@ -36,6 +36,15 @@ QWEN35_4B_TEXT = dict(
                      "mrope_section": [11, 11, 10], "mrope_interleaved": True},
     eos_token_id=248046, bos_token_id=None, pad_token_id=248044, mtp_num_hidden_layers=1,
 )
+# Qwen3.5-27B's text model, the same architecture grown: 64 layers (every 4th full attention: 16 full, 48
+# Gated-DeltaNet), hidden 5120, MLP 17408, GQA 24/4 of head_dim 256 (gated output), Gated-DeltaNet 16 key heads / 48
+# value heads of dim 128, vocab 248320, untied output layer. Text only (no vision config, so no proxy checkpoint is
+# written from it): the shapes of scripts.measure.gemm_bench and the regime where weights dominate an H200's step.
+QWEN35_27B_TEXT = dict(
+    QWEN35_4B_TEXT, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
+    num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
+    linear_value_head_dim=128, tie_word_embeddings=False,
+)
 QWEN35_4B_VISION = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2560,
                         patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304)
 CONFIGS = {
