@@ -24,13 +24,14 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import re
 import sys
 from contextlib import suppress
 from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import layer_family, read_safetensors_header
-from scripts.levers.quantize.calibrate import CalibrateError, group_size_for
+from scripts.levers.quantize.calibrate import MLP_TARGET, CalibrateError, group_size_for, ignore_patterns, load_recipe
 
 GROUP = 128  # the group size of the W4A16 and W4A8 recipes (gptq-w4a16, rtn-w4a8-fp8; W4A16 takes less where K needs)
 # a layer whose module name ends so is a linear layer the quantization recipes take (lm_head and embeddings are not)
@@ -65,6 +66,15 @@ def linear_shapes(model_dir: Path) -> dict[str, tuple[int, int]]:
                     and ".layers." in module and not any(x in module for x in ("visual", "vision", "mtp."))):
                 out.setdefault(layer_family(module), (t.shape[0], t.shape[1]))
     return out
+
+
+def targeted(shapes: dict[str, tuple[int, int]], recipe_name: str) -> dict[str, tuple[int, int]]:
+    """The layers a calibrate recipe quantizes, by its scope and ignore rules (scripts/levers/quantize/calibrate.py):
+    gptq-w4a16 leaves Qwen3.5's Gated-DeltaNet projections in BF16, rtn-w4a8-fp8 its in_proj_a / in_proj_b."""
+    recipe, _ = load_recipe(recipe_name)
+    ignore = [re.compile(p[3:]) for p in ignore_patterns(recipe)]
+    return {f: s for f, s in shapes.items() if not any(p.match(f) for p in ignore)
+            and (recipe.get("scope", "all") != "mlp" or MLP_TARGET.match(f))}
 
 
 def _kernel_table() -> tuple[list[type], dict[type, str]]:
@@ -183,7 +193,7 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
         left.append({"lever": W4A16, "why": f"vLLM's CompressedTensorsWNA16 needs capability {caps['wna16']}, this "
                      f"GPU's is {cc}"})
     else:
-        kernels = kernel_verdicts(shapes, cc)
+        kernels = kernel_verdicts(targeted(shapes, "gptq-w4a16"), cc)
         admitted = [b for b, why in kernels.items() if why is None]
         w4 = {"MODEL": f"weights/{base}-w4a16", **quant, "CALIBRATE_RECIPE": "gptq-w4a16"}
         if not admitted:
@@ -214,13 +224,16 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
         else:
             left.append({"lever": "W8A8 INT8", "why": f"vLLM's CompressedTensorsW8A8Int8 needs capability "
                          f"{caps['int8_w8a8']}, this GPU's is {cc}"})
+    w4a8 = kernel_verdicts(targeted(shapes, "rtn-w4a8-fp8"), cc, act="fp8") if cc >= caps["w4a8_fp8"] else {}
     if cc < caps["w4a8_fp8"]:
         left.append({"lever": "W4A8 (4-bit weights, FP8 activations)", "why": f"vLLM's CompressedTensorsW4A8Fp8 needs "
                      f"capability {caps['w4a8_fp8']}, this GPU's is {cc}"})
-    elif why := kernel_verdicts(shapes, cc, act="fp8").get("cutlass"):
-        left.append({"lever": "W4A8 (4-bit weights, FP8 activations)", "why": why})
+    elif None not in w4a8.values():
+        left.append({"lever": "W4A8 (4-bit weights, FP8 activations)", "why": "no CUDA kernel of vLLM implements every "
+                     "layer: " + "; ".join(f"{b}: {w}" for b, w in w4a8.items())})
     else:
-        out["w4a8"] = ("W4A8: 4-bit group-128 weights, dynamic FP8 activations (CUTLASS)", "vllm",
+        out["w4a8"] = ("W4A8: 4-bit group-128 weights, dynamic FP8 activations (on "
+                       + ", ".join(b for b, why in w4a8.items() if why is None) + ")", "vllm",
                        {"MODEL": f"weights/{base}-w4a8", **quant, "CALIBRATE_RECIPE": "rtn-w4a8-fp8"}, [])
     if importlib.util.find_spec("sglang") is None:
         left.append({"lever": "SGLang serving the BF16 weights", "why": "SGLang is not installed on this machine "

@@ -109,8 +109,21 @@ def test_hopper_refuses_what_the_shape_cannot_take(tmp_path, device):
     assert "w4a16-marlin" in out and "w4a16-machete" not in out and "w4a8" not in out
     assert left["W4A16 on the machete kernel"] == ("MacheteLinearKernel cannot implement self_attn.k_proj (N=192, "
                                                    "K=256): Output features size must be divisible by 128")
-    assert left["W4A8 (4-bit weights, FP8 activations)"].startswith("CutlassW4A8LinearKernel cannot implement "
-                                                                     "self_attn.k_proj (N=192, K=256):")
+    assert "cutlass: CutlassW4A8LinearKernel cannot implement self_attn.k_proj (N=192, K=256):" in \
+        left["W4A8 (4-bit weights, FP8 activations)"]
+
+
+def test_only_the_layers_a_recipe_quantizes_are_checked(tmp_path, device):
+    """rtn-w4a8-fp8 leaves Qwen3.5's in_proj_a / in_proj_b (N = 64 / 96) in BF16 and gptq-w4a16 every Gated-DeltaNet
+    projection: a layer no kernel could take does not keep the lever out when the recipe does not quantize it."""
+    shapes = {"linear_attn.in_proj_qkvz": (12288, 2560), "linear_attn.in_proj_a": (96, 2560),
+              "self_attn.qkv_proj": (10240, 2560), "mlp.down_proj": (2560, 9216)}
+    assert set(gpu.targeted(shapes, "gptq-w4a16")) == {"self_attn.qkv_proj", "mlp.down_proj"}
+    assert set(gpu.targeted(shapes, "rtn-w4a8-fp8")) == {"linear_attn.in_proj_qkvz", "self_attn.qkv_proj",
+                                                         "mlp.down_proj"}
+    device(90)
+    assert gpu.kernel_verdicts(gpu.targeted(shapes, "gptq-w4a16"), 90)["machete"] is None
+    assert gpu.kernel_verdicts(shapes, 90)["machete"].endswith("Output features size must be divisible by 128")
 
 
 def test_no_cuda_device_is_one_line(monkeypatch):
