@@ -226,7 +226,11 @@ PY
   measure)
     export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
     res=$RUN/res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
+    # one ladder id for every bench of this call and each record's round: make compare pairs them round by round for
+    # each ratio's 95% interval (ROUNDS >= 2: start order in odd rounds, reversed in even ones)
+    lid=${LADDER_ID:-gpu-$(date +%Y%m%d-%H%M%S)}; rargs=()
     for round in $(seq ${ROUNDS:-1}); do
+    [ ${ROUNDS:-1} -gt 1 ] && rargs=(--ladder-id $lid --round $round)
     while read -r tag v port pid extra <&3; do
       [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && continue  # ONLY="tag …": bench just those
       xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
@@ -241,14 +245,14 @@ PY
           < /dev/null | grep -E "^fixed|error"
         timeout ${BENCH_LIMIT:-240} python3 -m scripts.measure.latency "$v" --base-url http://127.0.0.1:$port \
           --concurrency 1,8 --modes fixed --server-log $RUN/$tag.log ${BENCH_ARGS:-} "${vs[@]}" "${xs[@]}" \
-          --out-dir $res/$tag < /dev/null || echo "bench $tag failed ($?)"
+          "${rargs[@]}" --out-dir $res/$tag < /dev/null || echo "bench $tag failed ($?)"
       else
         echo "== $tag never became healthy"
       fi
       sleep 11  # let vLLM's periodic stats (SpecDecoding metrics) reach the log
       { grep -m1 "vllm" $RUN/$tag.serve; echo "--- excerpt"; grep -hiE "$EXCERPT" $RUN/$tag.log | grep -v Route | tail -60
         echo "--- tail"; tail -${LOG_TAIL:-40} $RUN/$tag.log; } > $res/$tag/server.log
-    done 3< $RUN/servers
+    done 3< <(if [ $((round % 2)) = 0 ]; then tac $RUN/servers; else cat $RUN/servers; fi)  # ABBA: even rounds reversed
     done
     [ -z "${KEEP:-}" ] && stop_servers
     tar cf $OUT/${TAR:-results}.tar -C $res . && ls -lR $res | head -40
