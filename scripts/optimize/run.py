@@ -114,18 +114,21 @@ class State:
     steps: dict[str, dict] = field(default_factory=dict)
     ladder_id: str | None = None
     ladder_args: list[str] | None = None  # what the ladder id was measured with (None: a state from before this key)
+    ladder_hardware: str | None = None  # the machine (hardware key) the ladder id was measured on
 
     @classmethod
     def load(cls, base: str) -> State:
         path = STATE / base / "state.json"
         if path.is_file():
             raw = json.loads(path.read_text())
-            return cls(path, raw.get("steps", {}), raw.get("ladder_id"), raw.get("ladder_args"))
+            return cls(path, raw.get("steps", {}), raw.get("ladder_id"), raw.get("ladder_args"),
+                       raw.get("ladder_hardware"))
         return cls(path)
 
     def save(self) -> None:
         paths.write_text_atomic(self.path, json.dumps({"steps": self.steps, "ladder_id": self.ladder_id,
-                                                       "ladder_args": self.ladder_args}, indent=1) + "\n")
+                                                       "ladder_args": self.ladder_args,
+                                                       "ladder_hardware": self.ladder_hardware}, indent=1) + "\n")
 
 
 @dataclass
@@ -268,9 +271,14 @@ def ladder(r: Runner, rungs: list[str]) -> Speeds:
     args = ("--concurrency", ",".join(map(str, r.plan.concurrency)), "--modes", "fixed", *budget.ladder)
     out = Speeds({v: [None] * rounds for v in rungs})
     other_args = r.state.ladder_args is not None and r.state.ladder_args != list(args)  # another BUDGET's ladder
-    if r.state.ladder_id is None or other_args or not any(sid.startswith("eval-latency:") for sid in r.state.steps):
+    other_machine = r.state.ladder_hardware not in (None, r.hw)
+    if other_machine:  # a resumed run on another kind of machine: speed is only compared within one machine's ladder
+        print(f"[ladder] ladder {r.state.ladder_id} was measured on {r.state.ladder_hardware}; this machine is {r.hw}: "
+              "its speed records are not reused, a new ladder starts here", flush=True)
+    if r.state.ladder_id is None or other_args or other_machine or not any(
+            sid.startswith("eval-latency:") for sid in r.state.steps):
         r.state.ladder_id = f"{r.plan.base}-optimize-{now_utc():%Y%m%d-%H%M%S}"
-    r.state.ladder_args = list(args)
+    r.state.ladder_args, r.state.ladder_hardware = list(args), r.hw
     for k, order in enumerate(round_orders(rungs, rounds), start=1):
         for v in order:
             e = r.step("ladder", "eval-latency", v, (*args, "--ladder-id", r.state.ladder_id, "--round", str(k)),

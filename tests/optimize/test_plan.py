@@ -230,3 +230,22 @@ def test_the_ladder_alternates_its_rounds(tmp_path, monkeypatch):
     plan.rounds, calls[:] = 4, []  # the plan file's own number wins
     run_mod.ladder(r, ["x-bf16"])
     assert len(calls) == 4
+
+
+def test_a_ladder_resumed_on_another_machine_kind_starts_anew(tmp_path, monkeypatch, capsys):
+    plan = Plan(base="x", reference="x-bf16", budget="normal", concurrency=[1], slo_tpot_ms=None, hardware="h",
+                candidates=[], left_out=[])
+    state = run_mod.State(tmp_path / "state.json")
+    r = run_mod.Runner(plan, state, "AMD EPYC (2 cores, avx2)", tmp_path)
+    monkeypatch.setattr(r, "step", lambda *a, **k: state.steps.setdefault(f"eval-latency:{a[2]}{k['tag']}",
+                                                                          {"status": "ok", "record": None}))
+    run_mod.ladder(r, ["x-bf16"])
+    first = state.ladder_id
+    again = run_mod.State(state.path, state.steps, state.ladder_id, state.ladder_args, state.ladder_hardware)
+    r2 = run_mod.Runner(plan, again, "NVIDIA H200 x1", tmp_path)
+    monkeypatch.setattr(r2, "step", lambda *a, **k: {"status": "ok", "record": None})
+    monkeypatch.setattr(run_mod, "now_utc", lambda: __import__("datetime").datetime(2030, 1, 1))
+    run_mod.ladder(r2, ["x-bf16"])
+    out = capsys.readouterr().out
+    assert again.ladder_id != first and again.ladder_hardware == "NVIDIA H200 x1"
+    assert "was measured on AMD EPYC (2 cores, avx2); this machine is NVIDIA H200 x1" in out

@@ -85,6 +85,46 @@ def test_tiny_shape_proxy_verifies(tmp_path):
     assert text["full_attention_interval"] == 4 and text["layer_types"][3] == "full_attention"
 
 
+def test_config_only_checkpoint_writes_no_weights_and_describes_them(tmp_path):
+    """config-only:qwen35-tiny:gptq-w4a16-gdn: a sparse header of the packed tensors the lever would write (readable
+    by every header reader, no data on disk), a quantization_config vLLM's compressed-tensors parser takes, and the
+    recipe's ignores kept in BF16 (in_proj_a/b)."""
+    from scripts.common.checkpoint import read_checkpoint
+
+    out = tmp_path / "c"
+    prov = make_shape_proxy.write_config_only("qwen35-tiny:gptq-w4a16-gdn", out)
+    report = read_checkpoint(out)
+    f = out / "model.safetensors"
+    assert f.stat().st_size == prov["bytes_described"] + 8 + int.from_bytes(f.read_bytes()[:8], "little")
+    assert f.stat().st_blocks * 512 < 64 * 1024  # a hole: the data is never written
+    lm = "model.language_model.layers."
+    t = report.tensors
+    assert t[lm + "0.mlp.down_proj.weight_packed"].shape == (64, 128 // 8)  # K = 128 -> group 128
+    assert t[lm + "0.mlp.down_proj.weight_scale"].shape == (64, 1) and t[lm + "0.mlp.down_proj.weight_packed"].dtype == "I32"
+    assert t[lm + "0.linear_attn.in_proj_qkv.weight_scale"].shape[1] == 1  # K = 64 -> group 64
+    assert t[lm + "0.linear_attn.in_proj_a.weight"].dtype == "BF16"  # the recipe's ignore
+    qc = report.config["quantization_config"]
+    assert qc["format"] == "pack-quantized" and "re:.*linear_attn\\.in_proj_[ab]$" in qc["ignore"]
+    assert report.config["text_config"]["tie_word_embeddings"] is True and report.config["shape_proxy"] is True
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+
+    assert list(CompressedTensorsConfig.from_config(qc).target_scheme_map) == ["Linear"]
+    assert make_shape_proxy.write_config_only("qwen35-tiny", tmp_path / "b")["recipe"] is None
+    assert "quantization_config" not in read_checkpoint(tmp_path / "b").config
+    with pytest.raises(SystemExit, match="4-bit weight-only"):
+        make_shape_proxy.write_config_only("qwen35-tiny:fp8-w8a8", tmp_path / "f")
+
+
+def test_qwen35_27b_shape_is_untied_and_grown():
+    cfg = make_shape_proxy.build_config("qwen35-27b")
+    shapes = make_shape_proxy.parameter_shapes(cfg)
+    lm = "model.language_model."
+    assert shapes["lm_head.weight"] == (248320, 5120)  # untied
+    assert shapes[lm + "layers.3.self_attn.q_proj.weight"] == (2 * 24 * 256, 5120)
+    assert shapes[lm + "layers.0.linear_attn.in_proj_qkv.weight"] == (2 * 16 * 128 + 48 * 128, 5120)
+    assert shapes[lm + "layers.63.mlp.down_proj.weight"] == (5120, 17408)
+
+
 def test_qwen35_4b_proxy_has_the_flagship_shapes():
     cfg = make_shape_proxy.build_config("qwen35-4b")
     shapes = make_shape_proxy.parameter_shapes(cfg)
