@@ -104,11 +104,13 @@ def test_config_only_checkpoint_writes_no_weights_and_describes_them(tmp_path):
     assert t[lm + "0.linear_attn.in_proj_qkv.weight_scale"].shape[1] == 1  # K = 64 -> group 64
     assert t[lm + "0.linear_attn.in_proj_a.weight"].dtype == "BF16"  # the recipe's ignore
     qc = report.config["quantization_config"]
-    assert qc["format"] == "pack-quantized" and "re:.*linear_attn\\.in_proj_[ab]$" in qc["ignore"]
+    targets = [t for g in qc["config_groups"].values() for t in g["targets"]]  # two group sizes: layers by name
+    assert qc["format"] == "pack-quantized" and len(qc["config_groups"]) == 2
+    assert any("in_proj_qkv" in t for t in targets) and not any("in_proj_a" in t for t in targets)
     assert report.config["text_config"]["tie_word_embeddings"] is True and report.config["shape_proxy"] is True
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
 
-    assert list(CompressedTensorsConfig.from_config(qc).target_scheme_map) == ["Linear"]
+    assert sorted(CompressedTensorsConfig.from_config(qc).target_scheme_map) == sorted(targets)
     assert make_shape_proxy.write_config_only("qwen35-tiny", tmp_path / "b")["recipe"] is None
     assert "quantization_config" not in read_checkpoint(tmp_path / "b").config
     with pytest.raises(SystemExit, match="4-bit weight-only"):
