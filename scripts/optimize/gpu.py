@@ -257,7 +257,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from scripts.common.variants import VariantError, load_variant
-    from scripts.optimize.plan import LOSSY_GATE
 
     args = build_parser().parse_args(argv)
     try:
@@ -269,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             raise GpuPlanError("no CUDA device visible to vLLM here: the GPU plan needs one (VLLM_TARGET=cuda)")
         config = json.loads((model_dir / "config.json").read_text())
         out, left = templates(ref["BASE"], ref, model_dir, config, cc, [int(x) for x in args.concurrency.split(",")],
-                              LOSSY_GATE)
+                              {})  # the levers and the reasons only: their gates are the plan's (scripts/optimize/plan.py)
     except (GpuPlanError, VariantError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
