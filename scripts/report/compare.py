@@ -488,6 +488,7 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
             base = baseline_of(v, members)
             pref, bref = (reference_record(x, (hw, prompts), ladder, members, in_ladder) for x in (parent, base))
             vs_parent, vs_base = speedups(r, pref), speedups(r, bref)
+            vs_parent = {**vs_parent, **{c: sr.ratio for c in vs_parent if (sr := speed_interval(r, pref, c, rounds))}}
             vs_base_ci = {c: speed_interval(r, bref, c, rounds) for c in LEVELS}
             vs_base = {**vs_base, **{c: sr.ratio for c, sr in vs_base_ci.items() if sr}}
             refs = [x for x in (pref, bref) if x]

@@ -36,7 +36,8 @@ def write_ladder(exp, speeds: dict[str, float], parents: dict[str, str] | None =
     """One ladder's latency records in two rounds: smollm2-bf16 at speed 1.0 and each other variant at its speed x 1.02
     in round 1 and / 1.02 in round 2 (the geometric mean is its speed; its 95% interval over the two rounds is
     exp(log speed -+ 12.706 x 0.0198)), child of smollm2-bf16 unless `parents` names another parent."""
-    for k, jitter in ((1, 1.02), (2, 1 / 1.02)):
+    when = records.now_utc()
+    for k, jitter in ((1, 1.02), (2, 1 / 1.02)):  # round k's records k seconds apart: file names sort by round
         for name, scale in {"smollm2-bf16": 1.0, **speeds}.items():
             rec = make_record("smollm2-bf16", scale * (1.0 if name == "smollm2-bf16" else jitter), ladder="L")
             rec["inputs"]["round"] = k
@@ -44,7 +45,7 @@ def write_ladder(exp, speeds: dict[str, float], parents: dict[str, str] | None =
                 rec["variant"], rec["config"]["PARENT"] = name, (parents or {}).get(name, "smollm2-bf16")
             if name in (engines or {}):
                 rec["engine"] = engines[name]
-            records.write_record(rec, exp / name, "latency")
+            records.write_record(rec, exp / name, "latency", when=when + dt.timedelta(seconds=k))
 
 
 def test_atomic_writer_names_and_never_overwrites(tmp_path):
@@ -242,17 +243,18 @@ def test_compare_gives_the_winner_against_the_fastest_bf16_server(tmp_path):
              "smollm2-srv": (1.5, {"PARENT": "smollm2-gguf-bf16", "ENGINE": "llamaserver"}),
              "smollm2-gguf-q8-0": (1.0, {"GGUF_TYPE": "Q8_0", "ENGINE": "llamacpp"}),
              "smollm2-q8-srv": (3.0, {"PARENT": "smollm2-gguf-q8-0", "ENGINE": "llamaserver"})}
+    when = records.now_utc()
     for k, jitter in ((1, 1.02), (2, 1 / 1.02)):  # two rounds (write_ladder's jitter)
         ref = make_record("smollm2-bf16", 1.0, ladder="L")
         ref["inputs"]["round"] = k
-        records.write_record(ref, exp / "smollm2-bf16", "latency")
+        records.write_record(ref, exp / "smollm2-bf16", "latency", when=when + dt.timedelta(seconds=k))
         for name, (scale, keys) in rungs.items():
             rec = make_record("smollm2-bf16", scale * jitter, ladder="L")
             rec["variant"], rec["inputs"]["round"] = name, k
             rec["config"] = {k: v for k, v in rec["config"].items() if not k.startswith(("SERVE_", "ENV_"))}
             rec["config"].update({"PARENT": "smollm2-bf16", **keys})
             rec["engine"] = {"name": keys["ENGINE"], "version": "1"}
-            records.write_record(rec, exp / name, "latency")
+            records.write_record(rec, exp / name, "latency", when=when + dt.timedelta(seconds=k))
     ok = compare.Judged("pass", [Criterion("GATE_GREEDY_IDENTITY", 0, "max", value=0, status="pass")])
     judged = {"smollm2-bf16": compare.Judged("reference"), "smollm2-gguf-bf16": compare.Judged("missing", note="x"),
               "smollm2-srv": ok, "smollm2-gguf-q8-0": compare.Judged("missing", note="x"), "smollm2-q8-srv": ok}
@@ -268,10 +270,10 @@ def test_compare_gives_the_winner_against_the_fastest_bf16_server(tmp_path):
     for k, jitter in ((1, 1.02), (2, 1 / 1.02)):
         other = make_record("gemma3-270m-bf16", 1.0, ladder="L")
         other["inputs"]["round"] = k
-        records.write_record(other, exp / "gemma3-270m-bf16", "latency")
+        records.write_record(other, exp / "gemma3-270m-bf16", "latency", when=when + dt.timedelta(seconds=k))
         fast = make_record("gemma3-270m-bf16", 1.5 * jitter, ladder="L")
         fast["variant"], fast["config"]["PARENT"], fast["inputs"]["round"] = "gemma3-270m-fast", "gemma3-270m-bf16", k
-        records.write_record(fast, exp / "gemma3-270m-fast", "latency")
+        records.write_record(fast, exp / "gemma3-270m-fast", "latency", when=when + dt.timedelta(seconds=k))
     text, _ = compare.build_report(records.all_records("latency", exp), {**judged, "gemma3-270m-bf16":
                                    compare.Judged("reference"), "gemma3-270m-fast": ok})
     line = next(x for x in text.splitlines() if "c=1: gemma3-270m-fast**" in x)
@@ -289,7 +291,7 @@ def test_compare_leaves_superseded_variants_out_of_its_tables(tmp_path):
     assert not any(line.startswith("| smollm2-old |") for line in text.splitlines())
     assert [r["variant"] for r in rows] == ["smollm2-bf16", "smollm2-old-child"]
     child = next(line for line in text.splitlines() if line.startswith("| smollm2-old-child"))
-    assert "| 0.50 |" in child and "| 1.50 [1.17, 1.93] |" in child  # × its superseded parent (round 2), × BF16
+    assert "| 0.50 |" in child and "| 1.50 [1.17, 1.93] |" in child  # × its superseded parent, × BF16 (both rounds)
     assert "c=1: smollm2-old-child**" in text
     assert "1 superseded variant(s) left out of these tables" in text and "smollm2-old (by smollm2-new)" in text
     for name, extra in (("smollm2-bf16", ""), ("smollm2-new", "PARENT=smollm2-bf16\n"),
