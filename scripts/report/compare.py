@@ -411,7 +411,10 @@ def winners_table(rows: list[dict], judged: dict[str, Judged], configs: dict[str
 
 
 def unproven(group: list[dict], judged: dict[str, Judged], levels: list[str]) -> str:
-    """Why the fastest certified variant above 1.00 at these levels is not named: one round, or a tie."""
+    """Why the fastest certified variant above 1.00 at these levels is not named: one round, or a tie; or that every
+    variant of the group is a shape proxy (random weights: nothing can be certified)."""
+    if group and all(r.get("shape_proxy") for r in group):
+        return " (shape proxies only: random weights, speed only, nothing can be certified)"
     for at in levels:
         level = at.removeprefix("c=")
         above = sorted((r for r in group if (r["vs_base"].get(level) or 0) > 1.0 and judged[r["variant"]].certified),
@@ -505,7 +508,7 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                          + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof) + f" | {b2b} | {judged[v].short()} |")
             row = {"group": (hw, prompts), "prompt_set": r["inputs"].get("prompt_set", prompts), "variant": v,
                    "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
-                   "vs_base_ci": vs_base_ci,
+                   "vs_base_ci": vs_base_ci, "shape_proxy": bool(r.get("shape_proxy")),
                    "base": base, "b2b": b2b, "ladder": ladder,
                    "tput": {c: throughput(r, c) for c in LEVELS}, "base_tput": {c: throughput(bref, c) for c in LEVELS}}
             rows.append(row)

@@ -47,6 +47,8 @@ def test_winner_is_the_fastest_certified_and_the_reference_when_none_is_faster()
     rows = [r for r in rows if r["variant"] in ("once", "slow")]
     table = compare.winners_table(rows, judged, {})
     assert "c=1, c=8 | the BF16 reference" in table[2] and "once, 1.20 (1 round), one round: no interval)" in table[2]
+    table = compare.winners_table([{**r, "shape_proxy": True} for r in rows], judged, {})
+    assert "(shape proxies only: random weights, speed only, nothing can be certified)" in table[2]
 
 
 @pytest.mark.slow
