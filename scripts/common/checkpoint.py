@@ -23,6 +23,10 @@ KNOWN_QUANT_METHODS = {"compressed-tensors", "awq", "gptq", "fp8", "bitsandbytes
 QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx", "qweight",
                   "qzeros", "scales", "g_idx", "input_scale", "weight_global_scale")
 
+# bytes per element of each safetensors dtype (headers name the dtype; a tensor's bytes are this times its shape)
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2, "F16": 2, "I16": 2, "U16": 2,
+               "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
+
 
 class CheckpointError(ValueError):
     """A checkpoint problem; the message is one line."""

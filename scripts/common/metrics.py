@@ -151,6 +151,13 @@ def parity_stats(kld: list[float], top1_agree: list[bool], nll_ref: list[float],
 SPEED_CONFIDENCE = 0.95  # two-sided: "faster" when the interval's lower end is above 1.00, a tie when it holds 1.00
 
 
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """A ladder's order in each round: as given in odd rounds, reversed in even ones (ABBA), so a drift of the machine
+    over the ladder weighs on every rung alike and each candidate alternates with its reference (what lets
+    speed_ratio treat the rounds as exchangeable)."""
+    return [list(names) if k % 2 == 0 else list(reversed(names)) for k in range(rounds)]
+
+
 def _betacf(a: float, b: float, x: float) -> float:
     """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
     tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0

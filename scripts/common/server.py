@@ -85,6 +85,13 @@ def local_base_url(host: str, port: int) -> str:
     return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def port_in_use(base_url: str) -> bool:
     """Whether something accepts TCP connections at base_url's host and port."""
     u = urllib.parse.urlsplit(base_url)

@@ -45,7 +45,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.hardware import hardware
 from scripts.common.records import git_state
+from scripts.common.server import free_port
 from scripts.common.variants import VariantError, list_variants, load_variant, serving_target
 from scripts.serve.compile_cache import CacheError, mismatch, read_manifest, serve_config_sha256
 
@@ -596,12 +596,6 @@ def contents_problems(facts: dict, labels: dict[str, str], manifest: dict | None
 
 
 # ------------------------------------------------------------------------------------------------- verify
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_json(url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, dict | str]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})

@@ -56,7 +56,6 @@ import importlib
 import json
 import math
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -67,6 +66,8 @@ from typing import Any
 
 from scripts.common import paths
 from scripts.common import records as rec
+from scripts.common.records import one_line
+from scripts.common.server import free_port
 from scripts.weights.shape_proxy import QWEN35_4B_TEXT, QWEN35_27B_TEXT
 
 KIND = "gemm"
@@ -144,8 +145,8 @@ PROBES = {
 }
 # kernels that need a second package (its probe decides before vLLM's own can_implement or torchao looks)
 NEEDS = {"vllm-humming": "humming", "vllm-conch": "conch", "torchao-preshuffled": "mslk"}
-VERSION_PACKAGES = ("vllm", "torch", "triton", "compressed-tensors", "gemlite", "torchao", "mslk-cuda",
-                    "fbgemm-gpu-genai", "humming-kernels", "conch-triton-kernels")
+# the kernel libraries whose versions a record names beside the lab's own (records.VERSIONED_PACKAGES)
+VERSION_PACKAGES = ("gemlite", "torchao", "mslk-cuda", "fbgemm-gpu-genai", "humming-kernels", "conch-triton-kernels")
 
 
 class BenchError(ValueError):
@@ -233,12 +234,6 @@ def max_rel_error(y, y_ref) -> float:
 
 def within_tolerance(err: float, tolerance: float) -> bool:
     return math.isfinite(err) and err <= tolerance
-
-
-def one_line(e: BaseException, limit: int = 300) -> str:
-    """An exception as one line: its type and its message with whitespace collapsed."""
-    text = " ".join(str(e).split())
-    return (f"{type(e).__name__}: {text}" if text else type(e).__name__)[:limit]
 
 
 def model_level(rows: list[dict], layers: dict[str, list[tuple[str, int, int, int]]],
@@ -532,12 +527,6 @@ class Env:
     keep: list = field(default_factory=list)  # context managers left open for the run
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def vllm_parallel_state(env: Env) -> None:
     """vLLM's parameters ask the tensor-parallel group for their rank: a one-process group, as vLLM's kernel tests set
     up (a default VllmConfig current); where that fails, rank 0 of 1 is patched into vllm.model_executor.parameter."""
@@ -727,10 +716,6 @@ def probe_libraries(libraries: list[str], timeout_s: float = 180.0) -> dict[str,
     return missing
 
 
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
 def time_calls(call, launches: int, timing: Timing, device: str = "cuda") -> dict:
     """Eager and CUDA-graph time per call (us) of call(0..launches-1), medians of timing.reps repetitions (on the CPU:
     wall-clock eager time only, a functional check)."""
@@ -745,7 +730,7 @@ def time_calls(call, launches: int, timing: Timing, device: str = "cuda") -> dic
             for i in range(launches):
                 call(i)
             eager.append((time.perf_counter() - t0) * 1e6 / launches)
-        return {"eager_us": median(eager), "eager_us_reps": eager, "graph_us": None,
+        return {"eager_us": statistics.median(eager), "eager_us_reps": eager, "graph_us": None,
                 "graph_error": "no CUDA graph on the CPU"}
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -757,7 +742,7 @@ def time_calls(call, launches: int, timing: Timing, device: str = "cuda") -> dic
         end.record()
         end.synchronize()
         eager.append(start.elapsed_time(end) * 1e3 / launches)
-    out: dict[str, Any] = {"eager_us": median(eager), "eager_us_reps": eager, "graph_us": None}
+    out: dict[str, Any] = {"eager_us": statistics.median(eager), "eager_us_reps": eager, "graph_us": None}
     graph = None
     try:
         side = torch.cuda.Stream()
@@ -780,7 +765,7 @@ def time_calls(call, launches: int, timing: Timing, device: str = "cuda") -> dic
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3 / launches)
-        out.update(graph_us=median(times), graph_us_reps=times)
+        out.update(graph_us=statistics.median(times), graph_us_reps=times)
     except Exception as e:  # noqa: BLE001 - eager time stands; the row says why there is no graph time
         out["graph_error"] = one_line(e)
         torch.cuda.synchronize()
@@ -942,14 +927,7 @@ def _check_context(env: Env) -> None:
 
 
 def versions() -> dict[str, str]:
-    import importlib.metadata
-
-    out = rec.versions()
-    for name in VERSION_PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+    out = rec.versions(VERSION_PACKAGES)
     try:
         import torch
 

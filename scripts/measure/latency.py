@@ -40,7 +40,7 @@ from scripts.common.loadgen import (
     run_rate,
     stream_one,
 )
-from scripts.common.metrics import summarize
+from scripts.common.metrics import round_orders, summarize
 from scripts.common.records import envelope, now_utc, read_counters, reset_counters, save_record
 from scripts.common.server import Server, ServerError, group_rss_mib, http_post, is_healthy, stays_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
@@ -286,7 +286,7 @@ def run_variant(name: str, args, ladder_id: str | None = None) -> int:
         if counters := read_counters(variant):
             record["engine_counters"] = counters  # over the whole server run: warm-up requests included
         record["inputs"]["ladder_id"] = ladder_id
-        if getattr(args, "round", None):
+        if args.round:
             record["inputs"]["round"] = args.round
     except (BenchError, PromptSetError, VariantError, ServerError, CheckpointError, ReplicaError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -329,12 +329,6 @@ def main(argv: list[str] | None = None) -> int:
         args.round = k if args.rounds > 1 else None
         worst = max([worst, *(run_variant(n, args, ladder_id) for n in order)])
     return worst
-
-
-def round_orders(names: list[str], rounds: int) -> list[list[str]]:
-    """The ladder's order in each round: as given in odd rounds, reversed in even ones (ABBA), so a drift of the
-    machine over the ladder weighs on every rung alike and each candidate alternates with its reference."""
-    return [list(names) if k % 2 == 0 else list(reversed(names)) for k in range(rounds)]
 
 
 if __name__ == "__main__":

@@ -53,12 +53,11 @@ from itertools import combinations
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import QUANT_SUFFIXES, CheckpointError, read_checkpoint
+from scripts.common.checkpoint import DTYPE_BYTES, QUANT_SUFFIXES, CheckpointError, read_checkpoint
 from scripts.common.loadgen import PromptSetError, load_prompts, openai_client, stream_one
 from scripts.common.records import envelope, save_record
 from scripts.common.server import ServerError, http_get, http_post
 from scripts.common.variants import VariantError, load_variant, parse_overrides
-from scripts.measure.roofline import DTYPE_BYTES
 
 KIND = "profile"
 DEFAULT_CONCURRENCY = "1,8"

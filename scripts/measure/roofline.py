@@ -33,10 +33,9 @@ import sys
 import time
 from pathlib import Path
 
+from scripts.common.checkpoint import DTYPE_BYTES
 from scripts.common.paths import write_text_atomic
 
-DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2, "F16": 2, "I16": 2, "U16": 2,
-               "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
 TORCH_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
                      "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 # (pattern, why a text-only decode step does not read it)

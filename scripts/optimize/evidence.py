@@ -98,15 +98,18 @@ def contenders(plan, measured: list[Candidate], speeds: Speeds) -> set[str]:
     return out
 
 
+def ratios_text(speeds: Speeds, variant: str, plan) -> str:
+    """'c=1 1.03 [0.03, 66.18] × x-bf16 (tie); c=8 …' over the plan's levels where the variant was measured."""
+    return "; ".join(f"c={lv} {sr.text()} × {plan.reference} ({sr.verdict})" for lv in plan.concurrency
+                     if (sr := speeds.versus(variant, plan.reference, lv)))
+
+
 def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
     plan, budget = r.plan, BUDGETS[r.plan.budget]
     out: dict[str, Outcome] = {}
     if load_variant(plan.reference).resolved.get("SHAPE_PROXY") == "1":  # random weights: speed is all there is
         return {c.variant: Outcome("speed only", "a shape proxy (random weights): no quality evidence exists, so "
-                                   "nothing is certified; " + "; ".join(
-                                       f"c={lv} {sr.text()} × {plan.reference} ({sr.verdict})"
-                                       for lv in plan.concurrency
-                                       if (sr := speeds.versus(c.variant, plan.reference, lv))))
+                                   "nothing is certified; " + ratios_text(speeds, c.variant, plan))
                 for c in measured}
     worth = contenders(plan, measured, speeds)
     for c in measured:
@@ -163,9 +166,8 @@ def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
             out[c.variant] = Outcome("rejected", "; ".join(criterion_text(x) for x in failed), j)
         elif j.certified and not any((sr := speeds.versus(c.variant, plan.reference, lv)) and sr.faster
                                      for lv in plan.concurrency):
-            out[c.variant] = Outcome("tie", "at parity, but not faster with 95% confidence at any level: " + "; ".join(
-                f"c={lv} {sr.text() if (sr := speeds.versus(c.variant, plan.reference, lv)) else '—'}"
-                for lv in plan.concurrency), j)
+            out[c.variant] = Outcome("tie", "at parity, but not faster with 95% confidence at any level: "
+                                     + ratios_text(speeds, c.variant, plan), j)
         elif j.certified:
             out[c.variant] = Outcome("certified", "a faster certified variant won every level", j)
         elif not faster:

@@ -31,13 +31,13 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import layer_family, read_safetensors_header
+from scripts.common.records import one_line
 from scripts.levers.quantize.calibrate import MLP_TARGET, CalibrateError, group_size_for, ignore_patterns, load_recipe
+from scripts.optimize.keys import IDENTITY, LOSSY_GATE, NGRAM_SPEC
 
 GROUP = 128  # the group size of the W4A16 and W4A8 recipes (gptq-w4a16, rtn-w4a8-fp8; W4A16 takes less where K needs)
 # a layer whose module name ends so is a linear layer the quantization recipes take (lm_head and embeddings are not)
 LINEAR_SUFFIXES = ("proj", "fc1", "fc2", "c_fc", "c_proj", "query_key_value", "dense", "in_proj_qkvz", "in_proj_ba")
-# lossy candidates: the project's tolerances (the plan module's LOSSY_GATE), set there; lossless: greedy identity
-IDENTITY = {"GATE_GREEDY_IDENTITY": "1"}
 W4A16 = "W4A16 (GPTQ, group 128 or the largest power of two that divides K)"
 
 
@@ -120,7 +120,7 @@ def kernel_verdicts(shapes: dict[str, tuple[int, int]], cc: int, act: str = "bf1
             try:
                 ok, why = k.can_implement(cfg)
             except Exception as e:  # a kernel whose check needs a package or op this vLLM build lacks
-                ok, why = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                ok, why = False, one_line(e)
             if not ok:
                 reason = f"{k.__name__} cannot implement {family} (N={n}, K={kk}): {why}"
         out[names[k]] = reason
@@ -160,25 +160,23 @@ def serving(ref: dict[str, str]) -> dict[str, str]:
             or k in ("SHAPE_PROXY", "EVAL_TASKS")}
 
 
-def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc: int, concurrency: list[int],
-              lossy_gate: dict[str, str]) -> tuple[dict[str, tuple[str, str, dict[str, str], list[str]]],
+def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc: int,
+              concurrency: list[int]) -> tuple[dict[str, tuple[str, str, dict[str, str], list[str]]],
                                                    list[dict[str, str]]]:
     """({suffix: (lever, engine, config, the variants it needs built first)}, [{lever, why} left out]) on a CUDA GPU of
     capability cc (90 for 9.0), cheapest first."""
     r = f"{base}-bf16"
     keep = serving(ref)
     same = {"MODEL": ref["MODEL"], "SOURCE": ref.get("SOURCE", "lever"), "PARENT": r, "BASE": base, **keep}
-    quant = {"SOURCE": "lever", "PARENT": r, "BASE": base, **keep, **lossy_gate}
+    quant = {"SOURCE": "lever", "PARENT": r, "BASE": base, **keep, **LOSSY_GATE}
     out: dict[str, tuple[str, str, dict[str, str], list[str]]] = {}
     left: list[dict[str, str]] = []
     top = max(concurrency)
     out["graphs"] = (f"max_num_seqs {top} and CUDA graphs captured at exactly {sorted(set(concurrency))} (the ladder's "
                      "levels)", "vllm", {**same, "SERVE_MAX_NUM_SEQS": str(top), "SERVE_COMPILATION_CONFIG": json.dumps(
                          {"cudagraph_capture_sizes": sorted(set(concurrency))}), **IDENTITY}, [])
-    out["fp8kv"] = ("FP8 (e4m3) KV cache", "vllm", {**same, "SERVE_KV_CACHE_DTYPE": "fp8", **lossy_gate}, [])
-    out["ngram4"] = ("n-gram speculation (K=4), BF16 weights", "vllm",
-                     {**same, "SERVE_SPECULATIVE_CONFIG": '{"method": "ngram", "num_speculative_tokens": 4, '
-                      '"prompt_lookup_min": 2, "prompt_lookup_max": 4}', **IDENTITY}, [])
+    out["fp8kv"] = ("FP8 (e4m3) KV cache", "vllm", {**same, "SERVE_KV_CACHE_DTYPE": "fp8", **LOSSY_GATE}, [])
+    out["ngram4"] = ("n-gram speculation (K=4), BF16 weights", "vllm", {**same, **NGRAM_SPEC, **IDENTITY}, [])
     if (n := mtp_layers(config)) and has_mtp_weights(model_dir):
         out["mtp3"] = (f"the checkpoint's own MTP head ({n} layer(s)), 3 tokens drafted a step", "vllm",
                        {**same, "SERVE_SPECULATIVE_CONFIG": '{"method": "mtp", "num_speculative_tokens": 3}',
@@ -203,9 +201,9 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
             out["w4a16"] = ("W4A16 (GPTQ, group 128, llm-compressor) on vLLM's own kernel choice", "vllm", w4, [])
             for b in admitted:
                 out[f"w4a16-{b}"] = (f"W4A16 (GPTQ) on the {b} kernel (--linear-backend {b})", "vllm",
-                                     {**{k: v for k, v in w4.items() if k != "CALIBRATE_RECIPE" and k not in lossy_gate},
+                                     {**{k: v for k, v in w4.items() if k != "CALIBRATE_RECIPE" and k not in LOSSY_GATE},
                                       "PARENT": f"{base}-w4a16", "SERVE_LINEAR_BACKEND": b,
-                                      "GATE_REFERENCE": r, "GATE_QUALITY_OF": f"{base}-w4a16", **lossy_gate},
+                                      "GATE_REFERENCE": r, "GATE_QUALITY_OF": f"{base}-w4a16", **LOSSY_GATE},
                                      ["w4a16"])
             left += [{"lever": f"W4A16 on the {b} kernel", "why": why} for b, why in kernels.items() if why]
     if cc >= caps["fp8_w8a8"]:
@@ -267,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         if (cc := capability()) is None:
             raise GpuPlanError("no CUDA device visible to vLLM here: the GPU plan needs one (VLLM_TARGET=cuda)")
         config = json.loads((model_dir / "config.json").read_text())
-        out, left = templates(ref["BASE"], ref, model_dir, config, cc, [int(x) for x in args.concurrency.split(",")],
-                              {})  # the levers and the reasons only: their gates are the plan's (scripts/optimize/plan.py)
+        out, left = templates(ref["BASE"], ref, model_dir, config, cc, [int(x) for x in args.concurrency.split(",")])
     except (GpuPlanError, VariantError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

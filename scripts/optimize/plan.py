@@ -21,12 +21,10 @@ import yaml
 
 from scripts.common import paths
 from scripts.common.variants import VariantError, list_variants, load_variant
+from scripts.optimize.keys import IDENTITY, LOSSY_GATE, NGRAM_SPEC
 
 PLANS = paths.EVAL / "optimize"
 CONCURRENCY = (1, 8)
-# The project's tolerances for a lossy variant (the hand-built variants' config.env files set the same)
-LOSSY_GATE = {"GATE_MAX_MEAN_KLD": "0.05", "GATE_MIN_TOP1": "0.90", "GATE_MAX_PPL_RATIO": "1.05",
-              "GATE_MAX_SUITE_DROP": "1.0"}
 
 
 @dataclass(frozen=True)
@@ -115,9 +113,7 @@ def _eval(ref: dict[str, str]) -> dict[str, str]:
 
 NGRAM_LLAMASERVER = {"LLAMASERVER_SPEC_TYPE": "ngram-simple", "LLAMASERVER_SPEC_NGRAM_SIMPLE_SIZE_N": "3",
                      "LLAMASERVER_SPEC_NGRAM_SIMPLE_SIZE_M": "4", "GATE_GREEDY_IDENTITY": "1"}
-NGRAM_VLLM = {"SERVE_SPECULATIVE_CONFIG": '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
-                                          '"prompt_lookup_max": 4}',
-              "ENV_VLLM_USE_V2_MODEL_RUNNER": "0", "GATE_GREEDY_IDENTITY": "1"}
+NGRAM_VLLM = {**NGRAM_SPEC, "ENV_VLLM_USE_V2_MODEL_RUNNER": "0", **IDENTITY}
 
 
 def _vllm(ref: dict[str, str]) -> dict[str, str]:
@@ -252,7 +248,7 @@ def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float |
             raise PlanError("VLLM_TARGET=cuda, but vLLM sees no CUDA device here: run on a GPU machine, or "
                             "VLLM_TARGET=cpu for the CPU plan")
         wanted = BUDGETS[budget].gpu_levers
-        tpl, left_out = gpu_plan.templates(base, ref, model_dir, config, cc, list(concurrency), LOSSY_GATE)
+        tpl, left_out = gpu_plan.templates(base, ref, model_dir, config, cc, list(concurrency))
         sources, gguf_err = {}, None
     else:
         wanted = BUDGETS[budget].levers

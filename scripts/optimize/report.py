@@ -9,14 +9,13 @@ lossless candidates on a row of their own.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.records import TRIAL_ENV, git_state, now_utc
 from scripts.common.variants import load_variant
-from scripts.optimize.speeds import Speeds
+from scripts.optimize.speeds import Speeds, read_record
 from scripts.report.compare import MARKERS, bf16_server, engine_label, evidence, fmt, pareto_front
 
 # the phase of a step a state written before steps named their own phase holds
@@ -106,7 +105,7 @@ def write(r, speeds: Speeds, outcomes: dict, wall_s: float) -> Path:
             p = configs[p].get("PARENT")
     servers = [plan.reference] + [v for v, o in outcomes.items() if o.status == "certified" and bf16_server(v, configs)]
     fastest = {lv: max(servers, key=lambda v: speeds.tput(v, lv) or 0) for lv in plan.concurrency}
-    ref_rec = json.loads((paths.ROOT / speeds.record(plan.reference)).read_text())
+    ref_rec = read_record(speeds.record(plan.reference))
     rounds = len(speeds.records(plan.reference))
     git = git_state()
     lines = [f"# make optimize {plan.base}: the certified fastest variant on {plan.hardware}", "",
@@ -132,7 +131,7 @@ def write(r, speeds: Speeds, outcomes: dict, wall_s: float) -> Path:
         w = next((v for v, o in outcomes.items() if lv in o.winner_at), None)
         winners[lv] = w or plan.reference
         v = winners[lv]
-        rec = json.loads((paths.ROOT / speeds.record(v)).read_text())
+        rec = read_record(speeds.record(v))
         f = fastest[lv]
         none = (" (a shape proxy: random weights, nothing can be certified; the ladder below is speed only)"
                 if proxy else " (no certified candidate is faster)")

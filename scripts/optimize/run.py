@@ -38,6 +38,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.hardware import hardware, hardware_key
+from scripts.common.metrics import round_orders
 from scripts.common.records import TRIAL_ENV, now_utc
 from scripts.common.server import group_pids
 from scripts.common.variants import (
@@ -48,7 +49,6 @@ from scripts.common.variants import (
     reference_name,
     serving_target,
 )
-from scripts.measure.latency import round_orders
 from scripts.optimize import evidence, report
 from scripts.optimize.plan import (
     BUDGETS,

@@ -9,19 +9,26 @@ ratio to its reference paired round by round with its 95% interval (scripts/comm
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 
 from scripts.common import paths
 from scripts.common.metrics import SpeedRatio, speed_ratio
+from scripts.report.compare import MODE
+
+
+@functools.cache
+def read_record(record: str) -> dict:
+    """A latency record (a path under the repository), read once: records are written whole and never change."""
+    return json.loads((paths.ROOT / record).read_text())
 
 
 def level_stat(record: str | None, level: int, key: str) -> float | None:
-    """One statistic of a latency record (a path under the repository) at one concurrency, fixed length."""
+    """One statistic of a latency record at one concurrency, fixed length."""
     if not record:
         return None
-    rec = json.loads((paths.ROOT / record).read_text())
-    return ((rec.get("summary", {}).get("fixed", {}).get(str(level))) or {}).get(key)
+    return ((read_record(record).get("summary", {}).get(MODE, {}).get(str(level))) or {}).get(key)
 
 
 def throughput(record: str | None, level: int) -> float | None:

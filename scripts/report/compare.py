@@ -152,13 +152,13 @@ def ladder_records(records: list[tuple[Path, dict]]) -> dict[tuple[tuple[str, st
     """{(group, variant, ladder id): its newest comparable record of that ladder}: a variant's ratio is read against its
     parent's and reference's records of the variant's own ladder where they were measured in it (one machine, one
     run), since a newer reference record may come from another machine of the same kind."""
-    out = {}
-    for _, r in records:  # oldest first per variant
-        ladder = r["inputs"].get("ladder_id")
-        if ladder and r["status"] == "ok" and MODE in r["summary"] and not r["inputs"].get("max_tokens_cap") \
-                and not (r.get("topology") or {}).get("router"):
-            out[(group_key(r), r["variant"], ladder)] = r
-    return out
+    return {(group_key(r), r["variant"], r["inputs"]["ladder_id"]): r for _, r in records if in_a_ladder(r)}
+
+
+def in_a_ladder(r: dict) -> bool:
+    """A record a ladder's ratios read: of a ladder, ok, fixed-length, not shortened, not replicas behind a router."""
+    return bool(r["inputs"].get("ladder_id")) and r["status"] == "ok" and MODE in r["summary"] \
+        and not r["inputs"].get("max_tokens_cap") and not (r.get("topology") or {}).get("router")
 
 
 def ladder_rounds(records: list[tuple[Path, dict]]) -> dict[tuple[tuple[str, str], str, str], dict[int, dict]]:
@@ -167,10 +167,8 @@ def ladder_rounds(records: list[tuple[Path, dict]]) -> dict[tuple[tuple[str, str
     keeps its newest record."""
     out: dict[tuple[tuple[str, str], str, str], dict[int, dict]] = {}
     for _, r in records:  # oldest first per variant
-        ladder = r["inputs"].get("ladder_id")
-        if ladder and r["status"] == "ok" and MODE in r["summary"] and not r["inputs"].get("max_tokens_cap") \
-                and not (r.get("topology") or {}).get("router"):
-            rounds = out.setdefault((group_key(r), r["variant"], ladder), {})
+        if in_a_ladder(r):
+            rounds = out.setdefault((group_key(r), r["variant"], r["inputs"]["ladder_id"]), {})
             rounds[r["inputs"].get("round") or len(rounds) + 1] = r
     return out
 

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.checkpoint import write_qwen_tokenizer
+from scripts.common.checkpoint import DTYPE_BYTES, write_qwen_tokenizer
 
 # Qwen3.5-4B's text model: 32 layers, every 4th full attention (GQA 16/4, head_dim 256, gated output), the others
 # Gated-DeltaNet (16 key heads / 32 value heads of dim 128), MLP 9216, vocab 248320, tied embeddings; one native MTP
@@ -180,6 +180,15 @@ def write_proxy(name: str, out: Path, seed: int = 0) -> dict:
         print(f"  {fname}: {len(shard)} tensors", flush=True)
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    save_config(cfg, name, out)
+    dense = name in DENSE_CONFIGS
+    provenance = {"shape_proxy": name, "seed": seed, "parameters": sum(int(torch.Size(s).numel()) for s in shapes.values())}
+    provenance.update(write_qwen_tokenizer(out, THINK_TEMPLATE if dense else None))
+    return provenance
+
+
+def save_config(cfg, name: str, out: Path) -> None:
+    """config.json and generation_config.json of a proxy or config-only checkpoint."""
     cfg.save_pretrained(out)
     dense = name in DENSE_CONFIGS
     if not dense:
@@ -191,15 +200,11 @@ def write_proxy(name: str, out: Path, seed: int = 0) -> dict:
     text = cfg if dense else cfg.text_config
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": text.eos_token_id,
                                                              "pad_token_id": text.pad_token_id}, indent=2))
-    provenance = {"shape_proxy": name, "seed": seed, "parameters": sum(int(torch.Size(s).numel()) for s in shapes.values())}
-    provenance.update(write_qwen_tokenizer(out, THINK_TEMPLATE if dense else None))
-    return provenance
 
 
 # safetensors dtype of each compressed-tensors tensor a pack-quantized layer stores, and its shape from (N, K, group)
 PACKED = {"weight_packed": ("I32", lambda n, k, g: (n, k // 8)), "weight_scale": ("BF16", lambda n, k, g: (n, k // g)),
           "weight_shape": ("I64", lambda n, k, g: (2,))}
-DTYPE_BYTES = {"BF16": 2, "F32": 4, "I32": 4, "I64": 8}
 
 
 def quantized_tensors(cfg, recipe_name: str, shapes: dict[str, tuple[int, ...]]) -> tuple[dict, dict]:
@@ -265,14 +270,8 @@ def write_config_only(spec: str, out: Path) -> dict:
         cfg.quantization_config, tensors = quantized_tensors(cfg, recipe, shapes)
     out.mkdir(parents=True, exist_ok=True)
     cfg.config_only = True
-    cfg.save_pretrained(out)
-    written = json.loads((out / "config.json").read_text())
-    written["text_config"]["full_attention_interval"] = CONFIGS[name]["text"]["full_attention_interval"]
-    (out / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+    save_config(cfg, name, out)
     data = write_sparse_safetensors(out / "model.safetensors", tensors)
-    text = cfg.text_config
-    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": text.eos_token_id,
-                                                             "pad_token_id": text.pad_token_id}, indent=2))
     provenance = {"config_only": spec, "recipe": recipe or None, "bytes_described": data,
                   "note": "no weights: a sparse safetensors header only; serve with SERVE_LOAD_FORMAT=dummy (speed only)"}
     provenance.update(write_qwen_tokenizer(out))

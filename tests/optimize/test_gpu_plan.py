@@ -9,7 +9,6 @@ import json
 import pytest
 
 from scripts.optimize import gpu
-from scripts.optimize.plan import LOSSY_GATE
 
 pytest.importorskip("vllm")
 
@@ -60,7 +59,7 @@ REF = {"MODEL": "weights/m", "SOURCE": "local:/x", "BASE": "m", "SERVE_MAX_MODEL
 
 def plan_for(cc: int, folder, config, device) -> tuple[dict, dict[str, str]]:
     device(cc)
-    out, left = gpu.templates("m", REF, folder, config, cc, [1, 8], LOSSY_GATE)
+    out, left = gpu.templates("m", REF, folder, config, cc, [1, 8])
     return out, {x["lever"]: x["why"] for x in left}
 
 
