@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import pytest
 
 from scripts.common import paths
 from scripts.common.hardware import cpu_model_and_flags, native_bf16
-from scripts.common.server import group_pids
+from scripts.common.server import free_port, group_pids  # noqa: F401 - tests import free_port from here
 
 EMBEDDED_VARIANT = paths.DEFAULT_VARIANT
 # OpenMP threads that finish their work sleep at once instead of spinning (libiomp5 and libgomp spin ~200 ms by
@@ -66,30 +65,6 @@ def server_args() -> list[str]:
     dtype = [] if TEST_DTYPE == "bfloat16" else ["--set", f"SERVE_DTYPE={TEST_DTYPE}"]
     eager = ["--set", "SERVE_ENFORCE_EAGER=1"] if TEST_ENFORCE_EAGER == "1" else []
     return [*dtype, *eager, "--set", f"ENV_VLLM_CPU_KVCACHE_SPACE={TEST_KV_GIB}"]
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port(count: int = 1) -> int:
-    """The first of `count` consecutive free ports, drawn below the kernel's ephemeral range: a port bind(0) hands
-    out is also the source port of some client connection in the other test lane, and a server that binds it a moment
-    later fails with 'Address already in use' (test_replicas' replica ports)."""
-    low, high = 20000, _ephemeral_low() - count
-    for _ in range(200):
-        base = low + int.from_bytes(os.urandom(4), "big") % max(1, high - low)
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {count} consecutive free ports in {low}..{high}")
 
 
 @pytest.fixture(scope="session")

@@ -85,11 +85,28 @@ def local_base_url(host: str, port: int) -> str:
     return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive free ports on 127.0.0.1, drawn below the kernel's ephemeral range: a port
+    bind(0) hands out is also the source port of some client connection, and a server that binds it a moment later
+    fails with 'Address already in use' (seen with replica ports while another test lane ran)."""
+    low, high = 20000, _ephemeral_low() - count
+    for _ in range(200):
+        base = low + int.from_bytes(os.urandom(4), "big") % max(1, high - low)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise ServerError(f"no {count} consecutive free ports in {low}..{high}")
 
 
 def port_in_use(base_url: str) -> bool:

@@ -49,6 +49,9 @@ KEYS: dict[str, str] = {
     "HEAD_SOURCE": "a committed draft head (results/…/<head>, SHA256SUMS beside it) that `make weights` copies to the "
                    "speculative config's weights/ path when missing",
     "PROFILE_PEER": "the GGUF variant of the same weights that the CPU step profile times with llama.cpp beside vLLM",
+    "REQUEST_GUARD": "0: serve a llama-server variant without the lab's request front (scripts/serve/front.py: 400 for "
+                     "max_tokens beyond the context less the prompt and the bodies llama-server answers with 500), "
+                     "to measure what the front costs; default 1",
     "THINK_BUDGET": "thinking tokens a chat request may spend when it sets no thinking_token_budget of its own "
                     "(scripts/serve/guard.py RequestGuard adds it); needs SERVE_REASONING_PARSER or SERVE_REASONING_CONFIG",
 }
@@ -196,8 +199,8 @@ def parse_config_env(path: Path) -> dict[str, str]:
                 raise VariantError(f"{where}: {key} is not valid JSON: {e.msg} at column {e.colno}") from None
             except RecursionError:
                 raise VariantError(f"{where}: {key} is JSON nested too deeply") from None
-        if key == "SHAPE_PROXY" and value not in ("0", "1"):
-            raise VariantError(f"{where}: SHAPE_PROXY must be 0 or 1, got {shorten(value)}")
+        if key in ("SHAPE_PROXY", "REQUEST_GUARD") and value not in ("0", "1"):
+            raise VariantError(f"{where}: {key} must be 0 or 1, got {shorten(value)}")
         if key == "SERVE_SPECULATIVE_CONFIG":
             check_speculative_config(value, where)
         if key == "THINK_BUDGET":

@@ -185,13 +185,21 @@ def llamacpp_defaults() -> dict[str, str]:
     return {"n_threads": cores, "n_threads_batch": cores, "interrupt_requests": "False"}
 
 
+# the answer length of a llama-server request that sets none: vLLM's OpenAI server has no such default (the context
+# less the prompt); 2048 tokens is a chat deployment's usual cap (a variant's LLAMASERVER_N_PREDICT replaces it)
+LLAMASERVER_N_PREDICT = 2048
+
+
 def llamaserver_defaults(settings: dict[str, str]) -> dict[str, str]:
     """llama-server flags the lab sets unless a variant's LLAMASERVER_* key does: every core for decode and prefill
-    (as llamacpp_defaults), no web UI, Prometheus /metrics, and a context of 8192 tokens per slot (its --ctx-size is
-    shared by the --parallel slots; 8192 = SmolLM2's trained context, as the other engines' variants)."""
+    (as llamacpp_defaults), no web UI, Prometheus /metrics, a context of 8192 tokens per slot (its --ctx-size is
+    shared by the --parallel slots; 8192 = SmolLM2's trained context, as the other engines' variants), and a bounded
+    answer for a request that sets no max_tokens (its own default, -1, generates until the slot is full; a request's
+    own max_tokens overrides it, so the request front bounds those: scripts/serve/front.py)."""
     cores = str(os.cpu_count() or 1)
     slots = int(settings.get("PARALLEL", "1"))
-    return {"threads": cores, "threads-batch": cores, "no-webui": "1", "metrics": "1", "ctx-size": str(8192 * slots)}
+    return {"threads": cores, "threads-batch": cores, "no-webui": "1", "metrics": "1", "ctx-size": str(8192 * slots),
+            "n-predict": str(LLAMASERVER_N_PREDICT)}
 
 
 def serve_argv(serving: Serving, engine: Engine, *, host: str, port: int) -> list[str]:

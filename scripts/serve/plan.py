@@ -13,6 +13,7 @@ asks the variant or the engine registry again how it is served.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import Engine, engine_of, vllm_version
 from scripts.common.hardware import cpu_dtype_note, cpu_model_and_flags
-from scripts.common.server import Server, local_base_url
+from scripts.common.server import Server, free_port, local_base_url
 from scripts.common.variants import Variant, check_think_budget, cpu_preload, head_dir, missing_model
 from scripts.serve import guard
 from scripts.serve.command import printable, serve_argv, serve_env
@@ -69,13 +70,28 @@ def serve_plan(variant: Variant, *, host: str, port: int, api_key: str | None = 
         check_think_budget(variant.resolved, variant.path / "config.env", vllm_version())
     serving = variant.serving()
     check_model_present(variant)
-    argv = serve_argv(serving, engine, host=host, port=port)
+    guarded = variant.resolved.get("REQUEST_GUARD", "1") == "1"
+    if engine.name == "llamaserver" and guarded:  # no hook in front of its handlers: the lab's front (scripts/serve/front.py)
+        argv = front_argv(variant, serve_argv(serving, engine, host="127.0.0.1", port=(inner := free_port())),
+                          host=host, port=port, engine_port=inner)
+    else:
+        argv = serve_argv(serving, engine, host=host, port=port)
     if engine.name == "vllm":  # bodies vLLM would answer with a 500 get a 400 (scripts/serve/guard.py)
         argv += ["--middleware", guard.REQUEST_MIDDLEWARE]
     if api_key and engine.name == "vllm":  # vLLM guards /v1 only: every other route behind the key too
         argv += ["--middleware", guard.MIDDLEWARE]
     return ServePlan(variant=variant, engine=engine, argv=argv, env=serve_env(serving, engine, api_key), host=host,
                      port=port, api_key=api_key, notes=tuple(plan_notes(variant, engine)))
+
+
+def front_argv(variant: Variant, engine_argv: list[str], *, host: str, port: int, engine_port: int) -> list[str]:
+    """The request front on the public port, the engine's own command (on a loopback port) after `--`; the context
+    per request from the variant's LLAMASERVER_CTX_SIZE / LLAMASERVER_PARALLEL where it sets it (llama-server also
+    states its own in /props, which the front reads first)."""
+    ctx, slots = variant.resolved.get("LLAMASERVER_CTX_SIZE"), variant.resolved.get("LLAMASERVER_PARALLEL") or "1"
+    context = ["--context", str(int(ctx) // max(1, int(slots)))] if ctx and ctx.isdigit() and slots.isdigit() else []
+    return [sys.executable, "-m", "scripts.serve.front", "--host", host, "--port", str(port), "--engine-port",
+            str(engine_port), *context, "--", *engine_argv]
 
 
 def plan_notes(variant: Variant, engine: Engine) -> list[str]:

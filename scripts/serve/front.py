@@ -1,0 +1,342 @@
+"""The request guard as a thin streaming front, for an engine with no hook in front of its handlers (llama-server).
+
+    python -m scripts.serve.front --host 127.0.0.1 --port 8000 --engine-port 8001 -- llama-server --port 8001 …
+
+vLLM takes the lab's RequestGuard as middleware (scripts/serve/guard.py); llama-server has no such hook, so the serve
+plan (scripts/serve/plan.py) puts this front before it: one process that starts the engine as its child, in the same
+process group (stopping the server by PID stops both), listens on the public port and passes every request through
+unchanged, its answer streamed back byte for byte, except the bodies llama-server (build 11434) mishandles:
+
+  - max_tokens (or max_completion_tokens, n_predict) beyond the context less the prompt: llama-server accepts it and
+    generates until its slot's context is full, holding the slot for minutes on a CPU (eight such requests took a
+    whole server in the lab's storm); its --n-predict is only a default a request overrides ("the per-request limit
+    takes priority over the global one", tools/server/server-context.cpp). Answered 400 as vLLM answers it. The
+    prompt is counted by llama-server itself (/v1/chat/completions/input_tokens, /tokenize) only when the request
+    could be near the limit (max_tokens above the context less the body's byte length less TEMPLATE_SLACK);
+  - a token id outside [0, n_vocab) sent to /detokenize (C++'s vector::_M_range_check escapes as a 500);
+  - a `tools` field that is not an array ("Failed to parse tools", a 500);
+  - what RequestGuard refuses for every engine (scripts/serve/guard.py bad_request: JSON nested too deeply, a lone
+    surrogate).
+
+While the engine starts, every request but none hangs: 503 with {"engine": "starting"}; once its process has exited,
+503 with {"engine": "gone", "exit_code": N} for LINGER_S seconds, then the front exits with the engine's code (so
+`make serve` and the replica supervisor see the server end). An engine that states no context size (llama-server's
+/props n_ctx) and a variant that sets none (--context) stop the front at start with one line naming the setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from scripts.serve.guard import bad_request
+
+# tokens a chat template adds around the messages, above the body's byte length (which bounds the text's tokens:
+# a byte-level BPE token covers at least one byte): a request whose max_tokens stays below the context less both is
+# passed without counting its prompt
+TEMPLATE_SLACK = 256
+LINGER_S = 3.0  # how long a gone engine's front answers 503 before it exits
+START_POLL_S = 0.5
+HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authenticate",
+               "proxy-authorization", "content-length", "host"}
+GENERATION_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion")
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+LENGTH_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")  # llama-server's order: n_predict wins
+
+
+class FrontError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Limits:
+    context: int  # tokens one request may use (llama-server: one slot's n_ctx)
+    vocab: int | None = None  # token ids /detokenize accepts: [0, vocab)
+
+
+def requested_tokens(data: dict) -> int | None:
+    """The answer length a request asks for, as llama-server reads it (n_predict over its aliases); None if unset."""
+    for name in LENGTH_FIELDS:
+        value = data.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def length_field(data: dict) -> str:
+    return next((n for n in LENGTH_FIELDS if requested_tokens({n: data.get(n)})), "max_tokens")
+
+
+def too_long(data: dict, context: int, prompt_tokens: int | None) -> str | None:
+    """vLLM's 400 for an answer that cannot fit: max_tokens above the context less the prompt (or above the context
+    itself, before the prompt is counted)."""
+    want = requested_tokens(data)
+    if want is None:
+        return None
+    name = length_field(data)
+    if prompt_tokens is None:
+        if want > context:
+            return (f"'{name}' is too large: {want}. This model's maximum context length is {context} tokens per "
+                    f"request")
+        return None
+    if want + prompt_tokens > context:
+        return (f"'{name}' is too large: {want}. This model's maximum context length is {context} tokens and your "
+                f"request has {prompt_tokens} input tokens ({want} > {context} - {prompt_tokens})")
+    return None
+
+
+def needs_count(data: dict, context: int, body_bytes: int) -> bool:
+    """Whether the prompt must be counted to decide: the answer asked for fits the context but might not fit beside
+    a prompt of up to body_bytes tokens plus the template's."""
+    want = requested_tokens(data)
+    return want is not None and want <= context and want > context - body_bytes - TEMPLATE_SLACK
+
+
+def refusal(path: str, body: bytes, limits: Limits) -> tuple[str | None, dict | None]:
+    """(why the body must be answered 400 without asking the engine, or None; the parsed body when it is a JSON
+    object on a path the front reads)."""
+    if why := bad_request(body, path):
+        return why, None
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None, None  # the engine answers malformed JSON with its own 400
+    if not isinstance(data, dict):
+        return None, None
+    if path == "/detokenize":
+        tokens = data.get("tokens")
+        if isinstance(tokens, list) and limits.vocab:
+            for t in tokens:
+                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < limits.vocab:
+                    return f"tokens holds {json.dumps(t)[:40]}: token ids are integers in [0, {limits.vocab})", data
+        return None, data
+    if path in CHAT_PATHS and "tools" in data and data["tools"] is not None and not isinstance(data["tools"], list):
+        return f"tools must be an array, got {type(data['tools']).__name__}", data
+    if path in GENERATION_PATHS:
+        return too_long(data, limits.context, None), data
+    return None, data
+
+
+def error_body(status: int, message: str, **extra) -> bytes:
+    kind = "BadRequestError" if status == 400 else "ServiceUnavailableError"
+    return json.dumps({"error": {"message": message, "type": kind, "code": status}, **extra}).encode()
+
+
+class Front:
+    """The engine's child process, its state, its limits and the aiohttp app in front of it."""
+
+    def __init__(self, engine_argv: list[str], engine_url: str, context: int | None, api_key: str | None) -> None:
+        self.engine_argv, self.engine_url, self.context_setting = engine_argv, engine_url.rstrip("/"), context
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.proc: subprocess.Popen | None = None
+        self.limits: Limits | None = None
+        self.exit_code: int | None = None
+        self.session = None
+
+    # ------------------------------------------------------------------------------------------ the engine's life
+    def start_engine(self) -> None:
+        self.proc = subprocess.Popen(self.engine_argv)  # inherits the front's process group, stdout and stderr
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Wait for the engine's health, read its limits, then follow its process until it exits."""
+        import aiohttp
+
+        while self.proc.poll() is None and self.limits is None:
+            try:
+                async with self.session.get(self.engine_url + "/health", headers=self.headers) as r:
+                    if r.status == 200:
+                        self.limits = await self.read_limits()
+                        print(f"front: engine ready; context {self.limits.context} tokens per request, vocabulary "
+                              f"{self.limits.vocab}", flush=True)
+            except aiohttp.ClientError:
+                pass
+            except FrontError as e:
+                print(f"error: {e}", file=sys.stderr, flush=True)
+                self.proc.terminate()
+                self.exit_code = 2
+                stop.set()
+                return
+            await asyncio.sleep(START_POLL_S)
+        while self.proc.poll() is None:
+            await asyncio.sleep(START_POLL_S)
+        if self.exit_code is None:
+            self.exit_code = self.proc.returncode
+        print(f"front: the engine exited with code {self.exit_code}; answering 503 for {LINGER_S:.0f} s, then exiting",
+              file=sys.stderr, flush=True)
+        await asyncio.sleep(LINGER_S)
+        stop.set()
+
+    async def read_limits(self) -> Limits:
+        """One request's context from llama-server's /props (default_generation_settings.n_ctx), else --context;
+        the vocabulary from /v1/models (meta.n_vocab)."""
+        context = self.context_setting
+        async with self.session.get(self.engine_url + "/props", headers=self.headers) as r:
+            if r.status == 200:
+                n_ctx = ((await r.json(content_type=None)).get("default_generation_settings") or {}).get("n_ctx")
+                context = n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else context
+        if not context:
+            raise FrontError("the engine states no context size (GET /props: default_generation_settings.n_ctx) and "
+                             "the variant sets none: set LLAMASERVER_CTX_SIZE in its config.env")
+        vocab = None
+        async with self.session.get(self.engine_url + "/v1/models", headers=self.headers) as r:
+            if r.status == 200:
+                for m in (await r.json(content_type=None)).get("data") or []:
+                    n = (m.get("meta") or {}).get("n_vocab")
+                    vocab = n if isinstance(n, int) and n > 0 else vocab
+        return Limits(context, vocab)
+
+    def state(self) -> dict | None:
+        """None when requests may pass; else the engine's state for a 503."""
+        if self.proc.poll() is not None or self.exit_code is not None:
+            return {"engine": "gone", "exit_code": self.exit_code if self.exit_code is not None else self.proc.returncode}
+        if self.limits is None:
+            return {"engine": "starting"}
+        return None
+
+    # ------------------------------------------------------------------------------------------------ requests
+    async def prompt_tokens(self, path: str, data: dict, headers: dict) -> int | None:
+        """The prompt's length in tokens as the engine counts it; None where it cannot say (its own answer decides)."""
+        import aiohttp
+
+        if path in CHAT_PATHS:
+            url, body = self.engine_url + "/v1/chat/completions/input_tokens", data
+        else:
+            prompt = data.get("prompt")
+            if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+                return len(prompt)
+            if not isinstance(prompt, str):
+                return None
+            url, body = self.engine_url + "/tokenize", {"content": prompt, "add_special": True}
+        try:
+            async with self.session.post(url, json=body, headers=headers) as r:
+                if r.status != 200:
+                    return None
+                got = await r.json(content_type=None)
+        except (aiohttp.ClientError, ValueError):
+            return None
+        if isinstance(got.get("input_tokens"), int):
+            return got["input_tokens"]
+        return len(got["tokens"]) if isinstance(got.get("tokens"), list) else None
+
+    async def handle(self, request):
+        from aiohttp import web
+
+        if (state := self.state()) is not None:
+            message = ("the engine is starting" if state["engine"] == "starting"
+                       else f"the engine has exited (code {state['exit_code']})")
+            return web.Response(status=503, body=error_body(503, message, **state), content_type="application/json")
+        body = await request.read()
+        path = request.path.rstrip("/") or "/"
+        up_headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        if request.method == "POST":
+            why, data = refusal(path, body, self.limits)
+            if why is None and data is not None and path in GENERATION_PATHS and \
+                    needs_count(data, self.limits.context, len(body)):
+                auth = {k: v for k, v in up_headers.items() if k.lower() in ("authorization", "x-api-key")}
+                if (n := await self.prompt_tokens(path, data, auth)) is not None:
+                    why = too_long(data, self.limits.context, n)
+            if why:
+                return web.Response(status=400, body=error_body(400, why), content_type="application/json")
+        return await self.relay(request, body, up_headers)
+
+    async def relay(self, request, body: bytes, headers: dict):
+        """The engine's answer to the same request, status, headers and body bytes as it sends them (the body
+        streamed chunk by chunk); the engine unreachable: 503 with its state."""
+        import aiohttp
+        from aiohttp import web
+
+        try:
+            up = await self.session.request(request.method, self.engine_url + request.path_qs, data=body,
+                                            headers=headers)
+        except aiohttp.ClientError as e:
+            state = self.state() or {"engine": "not answering"}
+            return web.Response(status=503, body=error_body(503, f"the engine did not answer: {type(e).__name__}",
+                                                            **state), content_type="application/json")
+        done = False
+        try:
+            resp = web.StreamResponse(status=up.status, reason=up.reason,
+                                      headers={k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS})
+            if up.content_length is not None:
+                resp.content_length = up.content_length
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            done = True
+            return resp
+        finally:
+            if done:
+                up.release()  # the connection goes back to the pool
+            else:
+                up.close()  # a client gone mid-stream: the engine sees its connection close and frees the slot
+
+
+async def serve(front: Front, host: str, port: int) -> int:
+    import aiohttp
+    from aiohttp import web
+
+    front.session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, connect=5),
+                                          connector=aiohttp.TCPConnector(limit=0))
+    app = web.Application(client_max_size=1 << 30)
+    app.router.add_route("*", "/{tail:.*}", front.handle)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    front.start_engine()
+    print(f"front: listening on {host}:{port}, engine {front.engine_url} (pid {front.proc.pid})", flush=True)
+    watcher = asyncio.create_task(front.watch(stop))
+    await stop.wait()
+    watcher.cancel()
+    if front.proc.poll() is None:
+        front.proc.terminate()
+        deadline = time.monotonic() + 20
+        while front.proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        if front.proc.poll() is None:
+            front.proc.kill()
+    await runner.cleanup()
+    await front.session.close()
+    code = front.exit_code if front.exit_code is not None else front.proc.wait()
+    return code if code >= 0 else 128 - code  # killed by a signal: 128 + its number, as a shell says
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True, help="the public port")
+    p.add_argument("--engine-port", type=int, required=True, help="the port the engine listens on (loopback)")
+    p.add_argument("--context", type=int, help="tokens per request where the engine states none (the variant's own)")
+    p.add_argument("engine", nargs=argparse.REMAINDER, help="-- then the engine's command")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    engine = args.engine[1:] if args.engine[:1] == ["--"] else args.engine
+    if not engine:
+        print("error: no engine command: give it after `--`", file=sys.stderr)
+        return 2
+    key = os.environ.get("LLAMA_API_KEY") or None
+    front = Front(engine, f"http://127.0.0.1:{args.engine_port}", args.context, key)
+    try:
+        return asyncio.run(serve(front, args.host, args.port))
+    except OSError as e:
+        print(f"error: front on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        if front.proc is not None and front.proc.poll() is None:
+            front.proc.terminate()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The request front before llama-server (scripts/serve/front.py): its refusals, its life beside the engine process,
+and llama-server behind it for real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from scripts.common import paths
+from scripts.common.server import free_port, http_get
+from scripts.serve.front import Limits, needs_count, refusal, requested_tokens, too_long
+
+LIMITS = Limits(context=8192, vocab=49152)
+
+
+def body(**kw) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}).encode()
+
+
+def test_answer_length_is_read_as_llama_server_reads_it():
+    assert requested_tokens({"max_tokens": 10}) == 10 and requested_tokens({}) is None
+    assert requested_tokens({"max_tokens": 10, "n_predict": 99}) == 99  # n_predict wins, as in llama-server
+    assert requested_tokens({"max_completion_tokens": 7}) == 7
+    assert requested_tokens({"max_tokens": True}) is None and requested_tokens({"max_tokens": -1}) is None
+
+
+def test_max_tokens_beyond_the_context_is_refused_before_the_engine_sees_it():
+    why, _ = refusal("/v1/chat/completions", body(max_tokens=81920), LIMITS)
+    assert why and "'max_tokens' is too large: 81920" in why and "8192 tokens" in why
+    assert refusal("/v1/chat/completions", body(max_tokens=64), LIMITS)[0] is None
+    assert refusal("/v1/completions", json.dumps({"prompt": "x", "n_predict": 9000}).encode(), LIMITS)[0]
+    # within the context: decided only with the prompt counted
+    assert too_long({"max_tokens": 8000}, 8192, 193) is not None and too_long({"max_tokens": 8000}, 8192, 192) is None
+    assert "(8000 > 8192 - 300)" in too_long({"max_tokens": 8000}, 8192, 300)
+
+
+def test_the_prompt_is_counted_only_near_the_limit():
+    assert not needs_count({"max_tokens": 64}, 8192, body_bytes=200)
+    assert needs_count({"max_tokens": 8000}, 8192, body_bytes=200)
+    assert not needs_count({"max_tokens": 9000}, 8192, body_bytes=200)  # already refused without counting
+    assert not needs_count({}, 8192, body_bytes=10**6)
+
+
+def test_bodies_llama_server_answers_with_500_get_a_400():
+    why, _ = refusal("/detokenize", json.dumps({"tokens": [1, -5]}).encode(), LIMITS)
+    assert why and "-5" in why and "[0, 49152)" in why
+    assert refusal("/detokenize", json.dumps({"tokens": [1, 49152]}).encode(), LIMITS)[0]
+    assert refusal("/detokenize", json.dumps({"tokens": [1, 2]}).encode(), LIMITS)[0] is None
+    assert "tools must be an array" in refusal("/v1/chat/completions", body(tools={"a": 1}), LIMITS)[0]
+    assert refusal("/v1/chat/completions", body(tools=[]), LIMITS)[0] is None
+    assert "lone UTF-16 surrogate" in refusal("/v1/chat/completions", b'{"stop": ["\\ud800"]}', LIMITS)[0]
+    assert refusal("/v1/chat/completions", b"{not json", LIMITS) == (None, None)  # the engine's own 400
+
+
+def front_cmd(port: int, engine_port: int, *engine: str, context: list[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "scripts.serve.front", "--port", str(port), "--engine-port", str(engine_port),
+            *context, "--", *engine]
+
+
+def get_json(url: str) -> tuple[int, dict]:
+    """(status, body); (0, {}) while nothing listens yet."""
+    try:
+        status, raw = http_get(url, timeout=5)
+    except urllib.error.URLError:
+        return 0, {}
+    return status, json.loads(raw or b"{}")
+
+
+def wait_for(cond, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if got := cond():
+            return got
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def test_an_engine_starting_or_gone_is_a_503_with_its_state_never_a_hang(tmp_path):
+    """A real engine process that never becomes healthy (sleep): every request is answered 503 "starting" at once;
+    once the process has exited, 503 "gone" with its exit code, then the front exits with that code."""
+    port, inner = free_port(), free_port()
+    p = subprocess.Popen(front_cmd(port, inner, "sleep", "5"), cwd=paths.ROOT, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        status, got = wait_for(lambda: (r := get_json(f"http://127.0.0.1:{port}/v1/models"))[0] and r)
+        assert status == 503 and got["engine"] == "starting" and got["error"]["code"] == 503
+        t0 = time.monotonic()
+        status, got = wait_for(lambda: (r := get_json(f"http://127.0.0.1:{port}/health"))[1].get("engine") == "gone"
+                               and r, timeout=15)
+        assert status == 503 and got["exit_code"] == 0 and time.monotonic() - t0 < 10
+        assert p.wait(timeout=15) == 0 and "the engine exited with code 0" in p.stdout.read()
+    finally:
+        p.kill()
+
+
+def test_an_engine_that_states_no_context_stops_the_front_naming_the_setting(tmp_path):
+    """An engine that answers /health but has no /props (a static file server) and no --context: the front exits 2
+    with one line naming LLAMASERVER_CTX_SIZE, and stops the engine."""
+    (tmp_path / "health").write_text("ok")
+    port, inner = free_port(), free_port()
+    engine = [sys.executable, "-m", "http.server", str(inner), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    p = subprocess.run(front_cmd(port, inner, *engine), cwd=paths.ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert "error: the engine states no context size" in p.stderr and "set LLAMASERVER_CTX_SIZE" in p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+
+
+# --- llama-server behind the front, for real ------------------------------------------------------------------------
+
+
+def sse_events(raw: bytes) -> list:
+    """The stream's events with the fields that differ between any two answers (id, created, timings) removed."""
+    out = []
+    for line in raw.decode().split("\n"):
+        if line.startswith("data: ") and line != "data: [DONE]":
+            ev = json.loads(line[6:])
+            for k in ("id", "created", "timings", "system_fingerprint"):
+                ev.pop(k, None)
+            out.append(ev)
+        elif line:
+            out.append(line)
+    return out
+
+
+def post(url: str, data: dict) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(data).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@pytest.fixture(scope="module")
+def guarded(bf16_export):
+    """smollm2-gguf-bf16-server (the BF16 GGUF, built by test_engines' export when missing) started as `make serve`
+    starts it: the front on the public port, llama-server behind it."""
+    from scripts.common.variants import load_variant
+    from scripts.serve.launch import make_server
+
+    v = load_variant("smollm2-gguf-bf16-server")
+    paths.CACHE.mkdir(exist_ok=True)
+    server = make_server(v, host="127.0.0.1", port=free_port(), api_key=None,
+                         log_path=paths.CACHE / "test-front-llama-server.log")
+    server.start()
+    try:
+        server.wait_healthy(300)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_llama_server_behind_the_front_refuses_what_cannot_fit_and_streams_unchanged(guarded):
+    argv = guarded.argv
+    assert argv[1:3] == ["-m", "scripts.serve.front"] and "--n-predict" in argv
+    inner = int(argv[argv.index("--engine-port") + 1])
+    url, direct = guarded.base_url, f"http://127.0.0.1:{inner}"
+    chat = {"model": "smollm2-gguf-bf16-server", "messages": [{"role": "user", "content": "Name three colours."}],
+            "max_tokens": 24, "temperature": 0, "stream": True}
+    # the same greedy stream through the front and from llama-server itself: the same events, the same framing
+    s1, a = post(f"{url}/v1/chat/completions", chat)
+    s2, b = post(f"{direct}/v1/chat/completions", chat)
+    assert s1 == s2 == 200 and sse_events(a) == sse_events(b) and a.endswith(b"data: [DONE]\n\n")
+    # ten times the context: refused at once, as vLLM refuses it; llama-server alone accepts it
+    t0 = time.monotonic()
+    status, raw = post(f"{url}/v1/chat/completions", {**chat, "max_tokens": 81920})
+    assert status == 400 and "'max_tokens' is too large: 81920" in raw.decode() and time.monotonic() - t0 < 5
+    # inside the context but not beside a long prompt: llama-server counts the prompt, the front refuses
+    ctx = json.loads(http_get(f"{url}/props")[1])["default_generation_settings"]["n_ctx"]
+    long_chat = {**chat, "messages": [{"role": "user", "content": "hello " * 400}], "max_tokens": ctx - 100}
+    status, raw = post(f"{url}/v1/chat/completions", long_chat)
+    assert status == 400 and "input tokens" in raw.decode()
+    # the bodies llama-server answers with 500 by itself
+    status, raw = post(f"{direct}/detokenize", {"tokens": [-3]})
+    assert status == 500
+    assert post(f"{url}/detokenize", {"tokens": [-3]})[0] == 400
+    assert post(f"{url}/detokenize", {"tokens": [1, 2]})[0] == 200
