@@ -92,8 +92,20 @@ KINDS = (
     Kind("logprobs_over_max", 3, ("rejected", "complete")),
     Kind("stop_strings", 5, ("complete",)),
     Kind("unicode", 7, ("complete", "rejected")),
+    # the storm's own kinds (weight 0 in the soak): max_tokens of ten million, 50 top logprobs, a lone surrogate in a
+    # stop string
+    Kind("max_tokens_huge", 0, ("rejected", "complete")),
+    Kind("top_logprobs_50", 0, ("rejected", "complete")),
+    Kind("stop_surrogate", 0, ("rejected", "complete")),
 )
 BY_NAME = {k.name: k for k in KINDS}
+# Request mixes by weight: the soak (every kind above at its weight) and the storm a user threw at a deployed server
+# (issue 63: streamed chats at c=32, a third dropped after the first chunk, the rest built to be refused)
+MIXES = {
+    "soak": {k.name: k.weight for k in KINDS if k.weight},
+    "storm": {"chat": 20, "disconnect": 33, "prompt_over_context": 8, "max_tokens_over_context": 8,
+              "max_tokens_huge": 8, "top_logprobs_50": 8, "stop_surrogate": 8, "unicode": 7},
+}
 
 
 @dataclass
@@ -118,10 +130,10 @@ class Outcome:
         return self.outcome in allowed or (self.outcome == "rejected_in_stream" and "rejected" in allowed)
 
 
-def plan(requests: int, seed: int) -> list[str]:
-    """The kinds of one level's requests: a seeded draw by weight, identical for every engine and run."""
+def plan(requests: int, seed: int, mix: str = "soak") -> list[str]:
+    """The kinds of one level's requests: a seeded draw by the mix's weights, identical for every engine and run."""
     rng = random.Random(seed)
-    names, weights = [k.name for k in KINDS], [k.weight for k in KINDS]
+    names, weights = list(MIXES[mix]), list(MIXES[mix].values())
     return rng.choices(names, weights=weights, k=requests)
 
 
@@ -141,6 +153,12 @@ def request_for(kind: str, i: int, rows: list[dict], model: str, context: int, m
         return "/v1/completions", {"model": model, "prompt": " hello" * (2 * context), "max_tokens": 8, "stream": True}
     if kind == "max_tokens_over_context":
         return "/v1/chat/completions", {**chat, "max_tokens": 10 * context}
+    if kind == "max_tokens_huge":
+        return "/v1/chat/completions", {**chat, "max_tokens": 10_000_000}
+    if kind == "top_logprobs_50":
+        return "/v1/chat/completions", {**chat, "max_tokens": 8, "logprobs": True, "top_logprobs": 50}
+    if kind == "stop_surrogate":
+        return "/v1/chat/completions", {**chat, "max_tokens": 32, "stop": [".", "\ud800"]}
     if kind == "n_choices":
         return "/v1/chat/completions", {**chat, "n": 3, "temperature": 0.8, "seed": i, "max_tokens": 24}
     if kind == "logprobs_max":
@@ -366,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated levels (default %(default)s)")
     p.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per level (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default %(default)s)")
+    p.add_argument("--mix", choices=sorted(MIXES), default="soak", help="request kinds by weight: the soak's, or the "
+                   "storm's (--mix storm --concurrency 32 --requests 200: a third dropped after the first chunk, the "
+                   "rest mostly built to be refused)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds without an answer that count as a hang")
     p.add_argument("--idle-timeout", type=float, default=10.0, help="seconds the server may take to be idle again")
     p.add_argument("--port", type=int, default=8124, help="port of the server this script starts")
@@ -387,7 +408,8 @@ def soak(args, variant, base_url: str, server) -> dict:
     record = envelope("soak", variant, command=[sys.executable, "-m", "scripts.measure.soak", *sys.argv[1:]],
                       server_command=server.argv if server else None)
     record["inputs"] = {**info, "concurrency": levels, "requests_per_level": args.requests, "seed": args.seed,
-                        "kinds": {k.name: {"weight": k.weight, "allowed": list(k.allowed)} for k in KINDS},
+                        "mix": args.mix,
+                        "kinds": {n: {"weight": w, "allowed": list(BY_NAME[n].allowed)} for n, w in MIXES[args.mix].items()},
                         "context_tokens": context, "max_logprobs": max_logprobs, "timeout_s": args.timeout,
                         "idle_timeout_s": args.idle_timeout, "disconnect_after_chunks": DISCONNECT_AFTER_CHUNKS,
                         "max_rss_growth": MAX_RSS_GROWTH, "base_url": base_url}
@@ -402,7 +424,7 @@ def soak(args, variant, base_url: str, server) -> dict:
             path, body = request_for("chat", warm, rows, model, context, max_logprobs)
             send(client, base_url, path, body, Outcome("chat", path, 0, -1), args.timeout)
         for c in levels:
-            kinds = plan(args.requests, args.seed * 1000 + c)
+            kinds = plan(args.requests, args.seed * 1000 + c, args.mix)
 
             def one(i: int, kind: str, c: int = c) -> Outcome:
                 path, body = request_for(kind, i, rows, model, context, max_logprobs)

@@ -6,7 +6,9 @@ not above 1.00 ends the search; one whose ratio's 95% interval over the ladder's
 single round is not faster and buys no more evidence; one whose gate fails is rejected; one whose gate lacks only the
 suite gets it (the 10% sample, then every item under BUDGET=full where the sample does not decide), for itself and for
 any variant up its chain whose pass it needs (a lossless speculation's lossy parent). The first certified one whose
-interval's lower end is above 1.00 is that concurrency's winner. Verdicts are the
+interval's lower end is above 1.00 is that concurrency's winner, once its server passes the bounded soak and the body
+fuzz where the budget asks for them (BUDGET=normal|full): one that fails is "unreliable", with the criteria it
+missed, and the next candidate is tried. Verdicts are the
 gate's (scripts/common/gate.py through scripts/report/compare.py: judge, then chain), the same as `make compare`'s.
 """
 
@@ -14,19 +16,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scripts.common import paths
 from scripts.common.gate import SUITE_KEY, quality_source
 from scripts.common.variants import load_variant, reference_name
 from scripts.data.bigbench_tasks import SUITE_DIR
 from scripts.optimize.plan import BUDGETS, Candidate
 from scripts.optimize.report import criterion_text
-from scripts.optimize.speeds import Speeds
+from scripts.optimize.speeds import Speeds, read_record
 from scripts.report.compare import Judged, chain, judge
 
 
 @dataclass
 class Outcome:
     """What the run concluded about one candidate: certified | tie (at parity, not faster with 95% confidence) |
-    rejected | not certified | not pursued | failed | speed only (a shape proxy's: no quality evidence exists)."""
+    rejected | unreliable (certified, faster, but its server failed the soak or the fuzz) | not certified |
+    not pursued | failed | speed only (a shape proxy's: no quality evidence exists)."""
     status: str
     why: str
     judged: Judged | None = None
@@ -104,6 +108,28 @@ def ratios_text(speeds: Speeds, variant: str, plan) -> str:
                      if (sr := speeds.versus(variant, plan.reference, lv)))
 
 
+def reliability(r, variant: str) -> str | None:
+    """The bounded soak and the body fuzz on the variant's server (each once: a step reused by its inputs); None when
+    both pass, else what failed ("soak: criteria not met: hangs=8, outside_kind=8"). The passing counts go to the
+    variant's notes."""
+    budget = BUDGETS[r.plan.budget]
+    failed, passed = [], []
+    for target, args in (("soak", budget.soak), ("fuzz", budget.fuzz)):
+        e = r.step("reliability", target, variant, args, records=target)
+        rec = read_record(e["record"]) if e.get("record") else None
+        if rec is None:
+            failed.append(f"{target} run failed: {e.get('error')}")
+        elif rec.get("status") != "ok":
+            failed.append(f"{target}: {rec.get('failure') or 'failed'}")
+        else:
+            got = rec["summary"]
+            passed.append(f"{target} passed ({got.get('requests') or got.get('cases')} "
+                          f"{'requests' if target == 'soak' else 'bodies'}, {paths.shown(paths.ROOT / e['record'])})")
+    if not failed:
+        r.note(variant, "reliability: " + "; ".join(passed))
+    return "; ".join(failed) or None
+
+
 def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
     plan, budget = r.plan, BUDGETS[r.plan.budget]
     out: dict[str, Outcome] = {}
@@ -128,7 +154,7 @@ def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
     for level in plan.concurrency:
         for c in sorted(measured, key=lambda c: -(speeds.point(c.variant, plan.reference, level) or 0)):
             sr = speeds.versus(c.variant, plan.reference, level)
-            if c.variant in out and out[c.variant].status == "failed":
+            if c.variant in out and out[c.variant].status in ("failed", "unreliable"):
                 continue
             if sr is None or sr.ratio <= 1.0:
                 break
@@ -151,6 +177,11 @@ def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
                     if budget.suite == "full" and suite_only(again) and not run_suite(r, v, ref, "full"):
                         break
                 judged = judge_plan([c.variant for c in measured])
+            if judged[c.variant].certified and budget.soak is not None and \
+                    (why := reliability(r, c.variant)) is not None:
+                out[c.variant] = Outcome("unreliable", f"certified and faster, but its server failed: {why}",
+                                         judged[c.variant])
+                continue
             if judged[c.variant].certified:
                 won[level] = sr.ratio
                 out.setdefault(c.variant, Outcome("certified", "", judged[c.variant])).winner_at.append(level)

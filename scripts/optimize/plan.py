@@ -41,6 +41,10 @@ class Budget:
     levers: tuple[str, ...] | None
     ladder_rounds: tuple[int, int] = (2, 3)
     gpu_levers: tuple[str, ...] | None = None  # the GPU templates proposed (None: all)
+    # the winner's reliability before it is named (None: not checked): the bounded soak's arguments (make soak) and
+    # the body fuzz's (make fuzz); a candidate whose server fails either is not certified and the next one is tried
+    soak: tuple[str, ...] | None = None
+    fuzz: tuple[str, ...] | None = None
 
     def rounds(self, gpu: bool) -> int:
         return self.ladder_rounds[1 if gpu else 0]
@@ -53,8 +57,12 @@ BUDGETS = {
                    levers=("gguf-bf16-server", "gguf-q8-0-server", "gguf-q8-0-server-ngram4"),
                    gpu_levers=("graphs", "fp8kv", "ngram4")),
     # the scripts' own defaults (16 prompts of latency-v1, 8192 scored tokens, 32 identity prompts), the suite sample
-    "normal": Budget(ladder=(), parity=(), identity=(), suite="sample", levers=None),
-    "full": Budget(ladder=(), parity=(), identity=(), suite="full", levers=None, ladder_rounds=(3, 5)),
+    # the soak: 40 requests a level at c=1, 8, 32 (a hang: no answer in 120 s); the fuzz: its 250 drawn bodies
+    "normal": Budget(ladder=(), parity=(), identity=(), suite="sample", levers=None,
+                     soak=("--requests", "40", "--timeout", "120"), fuzz=()),
+    # the soak at its full length (360 requests: the RSS criterion is judged)
+    "full": Budget(ladder=(), parity=(), identity=(), suite="full", levers=None, ladder_rounds=(3, 5),
+                   soak=("--timeout", "120"), fuzz=()),
 }
 
 

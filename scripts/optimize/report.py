@@ -20,7 +20,8 @@ from scripts.report.compare import MARKERS, bf16_server, engine_label, evidence,
 
 # the phase of a step a state written before steps named their own phase holds
 PHASE_OF = {"export-gguf": "build", "calibrate": "build", "prune-vocab": "build", "merge-lora": "build",
-            "eval-latency": "ladder", "eval-parity": "parity", "eval-identity": "identity"}
+            "eval-latency": "ladder", "eval-parity": "parity", "eval-identity": "identity", "soak": "reliability",
+            "fuzz": "reliability"}
 
 
 def kept_seconds(steps: dict[str, dict], phases) -> dict[str, float]:

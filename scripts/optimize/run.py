@@ -12,6 +12,10 @@ Phases, each step the make target a person would run (its log under .cache/optim
   suite     BIG-bench Lite only for a candidate faster than the best certified so far at some concurrency whose
             parity passes: the 10% sample (make eval-quality), then every item where the sample does not decide
             and BUDGET=full (make eval-quality-full); the reference's own suite record first
+  reliability  before a certified candidate is named a concurrency's winner (BUDGET=normal|full): the bounded soak
+            (make soak) and the body fuzz (make fuzz) on its server; one that fails either (a 5xx, a hang, a broken
+            stream, a server left busy or unhealthy, memory growing past the soak's limit) is not certified and the
+            next candidate is tried
   report    results/optimize_<base>_<date>.{md,png} (scripts/optimize/report.py)
 The gate (scripts/common/gate.py, the same verdicts as make gate and make compare) decides after each piece of
 evidence. A step is skipped when .cache/optimize/<base>/state.json holds it with the same inputs: the variant's
@@ -66,13 +70,14 @@ from scripts.optimize.speeds import Speeds
 
 STATE = paths.CACHE / "optimize"
 STOP_GRACE_S = 60  # what an interrupted step gets to stop its servers before SIGKILL
-PHASES = ("plan", "build", "ladder", "parity", "identity", "suite", "report")
+PHASES = ("plan", "build", "ladder", "parity", "identity", "suite", "reliability", "report")
 # the files a step's result depends on besides the variants: a lever's folder or a measuring script
 STEP_CODE = {"export-gguf": "scripts/levers/gguf", "calibrate": "scripts/levers/quantize",
              "prune-vocab": "scripts/levers/vocab", "merge-lora": "scripts/levers/lora",
              "eval-latency": "scripts/measure/latency.py", "eval-parity": "scripts/measure/parity.py",
              "eval-identity": "scripts/measure/identity.py", "eval-quality": "scripts/measure/quality.py",
-             "eval-quality-full": "scripts/measure/quality.py", "datasets": "scripts/data/bigbench_tasks.py"}
+             "eval-quality-full": "scripts/measure/quality.py", "datasets": "scripts/data/bigbench_tasks.py",
+             "soak": "scripts/measure/soak.py", "fuzz": "scripts/measure/fuzz.py"}
 
 
 class OptimizeError(RuntimeError):
@@ -160,7 +165,8 @@ class Runner:
             self.reused += 1
             print(f"[{phase}] {sid}: reused ({old['status']}{', ' + old['record'] if old.get('record') else ''})")
             return old
-        var = {"eval-latency": "BENCH_ARGS", "eval-parity": "PARITY_ARGS", "eval-identity": "IDENTITY_ARGS"}.get(target)
+        var = {"eval-latency": "BENCH_ARGS", "eval-parity": "PARITY_ARGS", "eval-identity": "IDENTITY_ARGS",
+               "soak": "SOAK_ARGS", "fuzz": "FUZZ_ARGS"}.get(target)
         cmd = ["make", "--no-print-directory", target, f"VARIANT={variant}"]
         if var:
             cmd.append(f"{var}={' '.join(args)}")

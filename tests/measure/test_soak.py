@@ -70,6 +70,21 @@ def test_the_request_mix_is_seeded_and_every_kind_builds_a_streamed_body():
         assert path.startswith("/v1/") and body["stream"] is True and body["model"] == "m"
     assert soak.request_for("prompt_over_context", 0, rows, "m", 100, 20)[1]["prompt"].count("hello") == 200
     assert soak.request_for("logprobs_over_max", 0, rows, "m", 100, 20)[1]["top_logprobs"] == 21
+    assert soak.request_for("max_tokens_huge", 0, rows, "m", 100, 20)[1]["max_tokens"] == 10_000_000
+    assert soak.request_for("stop_surrogate", 0, rows, "m", 100, 20)[1]["stop"][1] == "\ud800"
+
+
+def test_the_soak_draws_as_before_and_the_storm_drops_a_third():
+    """The soak's mix is the kinds of weight > 0 in their order (the draw of every committed soak record); the storm
+    draws its own kinds, about a third of them dropped by the client."""
+    import random
+
+    old = random.Random(1008).choices([k.name for k in soak.KINDS if k.weight], [k.weight for k in soak.KINDS if k.weight],
+                                      k=120)
+    assert soak.plan(120, 1008) == old and not {"max_tokens_huge", "stop_surrogate"} & set(old)
+    storm = soak.plan(200, 32, "storm")
+    assert {"max_tokens_huge", "top_logprobs_50", "stop_surrogate", "disconnect"} <= set(storm)
+    assert 0.25 < storm.count("disconnect") / 200 < 0.42
 
 
 def test_rss_growth_is_judged_from_the_second_hundred_to_the_end():

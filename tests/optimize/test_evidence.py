@@ -49,6 +49,8 @@ class FakeRunner:
 
     def step(self, phase, target, variant, args=(), extra_key="", records=None, tag=""):
         self.steps.append(f"{target}:{variant}")
+        if target in ("soak", "fuzz"):  # a record the test's read_record answers (UNRELIABLE: its criteria unmet)
+            return {"status": "ok", "record": f"experiments/{variant}/{target}_1.json"}
         return {"status": "ok", "record": None}
 
     def note(self, variant, text):
@@ -81,6 +83,14 @@ def world(monkeypatch):
         state["suited"].add(variant)
         return True
 
+    def read_record(path):
+        variant, target = path.split("/")[1], path.split("/")[2].split("_")[0]
+        if (variant, target) in state["unreliable"]:
+            return {"status": "failed", "failure": "criteria not met: hangs=8, outside_kind=8", "summary": {}}
+        return {"status": "ok", "summary": {"requests": 120} if target == "soak" else {"cases": 250}}
+
+    state["unreliable"] = set()
+    monkeypatch.setattr(evidence, "read_record", read_record)
     monkeypatch.setattr(evidence, "judge_plan", judge_plan)
     monkeypatch.setattr(evidence, "run_suite", run_suite)
     monkeypatch.setattr(evidence, "reference_name", lambda settings: settings["ref"])
@@ -134,3 +144,21 @@ def test_a_shape_proxy_buys_no_evidence_and_certifies_nothing(world, monkeypatch
     assert not r.steps and {o.status for o in out.values()} == {"speed only"}
     assert not any(o.winner_at for o in out.values())
     assert "c=1 2.00 [" in out["x-q8"].why and "(faster)" in out["x-q8"].why and "no quality evidence" in out["x-q8"].why
+
+
+def test_a_winner_whose_server_fails_the_soak_is_not_certified_and_the_next_is_tried(world):
+    """BUDGET=normal soaks and fuzzes each level's winner before naming it: x-q8-ngram (fastest certified at c=1)
+    hangs in the soak, so it is "unreliable" with the criteria it missed, and x-q8 (next by speed) wins c=1; tiny
+    checks nothing."""
+    world["unreliable"].add(("x-q8-ngram", "soak"))
+    r = FakeRunner(plan("normal"))
+    out = evidence.certify(r, candidates(), FakeSpeeds())
+    assert out["x-q8-ngram"].status == "unreliable" and not out["x-q8-ngram"].winner_at
+    assert "soak: criteria not met: hangs=8" in out["x-q8-ngram"].why
+    assert out["x-q8"].winner_at == [1] and out["x-int8"].winner_at == [8]
+    assert {"soak:x-q8-ngram", "fuzz:x-q8-ngram", "soak:x-q8", "fuzz:x-q8", "soak:x-int8"} <= set(r.steps)
+    assert r.steps.count("soak:x-q8-ngram") == 1  # judged once, not again at c=8
+    assert any(n.startswith("reliability: soak passed (120 requests") for n in r.notes["x-q8"])
+    tiny = FakeRunner(plan("tiny"))
+    evidence.certify(tiny, candidates(), FakeSpeeds())
+    assert not [s for s in tiny.steps if s.split(":")[0] in ("soak", "fuzz")]
