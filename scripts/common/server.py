@@ -117,6 +117,33 @@ def port_in_use(base_url: str) -> bool:
         return sock.connect_ex((u.hostname or "127.0.0.1", u.port or 80)) == 0
 
 
+def listeners(port: int) -> set[int]:
+    """The PIDs of the processes holding a TCP socket that listens on `port` (any address, IPv4 or IPv6), read from
+    /proc/net/tcp{,6} and each process's open files (a process of another user may hide its files: it is then not
+    named, and the caller sees fewer listeners than sockets)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f[9])
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fds = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+        except OSError:
+            continue
+        if any(fd.startswith("socket:[") and fd[8:-1] in inodes for fd in fds):
+            pids.add(int(proc.name))
+    return pids
+
+
 def group_pids(pgid: int) -> list[int]:
     """PIDs still alive in a process group (Linux /proc)."""
     pids = []
@@ -194,6 +221,17 @@ class Server:
             time.sleep(0.5)
         self.stop()
         raise ServerError(f"server not healthy after {timeout_s:.0f} s{self._log_hint()}")
+
+    def check_own_port(self) -> None:
+        """ServerError unless every process listening on this server's port is one of its own (its process group):
+        another server sharing the port (SO_REUSEPORT) would answer some of the requests meant for this one."""
+        port = urllib.parse.urlsplit(self.base_url).port
+        mine = set(group_pids(self.pid))
+        others = sorted(listeners(port) - mine) if port else []
+        if others:
+            self.stop()
+            raise ServerError(f"port {port} is also held by process {', '.join(map(str, others))}, not this server: "
+                              f"stop it or pick another port")
 
     def log_text(self) -> str:
         """What this start of the server wrote to its log (not earlier starts' output)."""

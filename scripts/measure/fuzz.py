@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("variant")
     p.add_argument("--cases", type=int, default=DEFAULT_CASES, help="bodies to send")
     p.add_argument("--base-url", help="a running server of the variant (default: start one)")
-    p.add_argument("--port", type=int, default=8125, help="port of the server this script starts")
+    p.add_argument("--port", type=int, help="port of the server this script starts (default: a free one, checked to be its own after the start)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
     return p

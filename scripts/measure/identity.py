@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", default="1,8", help="levels the variant is run at (default %(default)s)")
     p.add_argument("--var-url", help="the variant's running server (default: start one)")
     p.add_argument("--ref-url", help="the reference's running server (default: start one)")
-    p.add_argument("--port", type=int, default=8126)
+    p.add_argument("--port", type=int, help="port of the server this script starts (default: a free one, checked to be its own after the start)")
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
     return p
 

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     p.add_argument("--limit", type=int, help="use the first N prompts only")
     p.add_argument("--max-tokens-cap", type=int, help="cap every request's max_tokens (short smoke runs)")
-    p.add_argument("--port", type=int, default=8123, help="port of the server this script starts")
+    p.add_argument("--port", type=int, help="port of the server this script starts (default: a free one, checked to be its own after the start)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
     p.add_argument("--repeat", type=int, default=1, help="send every prompt this many times (default %(default)s)")

@@ -226,7 +226,7 @@ def topk_kl(ref: dict[int, float], var: dict[int, float]) -> float:
     return max(kl + tail_r * (math.log(tail_r) - math.log(tail_v)), 0.0)
 
 
-def per_token_vllm(ref: Variant, var: Variant, chunks: list[list[int]], urls: dict[str, str | None], port: int):
+def per_token_vllm(ref: Variant, var: Variant, chunks: list[list[int]], urls: dict[str, str | None], port: int | None):
     logprobs = {}
     for role, v in (("ref", ref), ("var", var)):
         with variant_server(v, base_url=urls[role], port=port, purpose="parity") as (url, _):
@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: llamacpp for a variant served by llama.cpp (ENGINE=llamacpp), else transformers")
     p.add_argument("--ref-url", help="vllm backend: the reference's running server")
     p.add_argument("--var-url", help="vllm backend: the variant's running server")
-    p.add_argument("--port", type=int, default=8125)
+    p.add_argument("--port", type=int, help="port of the server this script starts (default: a free one, checked to be its own after the start)")
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
     p.add_argument("--model", help="score this checkpoint directory in the variant's place (a recipe sweep); the record "
                                    "names it and carries its PROVENANCE.json")

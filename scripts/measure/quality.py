@@ -159,6 +159,9 @@ def split_loglikelihood(tasks: list[str], base_url: str, model: str) -> tuple[li
         return tasks, None
     status, body = http_post_json(f"{base_url}/v1/completions", {
         "model": model, "prompt": "Q: 1 + 1 =\nA: 2", "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0})
+    if status in (401, 403):  # the server is keyed (or another one answers): scoring nothing is no subset
+        raise EvalError(f"{base_url}/v1/completions answered HTTP {status}: the server refuses this client (an API key "
+                        f"it was started with, or another server on its port); nothing was scored")
     why = prompt_logprobs_problem(status, body)
     if why is None:
         return tasks, None
@@ -263,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    + ",".join(DEFAULT_TASKS) + ")")
     p.add_argument("--limit", type=float, help="override the profile's sample size (int: items, <1: fraction)")
     p.add_argument("--base-url", help="evaluate a running server instead of starting one")
-    p.add_argument("--port", type=int, default=8124)
+    p.add_argument("--port", type=int, help="port of the server this script starts (default: a free one, checked to be its own after the start)")
     p.add_argument("--download-datasets", action="store_true", help="cache every task dataset, then exit")
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
     return p

@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "rest mostly built to be refused)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds without an answer that count as a hang")
     p.add_argument("--idle-timeout", type=float, default=10.0, help="seconds the server may take to be idle again")
-    p.add_argument("--port", type=int, default=8124, help="port of the server this script starts")
+    p.add_argument("--port", type=int, help="port of the server this script starts (default: a free one, checked to be its own after the start)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
     return p

@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="content tokens every answer is timed to (default %(default)s)")
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     p.add_argument("--base-url", help="measure a running server instead of starting one")
-    p.add_argument("--port", type=int, default=8125, help="port of the server this script starts")
+    p.add_argument("--port", type=int, help="port of the server this script starts (default: a free one, checked to be its own after the start)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
     return p

@@ -83,9 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     stopping = stop_on_signals(server.stop, lambda: f"server (pid {server.pid})")
-    server.start()
+    try:
+        server.start()
+    except ServerError as e:  # its port already answers: another server
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         startup = server.wait_healthy(args.timeout)
+        server.check_own_port()
     except ServerError as e:
         server.stop()
         if stopping():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.engines import engine_of
-from scripts.common.server import Server, ServerError, is_healthy
+from scripts.common.server import Server, ServerError, free_port, is_healthy
 from scripts.common.variants import Variant
 from scripts.serve.plan import serve_plan
 
@@ -24,9 +24,11 @@ def make_server(variant: Variant, *, host: str, port: int, api_key: str | None, 
 
 
 @contextmanager
-def variant_server(variant: Variant, *, base_url: str | None, port: int, purpose: str) -> Iterator[tuple[str, Server | None]]:
-    """Yield (base_url, server): a healthy running server at base_url, or one started on 127.0.0.1:port (log in
-    .cache/<purpose>-<variant>.log) and stopped, whole process group, when the block exits."""
+def variant_server(variant: Variant, *, base_url: str | None, port: int | None, purpose: str) -> Iterator[tuple[str, Server | None]]:
+    """Yield (base_url, server): a healthy running server at base_url, or one started on 127.0.0.1:port (a free port
+    when None; log in .cache/<purpose>-<variant>.log) and stopped, whole process group, when the block exits. A
+    started server must be the only listener on its port (vLLM may bind with SO_REUSEPORT: a second server on the
+    same port once took half a quality run's requests), checked once it is healthy."""
     if base_url:
         base_url = base_url.rstrip("/")
         health = engine_of(variant).health_path
@@ -36,13 +38,14 @@ def variant_server(variant: Variant, *, base_url: str | None, port: int, purpose
         return
     log = paths.CACHE / f"{purpose}-{variant.name}.log"
     log.parent.mkdir(exist_ok=True)
-    server = make_server(variant, host="127.0.0.1", port=port, api_key=None, log_path=log)
+    server = make_server(variant, host="127.0.0.1", port=port or free_port(), api_key=None, log_path=log)
     print(f"starting {variant.name}; server log {log}", flush=True)
     # SIGTERM of the measuring script stops the server too (by default it would die alone, leaving the server running)
     with paths.terminate_raises():
         server.start()
         try:
             server.wait_healthy()
+            server.check_own_port()
             print(f"healthy after {server.startup_s:.1f} s", flush=True)
             yield server.base_url, server
         finally:

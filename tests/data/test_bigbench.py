@@ -324,6 +324,15 @@ def test_an_engine_without_prompt_logprobs_is_named():
     assert "no log-probabilities" in eval_quality.prompt_logprobs_problem(200, {"choices": [{"text": "2"}]})
 
 
+def test_a_server_that_refuses_the_client_ends_the_quality_run(monkeypatch):
+    """401/403 to the log-probability probe (a keyed server, or another server on the port) is an error naming it,
+    never a generative subset scored with the multiple-choice tasks skipped."""
+    for status in (401, 403):
+        monkeypatch.setattr(eval_quality, "http_post_json", lambda url, body, status=status: (status, None))
+        with pytest.raises(eval_quality.EvalError, match=f"answered HTTP {status}: the server refuses this client"):
+            eval_quality.split_loglikelihood(["lab_arith_mc", "lab_ifeval"], "http://h", "m")
+
+
 def test_loglikelihood_tasks_are_the_multiple_choice_ones(fixture_data):
     mbt.build_suite(fixture_data)
     assert eval_quality.loglikelihood_task("bbl_fixture_mc") and eval_quality.loglikelihood_task("lab_arith_mc")

@@ -320,6 +320,54 @@ def test_a_server_is_not_started_on_a_port_in_use():
             Server(argv=["true"], base_url=url).start()
 
 
+def test_a_server_sharing_its_port_with_another_process_is_refused():
+    """Two real processes listening on one port (SO_REUSEPORT, as vLLM may bind): the server's own check names the
+    other process and stops it; alone on a port the check passes."""
+    import subprocess
+    import sys
+
+    from scripts.common.server import Server, ServerError, free_port, listeners
+
+    port = free_port()
+    listen = ("import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1); "
+              f"s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True); time.sleep(60)")
+    other = subprocess.Popen([sys.executable, "-c", listen], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "up"
+        # launched as start() launches it (start() itself refuses a port that already answers, which is the other
+        # half of the protection; SO_REUSEPORT is how a second server gets past it)
+        mine = Server(argv=[sys.executable, "-c", listen], base_url=f"http://127.0.0.1:{port}")
+        mine.proc = subprocess.Popen(mine.argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert mine.proc.stdout.readline().strip() == "up"
+        assert {other.pid, mine.proc.pid} <= listeners(port)
+        with pytest.raises(ServerError, match=f"port {port} is also held by process {other.pid}, not this server"):
+            mine.check_own_port()
+        assert mine.proc.poll() is not None  # stopped
+    finally:
+        other.kill()
+        other.wait()
+    alone = Server(argv=[sys.executable, "-c", listen], base_url=f"http://127.0.0.1:{port}")
+    alone.proc = subprocess.Popen(alone.argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert alone.proc.stdout.readline().strip() == "up"
+        alone.check_own_port()
+    finally:
+        alone.stop()
+
+
+def test_a_second_serve_on_a_busy_port_is_one_line(embedded_weights, capsys):
+    import socket
+
+    from scripts.serve.__main__ import main as serve_main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        rc = serve_main(["smollm2-bf16", "--port", str(busy.getsockname()[1])])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and "already in use" in err and "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_a_served_key_is_in_no_process_cmdline_and_guards_v1(q8_export):
     """The real llama.cpp server started with a key (seconds to start): no process's /proc/<pid>/cmdline holds the

@@ -182,3 +182,25 @@ def test_llama_server_behind_the_front_refuses_what_cannot_fit_and_streams_uncha
     assert status == 500
     assert post(f"{url}/detokenize", {"tokens": [-3]})[0] == 400
     assert post(f"{url}/detokenize", {"tokens": [1, 2]})[0] == 200
+
+
+@pytest.mark.slow
+def test_the_storm_against_llama_server_as_the_lab_serves_it(guarded, tmp_path):
+    """scripts.measure.soak's storm mix against the real llama-server behind its front (the module's server): the
+    context comes from llama-server's /props, the idle state from its own gauges, and every request ends as its kind
+    allows: max_tokens of ten million and of ten times the context refused, no hang, no 5xx, no broken stream."""
+    from scripts.measure import soak
+    from scripts.report import schemas as check_schemas
+
+    rc = soak.main(["smollm2-gguf-bf16-server", "--base-url", guarded.base_url, "--server-pid", str(guarded.pid),
+                    "--mix", "storm", "--concurrency", "8", "--requests", "24", "--timeout", "60",
+                    "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("soak_*.json")
+    rec = json.loads(path.read_text())
+    assert check_schemas.check_file(path) == [] and rc == 0 and rec["status"] == "ok", rec.get("failure")
+    ctx = json.loads(http_get(f"{guarded.base_url}/props")[1])["default_generation_settings"]["n_ctx"]
+    assert rec["inputs"]["context_tokens"] == ctx and rec["inputs"]["mix"] == "storm"
+    assert rec["summary"]["idle"]["method"] == "metrics" and rec["summary"]["idle"]["idle"] is True
+    refused = rec["summary"]["rejected_by_cause"]
+    assert refused["max_tokens_huge"] == {"400": 1} and refused["max_tokens_over_context"] == {"400": 1}
+    assert rec["summary"]["by_outcome"].get("cancelled", 0) >= 1
