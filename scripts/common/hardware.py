@@ -59,6 +59,18 @@ def hardware() -> dict[str, Any]:
     return hw
 
 
+def visible_gpus(env: dict[str, str] | None = None) -> int | None:
+    """How many GPUs a server started with `env` (over this process's environment) can use: nvidia-smi's count,
+    narrowed by CUDA_VISIBLE_DEVICES where set; None without nvidia-smi (no GPU machine)."""
+    gpu = hardware()["gpu"]
+    if gpu is None:
+        return None
+    mask = {**os.environ, **(env or {})}.get("CUDA_VISIBLE_DEVICES")
+    if mask is None:
+        return gpu["count"]
+    return len([d for d in mask.split(",") if d.strip() and not d.strip().startswith("-")])
+
+
 def _mem_gib() -> float | None:
     try:
         kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1])

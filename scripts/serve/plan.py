@@ -20,9 +20,9 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import Engine, engine_of, vllm_version
-from scripts.common.hardware import cpu_dtype_note, cpu_model_and_flags
+from scripts.common.hardware import cpu_dtype_note, cpu_model_and_flags, visible_gpus
 from scripts.common.server import Server, free_port, local_base_url
-from scripts.common.variants import Variant, check_think_budget, cpu_preload, head_dir, missing_model
+from scripts.common.variants import Variant, VariantError, check_think_budget, cpu_preload, head_dir, missing_model
 from scripts.serve import guard
 from scripts.serve.command import printable, serve_argv, serve_env
 
@@ -69,6 +69,8 @@ def serve_plan(variant: Variant, *, host: str, port: int, api_key: str | None = 
     if engine.name == "vllm":  # a thinking budget this vLLM is known not to hold under speculation is refused
         check_think_budget(variant.resolved, variant.path / "config.env", vllm_version())
     serving = variant.serving()
+    if engine.name == "vllm" and variant.target == "cuda":
+        check_gpus(variant, visible_gpus(serving.env))
     check_model_present(variant)
     guarded = variant.resolved.get("REQUEST_GUARD", "1") == "1"
     if engine.name == "llamaserver" and guarded:  # no hook in front of its handlers: the lab's front (scripts/serve/front.py)
@@ -82,6 +84,22 @@ def serve_plan(variant: Variant, *, host: str, port: int, api_key: str | None = 
         argv += ["--middleware", guard.MIDDLEWARE]
     return ServePlan(variant=variant, engine=engine, argv=argv, env=serve_env(serving, engine, api_key), host=host,
                      port=port, api_key=api_key, notes=tuple(plan_notes(variant, engine)))
+
+
+PARALLEL_KEYS = ("SERVE_TENSOR_PARALLEL_SIZE", "SERVE_PIPELINE_PARALLEL_SIZE", "SERVE_DATA_PARALLEL_SIZE")
+
+
+def check_gpus(variant: Variant, visible: int | None) -> None:
+    """A topology that asks for more GPUs than this machine shows the server fails here, naming both counts (vLLM
+    itself would fail minutes later, deep in its start)."""
+    sizes = {k: int(variant.resolved.get(k, "1")) for k in PARALLEL_KEYS if variant.resolved.get(k, "1").isdigit()}
+    need = 1
+    for n in sizes.values():
+        need *= max(n, 1)
+    if visible is not None and need > visible:
+        parts = " × ".join(f"{k.removeprefix('SERVE_').lower()} {n}" for k, n in sizes.items() if n > 1)
+        raise VariantError(f"{variant.path / 'config.env'}: needs {need} GPUs ({parts}); {visible} visible here "
+                           f"(nvidia-smi, CUDA_VISIBLE_DEVICES)")
 
 
 def front_argv(variant: Variant, engine_argv: list[str], *, host: str, port: int, engine_port: int) -> list[str]:

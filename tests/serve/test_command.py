@@ -224,3 +224,24 @@ def test_serve_env_hands_the_variant_budget_to_the_guard():
     v = variant(THINK_BUDGET="256", SERVE_REASONING_PARSER="qwen3")
     assert serve_env(v.serving(), ENGINES["vllm"], None)[THINK_BUDGET_ENV] == "256"
     assert THINK_BUDGET_ENV not in serve_env(variant().serving(), ENGINES["vllm"], None)
+
+
+def test_a_topology_asking_for_more_gpus_than_are_visible_fails_naming_both(monkeypatch):
+    """Only the GPU query is faked: two H200s seen by nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES."""
+    from scripts.common import hardware
+    from scripts.common.variants import VariantError, load_variant
+    from scripts.serve.plan import check_gpus
+
+    tp2 = load_variant("qwen35-27b-dummy-bf16-tp2")
+    with pytest.raises(VariantError, match=r"qwen35-27b-dummy-bf16-tp2/config.env: needs 2 GPUs "
+                                           r"\(tensor_parallel_size 2\); 1 visible here"):
+        check_gpus(tp2, 1)
+    check_gpus(tp2, 2)
+    check_gpus(tp2, None)  # no GPU machine: nothing to count (the CUDA target fails on its own)
+    check_gpus(load_variant("qwen35-27b-dummy-bf16"), 1)
+    monkeypatch.setattr(hardware, "hardware", lambda: {"gpu": {"name": "NVIDIA H200", "count": 2}})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert hardware.visible_gpus() == 2 and hardware.visible_gpus({"CUDA_VISIBLE_DEVICES": "1"}) == 1
+    assert hardware.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    monkeypatch.setattr(hardware, "hardware", lambda: {"gpu": None})
+    assert hardware.visible_gpus() is None
