@@ -35,7 +35,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.records import all_records, now_utc
 from scripts.common.variants import VariantError, list_variants, load_variant
-from scripts.serve.replicas import PARALLEL_SETTINGS
+from scripts.serve.plan import PARALLEL_SETTINGS
 
 MODE = "fixed"
 PARALLEL_KEYS = {*PARALLEL_SETTINGS.values(), "ENV_NCCL_NVLS_ENABLE", "PARENT"}  # what a TP/DP child may change

@@ -13,6 +13,7 @@ asks the variant or the engine registry again how it is served.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,18 +87,32 @@ def serve_plan(variant: Variant, *, host: str, port: int, api_key: str | None = 
                      port=port, api_key=api_key, notes=tuple(plan_notes(variant, engine)))
 
 
-PARALLEL_KEYS = ("SERVE_TENSOR_PARALLEL_SIZE", "SERVE_PIPELINE_PARALLEL_SIZE", "SERVE_DATA_PARALLEL_SIZE")
+PARALLEL_SETTINGS = {"tensor_parallel": "SERVE_TENSOR_PARALLEL_SIZE", "pipeline_parallel": "SERVE_PIPELINE_PARALLEL_SIZE",
+                     "data_parallel": "SERVE_DATA_PARALLEL_SIZE"}
+
+
+def parallelism(variant: Variant) -> dict[str, int]:
+    """vLLM's own parallelism of one server of the variant (1 where the variant sets none)."""
+    out = {}
+    for name, key in PARALLEL_SETTINGS.items():
+        value = variant.resolved.get(key, "1")
+        if not value.isdigit() or int(value) < 1:
+            raise VariantError(f"{variant.name}: {key}={value!r} is not a positive integer")
+        out[name] = int(value)
+    return out
+
+
+def parallel_size(variant: Variant) -> int:
+    """Devices one server of the variant spans: tensor x pipeline x data parallel."""
+    return math.prod(parallelism(variant).values())
 
 
 def check_gpus(variant: Variant, visible: int | None) -> None:
     """A topology that asks for more GPUs than this machine shows the server fails here, naming both counts (vLLM
     itself would fail minutes later, deep in its start)."""
-    sizes = {k: int(variant.resolved.get(k, "1")) for k in PARALLEL_KEYS if variant.resolved.get(k, "1").isdigit()}
-    need = 1
-    for n in sizes.values():
-        need *= max(n, 1)
+    need = parallel_size(variant)
     if visible is not None and need > visible:
-        parts = " × ".join(f"{k.removeprefix('SERVE_').lower()} {n}" for k, n in sizes.items() if n > 1)
+        parts = " × ".join(f"{name} {n}" for name, n in parallelism(variant).items() if n > 1)
         raise VariantError(f"{variant.path / 'config.env'}: needs {need} GPUs ({parts}); {visible} visible here "
                            f"(nvidia-smi, CUDA_VISIBLE_DEVICES)")
 

@@ -39,6 +39,7 @@ from scripts.common.server import Server, ServerError, local_base_url, port_in_u
 from scripts.common.variants import Variant, VariantError, load_variant, parse_overrides
 from scripts.serve.command import DEFAULT_HOST, DEFAULT_PORT, printable
 from scripts.serve.launch import make_server
+from scripts.serve.plan import parallel_size, parallelism
 
 ROUTERS = ("vllm-router",)
 # vllm-router 0.1.17's policies (vllm_router/router_args.py); kv_aware needs KV events from the engines, not wired here
@@ -51,28 +52,8 @@ ROUTER_DEFAULTS = {"--health-check-interval-secs": "2", "--health-failure-thresh
                    "--health-check-timeout-secs": "2", "--retry-max-retries": "3", "--request-timeout-secs": "600"}
 
 
-PARALLEL_SETTINGS = {"tensor_parallel": "SERVE_TENSOR_PARALLEL_SIZE", "pipeline_parallel": "SERVE_PIPELINE_PARALLEL_SIZE",
-                     "data_parallel": "SERVE_DATA_PARALLEL_SIZE"}
-
-
 class ReplicaError(ValueError):
     pass
-
-
-def parallelism(variant: Variant) -> dict[str, int]:
-    """vLLM's own parallelism of one server of the variant (1 where the variant sets none)."""
-    out = {}
-    for name, key in PARALLEL_SETTINGS.items():
-        value = variant.resolved.get(key, "1")
-        if not value.isdigit() or int(value) < 1:
-            raise ReplicaError(f"{variant.name}: {key}={value!r} is not a positive integer")
-        out[name] = int(value)
-    return out
-
-
-def parallel_size(variant: Variant) -> int:
-    """Devices one server of the variant spans: tensor x pipeline x data parallel."""
-    return math.prod(parallelism(variant).values())
 
 
 def placements(variant: Variant, replicas: int, *, gpus: int, cpus: int, share_gpu: bool = False) -> list[dict[str, str]]:

@@ -234,7 +234,7 @@ def test_a_topology_asking_for_more_gpus_than_are_visible_fails_naming_both(monk
 
     tp2 = load_variant("qwen35-27b-dummy-bf16-tp2")
     with pytest.raises(VariantError, match=r"qwen35-27b-dummy-bf16-tp2/config.env: needs 2 GPUs "
-                                           r"\(tensor_parallel_size 2\); 1 visible here"):
+                                           r"\(tensor_parallel 2\); 1 visible here"):
         check_gpus(tp2, 1)
     check_gpus(tp2, 2)
     check_gpus(tp2, None)  # no GPU machine: nothing to count (the CUDA target fails on its own)
