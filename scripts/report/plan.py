@@ -185,6 +185,37 @@ def plan_rows(variant: str, prompts: str, slo_tpot: float, slo_ttft: float | Non
     return rows, on
 
 
+def hosts_needed(instances: int, units: int, host_gpus: int) -> tuple[int, int] | None:
+    """(instances one host holds, hosts needed) for `instances` of `units` GPUs each on hosts of `host_gpus` GPUs,
+    replicas per host behind one router: per_host = floor(host_gpus / units), hosts = ceil(instances / per_host);
+    None when one instance does not fit a host."""
+    per_host = host_gpus // units
+    return (per_host, math.ceil(instances / per_host)) if per_host else None
+
+
+def projection_lines(rows: list[dict], hosts: list[int]) -> list[str]:
+    """The plan extended on paper to hosts of each size: a projection, its formula first."""
+    if not hosts or rows[0]["unit"] != "GPU":
+        return []
+    lines = ["", f"## Projection to hosts of {' or '.join(map(str, hosts))} GPUs (on paper, not measured)", "",
+             "**A projection:** each instance keeps the capacity its record measured on this machine, wherever it "
+             "runs; instances of one topology fill each host (per host = floor(GPUs per host / GPUs per instance)) "
+             "and every host's replicas sit behind one router, whose own cost and any loss of prefix locality across "
+             "hosts are not modelled; hosts = ceil(instances / per host), GPUs bought = hosts x GPUs per host.", "",
+             "| topology | GPUs per instance | instances | " + " | ".join(
+                 f"hosts of {h} (per host) | GPUs bought" for h in hosts) + " |",
+             "| --- | --- | --- | " + " | ".join("--- | ---" for _ in hosts) + " |"]
+    for r in rows:
+        if not r["instances"]:
+            continue
+        cells = []
+        for h in hosts:
+            got = hosts_needed(r["instances"], r["units"], h)
+            cells.append(f"{got[1]} ({got[0]}) | {got[1] * h}" if got else "does not fit | —")
+        lines.append(f"| {r['topology']} | {r['units']} | {r['instances']} | {' | '.join(cells)} |")
+    return lines
+
+
 def render(variant: str, rows: list[dict], on: str, args, out_png: Path) -> str:
     unit = rows[0]["unit"]
     ttft = f", p99 TTFT ≤ {args.slo_ttft_ms:g} ms" if args.slo_ttft_ms else ""
@@ -209,8 +240,9 @@ def render(variant: str, rows: list[dict], on: str, args, out_png: Path) -> str:
                         for p in r["points"])
         lines.append(f"- {r['topology']}: {pts}")
     lines += ["", (f"Plan: **{best['topology']}**, {best['instances']} instance(s), {best['needed']} {unit}(s)."
-                   if best else "Plan: no topology meets the target at any measured level."), "",
-              f"![{unit}s needed against request rate]({out_png.name})", ""]
+                   if best else "Plan: no topology meets the target at any measured level.")]
+    lines += projection_lines(rows, args.hosts)
+    lines += ["", f"![{unit}s needed against request rate]({out_png.name})", ""]
     return "\n".join(lines)
 
 
@@ -247,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--qps", type=float, required=True, help="request rate to plan for (requests/s)")
     p.add_argument("--prompts", default="shared-prefix-v1.jsonl", help="prompt set of the records (default %(default)s)")
     p.add_argument("--machine", help="plan for this machine (default: the newest record's)")
+    p.add_argument("--hosts", default="2,8", help="GPUs per host of the on-paper projection (comma-separated; "
+                   "empty: none; default %(default)s)")
     p.add_argument("--out-dir", type=Path, default=paths.ROOT / "results")
     return p
 
@@ -256,6 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.slo_tpot_ms <= 0 or args.qps <= 0 or (args.slo_ttft_ms is not None and args.slo_ttft_ms <= 0):
             raise PlanError("--slo-tpot-ms, --slo-ttft-ms and --qps must be > 0")
+        try:
+            args.hosts = [int(h) for h in args.hosts.split(",") if h.strip()]
+        except ValueError:
+            raise PlanError(f"--hosts {args.hosts!r}: comma-separated GPU counts, e.g. 2,8") from None
+        if any(h < 1 for h in args.hosts):
+            raise PlanError(f"--hosts {args.hosts}: every host has at least one GPU")
         rows, on = plan_rows(args.variant, args.prompts, args.slo_tpot_ms, args.slo_ttft_ms, args.qps, args.machine)
     except (PlanError, VariantError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.report.plan import PlanError, capacity, family, main, plan_rows
+from scripts.report.plan import PlanError, capacity, family, hosts_needed, main, plan_rows, projection_lines
 
 
 def pt(load, rate, tpot, ttft=100.0, ok=True, open_=False):
@@ -57,3 +57,21 @@ def test_an_all_reduce_pass_is_parallelism_other_compilation_settings_are_not():
     assert beyond_parallelism(tp2) == base
     graphs = {**tp2, "SERVE_COMPILATION_CONFIG": '{"cudagraph_capture_sizes": [1, 2], "pass_config": {"fuse_allreduce_rms": false}}'}
     assert beyond_parallelism(graphs) == {**base, "SERVE_COMPILATION_CONFIG": '{"cudagraph_capture_sizes": [1, 2]}'}
+
+
+def test_the_projection_to_hosts_fills_each_host_and_says_it_is_one():
+    assert hosts_needed(3, 1, 2) == (2, 2) and hosts_needed(3, 1, 8) == (8, 1)
+    assert hosts_needed(5, 2, 8) == (4, 2) and hosts_needed(1, 4, 2) is None  # a TP4 instance fits no 2-GPU host
+    rows = [{"topology": "one GPU", "units": 1, "instances": 3, "unit": "GPU"},
+            {"topology": "TP4", "units": 4, "instances": 1, "unit": "GPU"},
+            {"topology": "nothing", "units": 1, "instances": None, "unit": "GPU"}]
+    text = "\n".join(projection_lines(rows, [2, 8]))
+    assert "(on paper, not measured)" in text and "**A projection:**" in text and "hosts = ceil(instances / per host)" in text
+    assert "| one GPU | 1 | 3 | 2 (2) | 4 | 1 (8) | 8 |" in text and "| TP4 | 4 | 1 | does not fit | — | 1 (2) | 8 |" in text
+    assert "nothing" not in text
+    assert projection_lines([{**rows[0], "unit": "CPU core"}], [2, 8]) == []  # cores are not hosts of GPUs
+
+
+def test_bad_host_sizes_are_one_line(capsys):
+    assert main(["qwen35-4b-proxy-c128", "--slo-tpot-ms", "40", "--qps", "20", "--hosts", "2,x"]) == 2
+    assert "error: --hosts '2,x': comma-separated GPU counts" in capsys.readouterr().err
