@@ -21,7 +21,7 @@ import pytest
 
 from scripts.common import paths
 from scripts.common.hardware import cpu_model_and_flags, native_bf16
-from scripts.common.server import free_port, group_pids  # noqa: F401 - tests import free_port from here
+from scripts.common.server import free_port, group_pids
 
 EMBEDDED_VARIANT = paths.DEFAULT_VARIANT
 # OpenMP threads that finish their work sleep at once instead of spinning (libiomp5 and libgomp spin ~200 ms by

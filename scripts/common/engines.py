@@ -78,6 +78,21 @@ ENGINES: dict[str, Engine] = {
                      "LAB_SGLANG_API_KEY"),
 }
 LLAMACPP_VENV = paths.ROOT / ".venv-llamacpp"
+
+
+def props_context(props: dict) -> int | None:
+    """One request's context as llama-server states it in GET /props (default_generation_settings.n_ctx: a slot's)."""
+    n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+
+
+def configured_context(resolved: dict[str, str]) -> int | None:
+    """One request's context as a llama.cpp variant sets it: llama-cpp-python's LLAMACPP_N_CTX, or llama-server's
+    LLAMASERVER_CTX_SIZE shared by its LLAMASERVER_PARALLEL slots; None where it sets neither."""
+    if (n_ctx := resolved.get("LLAMACPP_N_CTX", "")).isdigit():
+        return int(n_ctx)
+    ctx, slots = resolved.get("LLAMASERVER_CTX_SIZE", ""), resolved.get("LLAMASERVER_PARALLEL") or "1"
+    return int(ctx) // max(1, int(slots)) if ctx.isdigit() and slots.isdigit() else None
 LLAMASERVER_BIN = paths.ROOT / ".venv-llamaserver" / "bin"
 
 

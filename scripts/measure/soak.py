@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from scripts.common.checkpoint import CheckpointError
-from scripts.common.engines import engine_of
+from scripts.common.engines import configured_context, engine_of, props_context
 from scripts.common.loadgen import DEFAULT_PROMPTS, PromptSetError, load_prompts, parse_levels
 from scripts.common.metrics import percentile
 from scripts.common.records import envelope, exit_status, mark_unmet, save_record
@@ -100,7 +100,8 @@ KINDS = (
 )
 BY_NAME = {k.name: k for k in KINDS}
 # Request mixes by weight: the soak (every kind above at its weight) and the storm a user threw at a deployed server
-# (issue 63: streamed chats at c=32, a third dropped after the first chunk, the rest built to be refused)
+# (issue 63: streamed chats at c=32, a third dropped by the client after DISCONNECT_AFTER_CHUNKS, the rest mostly
+# built to be refused)
 MIXES = {
     "soak": {k.name: k.weight for k in KINDS if k.weight},
     "storm": {"chat": 20, "disconnect": 33, "prompt_over_context": 8, "max_tokens_over_context": 8,
@@ -263,14 +264,10 @@ def served_context(base_url: str, variant) -> int:
             if isinstance(m.get("max_model_len"), int):
                 return m["max_model_len"]
     status, raw = http_get(f"{base_url}/props", timeout=10)
-    if status == 200:
-        n_ctx = (json.loads(raw).get("default_generation_settings") or {}).get("n_ctx")
-        if isinstance(n_ctx, int) and n_ctx > 0:
-            return n_ctx
-    if n_ctx := variant.resolved.get("LLAMACPP_N_CTX"):
-        return int(n_ctx)
-    if n_ctx := variant.resolved.get("LLAMASERVER_CTX_SIZE"):
-        return int(n_ctx) // max(1, int(variant.resolved.get("LLAMASERVER_PARALLEL") or 1))
+    if status == 200 and (n_ctx := props_context(json.loads(raw))):
+        return n_ctx
+    if n_ctx := configured_context(variant.resolved):
+        return n_ctx
     raise SoakError(f"{base_url} states no context (vLLM's /v1/models max_model_len, llama-server's /props n_ctx) and "
                     f"the variant sets none (LLAMACPP_N_CTX or LLAMASERVER_CTX_SIZE in its config.env)")
 
@@ -385,8 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per level (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default %(default)s)")
     p.add_argument("--mix", choices=sorted(MIXES), default="soak", help="request kinds by weight: the soak's, or the "
-                   "storm's (--mix storm --concurrency 32 --requests 200: a third dropped after the first chunk, the "
-                   "rest mostly built to be refused)")
+                   "storm's (--mix storm --concurrency 32 --requests 200: a third dropped by the client, the rest "
+                   "mostly built to be refused)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds without an answer that count as a hang")
     p.add_argument("--idle-timeout", type=float, default=10.0, help="seconds the server may take to be idle again")
     p.add_argument("--port", type=int, help="port of the server this script starts (default: a free one, checked to be its own after the start)")

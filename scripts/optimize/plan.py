@@ -41,10 +41,10 @@ class Budget:
     levers: tuple[str, ...] | None
     ladder_rounds: tuple[int, int] = (2, 3)
     gpu_levers: tuple[str, ...] | None = None  # the GPU templates proposed (None: all)
-    # the winner's reliability before it is named (None: not checked): the bounded soak's arguments (make soak) and
-    # the body fuzz's (make fuzz); a candidate whose server fails either is not certified and the next one is tried
+    # the winner's reliability before it is named (soak None: not checked): the bounded soak's arguments (make soak)
+    # and the body fuzz's (make fuzz); a candidate whose server fails either is not certified and the next one is tried
     soak: tuple[str, ...] | None = None
-    fuzz: tuple[str, ...] | None = None
+    fuzz: tuple[str, ...] = ()
 
     def rounds(self, gpu: bool) -> int:
         return self.ladder_rounds[1 if gpu else 0]
@@ -59,10 +59,10 @@ BUDGETS = {
     # the scripts' own defaults (16 prompts of latency-v1, 8192 scored tokens, 32 identity prompts), the suite sample
     # the soak: 40 requests a level at c=1, 8, 32 (a hang: no answer in 120 s); the fuzz: its 250 drawn bodies
     "normal": Budget(ladder=(), parity=(), identity=(), suite="sample", levers=None,
-                     soak=("--requests", "40", "--timeout", "120"), fuzz=()),
+                     soak=("--requests", "40", "--timeout", "120")),
     # the soak at its full length (360 requests: the RSS criterion is judged)
     "full": Budget(ladder=(), parity=(), identity=(), suite="full", levers=None, ladder_rounds=(3, 5),
-                   soak=("--timeout", "120"), fuzz=()),
+                   soak=("--timeout", "120")),
 }
 
 
@@ -120,7 +120,7 @@ def _eval(ref: dict[str, str]) -> dict[str, str]:
 
 
 NGRAM_LLAMASERVER = {"LLAMASERVER_SPEC_TYPE": "ngram-simple", "LLAMASERVER_SPEC_NGRAM_SIMPLE_SIZE_N": "3",
-                     "LLAMASERVER_SPEC_NGRAM_SIMPLE_SIZE_M": "4", "GATE_GREEDY_IDENTITY": "1"}
+                     "LLAMASERVER_SPEC_NGRAM_SIMPLE_SIZE_M": "4", **IDENTITY}
 NGRAM_VLLM = {**NGRAM_SPEC, "ENV_VLLM_USE_V2_MODEL_RUNNER": "0", **IDENTITY}
 
 

@@ -20,7 +20,7 @@ from scripts.report.compare import MODE
 
 @functools.cache
 def read_record(record: str) -> dict:
-    """A latency record (a path under the repository), read once: records are written whole and never change."""
+    """A record (a path under the repository), read once: records are written whole and never change."""
     return json.loads((paths.ROOT / record).read_text())
 
 

@@ -36,7 +36,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-from scripts.serve.guard import bad_request
+import aiohttp
+from aiohttp import web
+
+from scripts.common.engines import ENGINES, props_context
+from scripts.serve.guard import bad_request, error_json
 
 # tokens a chat template adds around the messages, above the body's byte length (which bounds the text's tokens:
 # a byte-level BPE token covers at least one byte): a request whose max_tokens stays below the context less both is
@@ -49,6 +53,9 @@ HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer",
 GENERATION_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion")
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 LENGTH_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")  # llama-server's order: n_predict wins
+
+
+ENGINE = ENGINES["llamaserver"]  # the engine it fronts: its health path and key variable
 
 
 class FrontError(RuntimeError):
@@ -124,11 +131,6 @@ def refusal(path: str, body: bytes, limits: Limits) -> tuple[str | None, dict | 
     return None, data
 
 
-def error_body(status: int, message: str, **extra) -> bytes:
-    kind = "BadRequestError" if status == 400 else "ServiceUnavailableError"
-    return json.dumps({"error": {"message": message, "type": kind, "code": status}, **extra}).encode()
-
-
 class Front:
     """The engine's child process, its state, its limits and the aiohttp app in front of it."""
 
@@ -146,11 +148,9 @@ class Front:
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Wait for the engine's health, read its limits, then follow its process until it exits."""
-        import aiohttp
-
         while self.proc.poll() is None and self.limits is None:
             try:
-                async with self.session.get(self.engine_url + "/health", headers=self.headers) as r:
+                async with self.session.get(self.engine_url + ENGINE.health_path, headers=self.headers) as r:
                     if r.status == 200:
                         self.limits = await self.read_limits()
                         print(f"front: engine ready; context {self.limits.context} tokens per request, vocabulary "
@@ -179,8 +179,7 @@ class Front:
         context = self.context_setting
         async with self.session.get(self.engine_url + "/props", headers=self.headers) as r:
             if r.status == 200:
-                n_ctx = ((await r.json(content_type=None)).get("default_generation_settings") or {}).get("n_ctx")
-                context = n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else context
+                context = props_context(await r.json(content_type=None)) or context
         if not context:
             raise FrontError("the engine states no context size (GET /props: default_generation_settings.n_ctx) and "
                              "the variant sets none: set LLAMASERVER_CTX_SIZE in its config.env")
@@ -203,8 +202,6 @@ class Front:
     # ------------------------------------------------------------------------------------------------ requests
     async def prompt_tokens(self, path: str, data: dict, headers: dict) -> int | None:
         """The prompt's length in tokens as the engine counts it; None where it cannot say (its own answer decides)."""
-        import aiohttp
-
         if path in CHAT_PATHS:
             url, body = self.engine_url + "/v1/chat/completions/input_tokens", data
         else:
@@ -226,12 +223,10 @@ class Front:
         return len(got["tokens"]) if isinstance(got.get("tokens"), list) else None
 
     async def handle(self, request):
-        from aiohttp import web
-
         if (state := self.state()) is not None:
             message = ("the engine is starting" if state["engine"] == "starting"
                        else f"the engine has exited (code {state['exit_code']})")
-            return web.Response(status=503, body=error_body(503, message, **state), content_type="application/json")
+            return web.Response(status=503, body=error_json(503, message, **state), content_type="application/json")
         body = await request.read()
         path = request.path.rstrip("/") or "/"
         up_headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
@@ -243,21 +238,18 @@ class Front:
                 if (n := await self.prompt_tokens(path, data, auth)) is not None:
                     why = too_long(data, self.limits.context, n)
             if why:
-                return web.Response(status=400, body=error_body(400, why), content_type="application/json")
+                return web.Response(status=400, body=error_json(400, why), content_type="application/json")
         return await self.relay(request, body, up_headers)
 
     async def relay(self, request, body: bytes, headers: dict):
         """The engine's answer to the same request, status, headers and body bytes as it sends them (the body
         streamed chunk by chunk); the engine unreachable: 503 with its state."""
-        import aiohttp
-        from aiohttp import web
-
         try:
             up = await self.session.request(request.method, self.engine_url + request.path_qs, data=body,
                                             headers=headers)
         except aiohttp.ClientError as e:
             state = self.state() or {"engine": "not answering"}
-            return web.Response(status=503, body=error_body(503, f"the engine did not answer: {type(e).__name__}",
+            return web.Response(status=503, body=error_json(503, f"the engine did not answer: {type(e).__name__}",
                                                             **state), content_type="application/json")
         done = False
         try:
@@ -278,9 +270,6 @@ class Front:
 
 
 async def serve(front: Front, host: str, port: int) -> int:
-    import aiohttp
-    from aiohttp import web
-
     # one connection per request: pooled connections that llama-server had already closed failed 5 of 360 soak
     # requests (ServerDisconnectedError before any answer, 2026-11-28)
     front.session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, connect=5),
@@ -328,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     if not engine:
         print("error: no engine command: give it after `--`", file=sys.stderr)
         return 2
-    key = os.environ.get("LLAMA_API_KEY") or None
+    key = os.environ.get(ENGINE.key_env) or None
     front = Front(engine, f"http://127.0.0.1:{args.engine_port}", args.context, key)
     try:
         try:

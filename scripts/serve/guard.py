@@ -145,8 +145,16 @@ def env_budget() -> int | None:
     return int(value) if value.isdigit() else None
 
 
-async def answer(send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    raw = json.dumps(body).encode()
+def error_json(status: int, message: str, param: str | None = None, **extra) -> bytes:
+    """An OpenAI-style error body, as vLLM writes its own (400: BadRequestError; 503: ServiceUnavailableError);
+    `extra` keys sit beside "error" (the request front's engine state)."""
+    kind = "BadRequestError" if status == 400 else "ServiceUnavailableError"
+    err = {"message": message, "type": kind, **({"param": param} if param else {}), "code": status}
+    return json.dumps({"error": err, **extra}).encode()
+
+
+async def answer(send, status: int, body: dict | bytes, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
                             *headers]})
@@ -176,8 +184,7 @@ class RequestGuard:
             more = message.get("more_body", False)
         body = b"".join(chunks)
         if why := bad_request(body, path):
-            await answer(send, 400, {"error": {"message": why, "type": "BadRequestError",
-                                               "param": why.split()[0], "code": 400}})
+            await answer(send, 400, error_json(400, why, param=why.split()[0]))
             return
         if self.budget is not None and path in BUDGET_PATHS and (new := with_budget(body, self.budget)) is not body:
             body = new

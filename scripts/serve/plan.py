@@ -20,7 +20,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
-from scripts.common.engines import Engine, engine_of, vllm_version
+from scripts.common.engines import Engine, configured_context, engine_of, vllm_version
 from scripts.common.hardware import cpu_dtype_note, cpu_model_and_flags, visible_gpus
 from scripts.common.server import Server, free_port, local_base_url
 from scripts.common.variants import Variant, VariantError, check_think_budget, cpu_preload, head_dir, missing_model
@@ -119,10 +119,8 @@ def check_gpus(variant: Variant, visible: int | None) -> None:
 
 def front_argv(variant: Variant, engine_argv: list[str], *, host: str, port: int, engine_port: int) -> list[str]:
     """The request front on the public port, the engine's own command (on a loopback port) after `--`; the context
-    per request from the variant's LLAMASERVER_CTX_SIZE / LLAMASERVER_PARALLEL where it sets it (llama-server also
-    states its own in /props, which the front reads first)."""
-    ctx, slots = variant.resolved.get("LLAMASERVER_CTX_SIZE"), variant.resolved.get("LLAMASERVER_PARALLEL") or "1"
-    context = ["--context", str(int(ctx) // max(1, int(slots)))] if ctx and ctx.isdigit() and slots.isdigit() else []
+    per request where the variant sets it (llama-server also states its own in /props, which the front reads first)."""
+    context = ["--context", str(n)] if (n := configured_context(variant.resolved)) else []
     return [sys.executable, "-m", "scripts.serve.front", "--host", host, "--port", str(port), "--engine-port",
             str(engine_port), *context, "--", *engine_argv]
 

@@ -119,10 +119,11 @@ def test_the_cpu_profile_of_a_real_server_and_llamacpp(embedded_server, tmp_path
     import os
 
     from scripts.common import paths
+    from scripts.common.server import free_port
     from scripts.common.variants import load_variant
     from scripts.levers.gguf.export import export
     from scripts.report import schemas as check_schemas
-    from tests.conftest import free_port, server_args
+    from tests.conftest import server_args
 
     if not (paths.ROOT / load_variant("smollm2-gguf-bf16").resolved["MODEL"]).exists():
         export("smollm2-gguf-bf16", record_dir=tmp_path / "export")

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from scripts.common.server import free_port
 from scripts.measure import latency as bench_latency
 from scripts.report import schemas as check_schemas
-from tests.conftest import free_port
 
 
 def test_unreachable_server_is_one_clear_error(capsys):

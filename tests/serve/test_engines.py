@@ -222,9 +222,9 @@ def test_llamacpp_parity_is_scored_by_llamacpp(q8_export, tmp_path):
 @pytest.mark.slow
 @FAULT_VARIANTS
 def test_llamacpp_bench_names_engine_and_a_killed_server_fails_the_record(q8_export, tmp_path, variant):
+    from scripts.common.server import free_port
     from scripts.measure import latency as bench_latency
     from scripts.serve.launch import variant_server
-    from tests.conftest import free_port
 
     v = load_variant(variant)
     engine = engine_of(v).name
@@ -257,10 +257,10 @@ def test_llamacpp_bench_names_engine_and_a_killed_server_fails_the_record(q8_exp
 def test_a_server_killed_during_a_quality_run_leaves_a_failed_record(q8_export, tmp_path, variant):
     """lm-eval against a llama.cpp server stopped mid-run: exit 1, one complete record with status failed that says
     why and passes its schema, no temp file."""
+    from scripts.common.server import free_port
     from scripts.measure import quality as eval_quality
     from scripts.report import schemas as check_schemas
     from scripts.serve.launch import variant_server
-    from tests.conftest import free_port
 
     v = load_variant(variant)
     with variant_server(v, base_url=None, port=free_port(), purpose="test") as (url, server):
@@ -287,8 +287,7 @@ def test_a_measuring_script_terminated_midway_stops_its_server_and_writes_nothin
     import sys
     import time
 
-    from scripts.common.server import port_in_use
-    from tests.conftest import free_port
+    from scripts.common.server import free_port, port_in_use
 
     port = free_port()
     log = tmp_path / "bench.log"
@@ -372,8 +371,9 @@ def test_a_second_serve_on_a_busy_port_is_one_line(embedded_weights, capsys):
 def test_a_served_key_is_in_no_process_cmdline_and_guards_v1(q8_export):
     """The real llama.cpp server started with a key (seconds to start): no process's /proc/<pid>/cmdline holds the
     key, and /v1 refuses a request without it."""
+    from scripts.common.server import free_port
     from scripts.serve.launch import make_server
-    from tests.conftest import assert_key_guarded, free_port
+    from tests.conftest import assert_key_guarded
 
     key = "k3y-" + "x" * 20
     server = make_server(q8_export, host="127.0.0.1", port=free_port(), api_key=key)
@@ -413,9 +413,9 @@ def test_llama_server_answers_fuzzed_bodies_with_2xx_or_4xx(bf16_export, tmp_pat
     lab's request front, sends 60 of the drawn bodies (named for its served model) and writes a record that passes its
     schema; every answer is 2xx or 4xx and the server healthy after each (llama-server alone answers a `tools` field
     that is not an array and a negative token id to /detokenize with 500: the front answers them 400)."""
+    from scripts.common.server import free_port
     from scripts.measure import fuzz
     from scripts.report import schemas as check_schemas
-    from tests.conftest import free_port
 
     rc = fuzz.main(["smollm2-gguf-bf16-server", "--cases", "60", "--port", str(free_port()), "--out-dir", str(tmp_path)])
     (path,) = tmp_path.glob("fuzz_*.json")

@@ -16,11 +16,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scripts.common import paths
-from scripts.common.server import group_pids, http_get
+from scripts.common.server import free_port, group_pids, http_get
 from scripts.common.variants import load_variant
 from scripts.measure.prom import parse
 from scripts.serve.replicas import ReplicaError, parallel_size, placements, router_argv
-from tests.conftest import assert_every_route_guarded, assert_key_guarded, free_port, server_args, wait_for_line
+from tests.conftest import assert_every_route_guarded, assert_key_guarded, server_args, wait_for_line
 
 
 def test_cpu_cores_split_between_replicas():
