@@ -186,6 +186,14 @@ class Server:
     started_at: float = 0.0
     startup_s: float | None = None
     log_offset: int = 0  # where this start's output begins in log_path (the log is appended to across starts)
+    attached_pid: int | None = None  # a server someone else started and stops (a pool's): its process group
+
+    @classmethod
+    def attached(cls, argv: list[str], base_url: str, pid: int, *, env: dict[str, str], log_path: Path | None,
+                 health_path: str = "/health") -> Server:
+        """A running server started by another process (scripts/serve/pool.py): measured as if started here, never
+        stopped here; no startup time (its start shared the machine with the pool's other starts)."""
+        return cls(argv=argv, base_url=base_url, env=env, log_path=log_path, health_path=health_path, attached_pid=pid)
 
     def start(self) -> Server:
         """Start the process in its own session. Refused while something listens on its port: health checks would be
@@ -205,6 +213,8 @@ class Server:
 
     @property
     def pid(self) -> int:
+        if self.attached_pid is not None:
+            return self.attached_pid
         assert self.proc is not None
         return self.proc.pid
 

@@ -50,6 +50,13 @@
 #                                               # unpacked) and the kernel wheels carried in .gpu/whl-kernels, installed
 #                                               # into /root/kernels (NORUN=1: install only; wheels carried over several
 #                                               # calls add up); $OUT/gemm_<stamp>.json + .md
+#   bash scripts/gpu/device.sh optimize BASE [MAKE_ARGS…]   # `make optimize BASE=… MAKE_ARGS` as a user runs it, in
+#                                               # the background (setsid: it outlives the call): the Makefile's
+#                                               # environments stand in for by the bundle (shims), the BIG-bench suite
+#                                               # from the payload's datasets/; returns after ~20 s
+#   [WAIT=500] bash scripts/gpu/device.sh follow BASE   # the run's output so far, until it ends or WAIT s pass; each call
+#                                               # returns what it has written (report, plan, records, state, step
+#                                               # logs) as $OUT/optimize.tar, so a machine taken back loses no step
 #   [LAB_CACHE_SHIM=1] [FORCE=1] bash scripts/gpu/device.sh startc V TARBALL   # one timed start from a baked
 #                                               # tarball as `scripts.serve --cache` imports it (FORCE=1: its caches
 #                                               # used even where the manifest differs, to see what really hits); the
@@ -141,6 +148,9 @@ case $step in
     [ "$want" = "$got" ] || { echo "payload damaged or incomplete ($got != $want)"; ls $STAGE; exit 1; }
     (cd $STAGE && cat c?? | tar xf - && rm c??) || exit 1
     [ -d $STAGE/weights ] && cp -r $STAGE/weights/. weights/
+    # the BIG-bench suite and its manifest (make datasets here; the 1.7 GB of task JSON stay behind: calibration and
+    # parity read the offline cpython-docs corpus where the task data is not cached)
+    [ -d $STAGE/datasets ] && mkdir -p .cache/datasets && cp -r $STAGE/datasets/. .cache/datasets/
     # a payload without the vLLM bundle (training from carried answers) skips it
     mkdir -p $SITE && { ! ls $STAGE/part? >/dev/null 2>&1 || cat $STAGE/part? | xz -dc -T16 | (cd $SITE && tar xf -); } || exit 1
     mkdir -p $EXTRA && python3 -m pip install -q --no-index --no-deps --no-compile --target $EXTRA $STAGE/whl/*.whl || exit 1
@@ -428,5 +438,31 @@ PY
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv,noheader
     timeout -s TERM ${GEMM_LIMIT:-560} python3 -m scripts.measure.gemm_bench --out $OUT ${GEMM_ARGS:-}; rc=$?
     ls -la $OUT; exit $rc ;;
+  optimize)
+    # The Makefile's environments (.venv, .venv-quant) are the bundle here: a python3 shim each and their stamps, so
+    # `make optimize` and every make target it runs take the same path as on a user's machine.
+    base=${1:?BASE}; shift
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
+    mkdir -p .venv/bin .venv-quant/bin $RUN
+    printf '#!/bin/sh\nexec python3 "$@"\n' > .venv/bin/python
+    printf '#!/bin/sh\n# llm-compressor: its pins before the bundle\nPYTHONPATH=%s:%s:%s:%s exec python3 "$@"\n' \
+      $QUANT $EXTRA $SITE "$PWD" > .venv-quant/bin/python
+    chmod +x .venv/bin/python .venv-quant/bin/python; touch .venv/.installed-cuda .venv-quant/.installed
+    python3 -c "import vllm, lm_eval, datasets; print('vllm', vllm.__version__, 'lm_eval', lm_eval.__version__)" || exit 1
+    rm -f $RUN/optimize.done; touch $RUN/optimize.start
+    (setsid bash -c 'base=$0; t0=$(date +%s); make --no-print-directory optimize BASE=$base "$@"; rc=$?
+      echo "== make optimize ended: rc=$rc after $(( $(date +%s) - t0 )) s"; touch /root/run/optimize.done' \
+      "$base" "$@" > $RUN/optimize.out 2>&1 < /dev/null &)
+    sleep 20; cat $RUN/optimize.out ;;
+  follow)
+    base=${1:?BASE}
+    for _ in $(seq ${WAIT:-500}); do [ -f $RUN/optimize.done ] && break; sleep 1; done
+    tail -${LOG_TAIL:-40} $RUN/optimize.out
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    # what the run wrote since it started (records, variants the plan wrote, the report), its plan, state and step logs
+    { find experiments results -newer $RUN/optimize.start -type f; ls eval/optimize/$base.yaml .cache/optimize/$base/state.json
+      find .cache/optimize/$base/logs -type f; echo $RUN/optimize.out; } 2>/dev/null | sort -u > $RUN/follow.list
+    tar cf $OUT/optimize.tar -T $RUN/follow.list 2>/dev/null; ls -la $OUT/optimize.tar; wc -l < $RUN/follow.list
+    [ -f $RUN/optimize.done ] && echo DONE ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -46,6 +46,7 @@ from scripts.common.metrics import round_orders
 from scripts.common.records import TRIAL_ENV, now_utc
 from scripts.common.server import group_pids
 from scripts.common.variants import (
+    SHARED_SET_ENV,
     VariantError,
     build_target,
     list_variants,
@@ -67,10 +68,18 @@ from scripts.optimize.plan import (
     write_plan,
 )
 from scripts.optimize.speeds import Speeds
+from scripts.serve.launch import POOL_ENV
+from scripts.serve.pool import Pool
+
+# the pool's servers share one GPU: each vLLM server a fixed KV cache (2 GiB: ~90k tokens of SmolLM2, ~13k of the 4B
+# proxy's full-attention layers; enough for c=8 x (prompt + answer) of the ladder and the suite) and a small memory
+# share (0.05 x 141 GB = 7 GB: every start's free-memory check passes while the others hold theirs), so no start
+# profiles memory the others are taking at the same moment
+POOL_SET = "SERVE_GPU_MEMORY_UTILIZATION=0.05 SERVE_KV_CACHE_MEMORY_BYTES=2147483648"
 
 STATE = paths.CACHE / "optimize"
 STOP_GRACE_S = 60  # what an interrupted step gets to stop its servers before SIGKILL
-PHASES = ("plan", "build", "ladder", "parity", "identity", "suite", "reliability", "report")
+PHASES = ("plan", "build", "pool", "ladder", "parity", "identity", "suite", "reliability", "report")
 # the files a step's result depends on besides the variants: a lever's folder or a measuring script
 STEP_CODE = {"export-gguf": "scripts/levers/gguf", "calibrate": "scripts/levers/quantize",
              "prune-vocab": "scripts/levers/vocab", "merge-lora": "scripts/levers/lora",
@@ -148,6 +157,28 @@ class Runner:
     ran: int = 0
     no_suite: bool = False  # SUITE=0: certify on parity and identity alone, saying what waited on the suite
     gpu: bool = False  # vLLM's target is CUDA here: the GPU plan and the GPU's number of ladder rounds
+    pool_rungs: list[str] | None = None  # POOL: these variants' servers start together before the first measuring step
+    pool: Pool | None = None
+
+    def pooled(self, phase: str, variant: str) -> str | None:
+        """With POOL on, start every rung's server at once before the first step that measures (not a build, not a
+        reused step); returns why the variant's server is not running when its start failed, else None."""
+        if self.pool_rungs is None or phase == "build":
+            return None
+        if self.pool is None:
+            print(f"[pool] starting {len(self.pool_rungs)} servers side by side: {', '.join(self.pool_rungs)}", flush=True)
+            t0 = time.monotonic()
+            self.pool = Pool(self.log_dir.parent / "pool").start([load_variant(v) for v in self.pool_rungs])
+            self.phase_s["pool"] = round(time.monotonic() - t0, 1)
+            os.environ[POOL_ENV] = str(self.pool.file)
+            for v, why in self.pool.failed.items():
+                self.note(v, f"its server failed to start beside the others: {why}")
+        return self.pool.failed.get(variant)
+
+    def stop_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+            os.environ.pop(POOL_ENV, None)
 
     def note(self, variant: str, text: str) -> None:
         if text not in self.notes.setdefault(variant, []):
@@ -159,12 +190,19 @@ class Runner:
         it with the same inputs. Returns its state entry: status ok | failed, record (the new record's path), error.
         `tag` tells apart steps of one target and variant (a ladder's rounds: "#r2")."""
         sid = f"{target}:{variant}{tag}"
-        key = digest(lineage(variant), code_hash(STEP_CODE[target]), self.hw, " ".join(args), extra_key)
+        key = digest(lineage(variant), code_hash(STEP_CODE[target]), self.hw, " ".join(args), extra_key,
+                     os.environ.get(SHARED_SET_ENV, ""))
         old = self.state.steps.get(sid)
-        if old and old["key"] == key and (old.get("record") is None or (paths.ROOT / old["record"]).is_file()):
+        built = phase != "build" or (paths.ROOT / load_variant(variant).settings["MODEL"]).exists()  # another machine's
+        if old and old["key"] == key and built and (old.get("record") is None or (paths.ROOT / old["record"]).is_file()):
             self.reused += 1
             print(f"[{phase}] {sid}: reused ({old['status']}{', ' + old['record'] if old.get('record') else ''})")
             return old
+        if why := self.pooled(phase, variant):
+            entry = {"key": None, "phase": phase, "status": "failed", "seconds": 0, "command": "", "record": None,
+                     "error": why}  # never reused: the next run starts it again
+            print(f"[{phase}] {sid}: failed: {why}", flush=True)
+            return entry
         var = {"eval-latency": "BENCH_ARGS", "eval-parity": "PARITY_ARGS", "eval-identity": "IDENTITY_ARGS",
                "soak": "SOAK_ARGS", "fuzz": "FUZZ_ARGS"}.get(target)
         cmd = ["make", "--no-print-directory", target, f"VARIANT={variant}"]
@@ -314,10 +352,23 @@ def run(args) -> int:
     plan, _ = make_plan(args)
     if plan.budget == "tiny":  # a trial: its records are evidence for this run only, never the variants' (of_record)
         os.environ[TRIAL_ENV] = f"optimize-tiny-{plan.base}"
-    r = Runner(plan, State.load(plan.base), plan.hardware, STATE / plan.base / "logs", no_suite=args.no_suite,
-               gpu=serving_target() == "cuda")
+    gpu = serving_target() == "cuda"
+    pool = args.pool == "on" or (args.pool == "auto" and gpu)
+    if pool and gpu:
+        os.environ[SHARED_SET_ENV] = POOL_SET
+    r = Runner(plan, State.load(plan.base), plan.hardware, STATE / plan.base / "logs", no_suite=args.no_suite, gpu=gpu)
     r.phase_s["plan"] = round(time.monotonic() - t0, 1)
     ok = [c for c in plan.candidates if build(r, c)]
+    if pool:
+        r.pool_rungs = [plan.reference, *(c.variant for c in ok)]
+    try:
+        return certify_and_report(r, ok, t0)
+    finally:
+        r.stop_pool()
+
+
+def certify_and_report(r: Runner, ok: list[Candidate], t0: float) -> int:
+    plan = r.plan
     speeds = ladder(r, [plan.reference, *(c.variant for c in ok)])
     measured = [c for c in ok if speeds.measured(c.variant)]
     if not speeds.measured(plan.reference):
@@ -337,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-suite", action="store_true", help="buy no BIG-bench Lite evidence (SUITE=0): on a CPU without "
                    "native BF16 its sample of the reference alone takes hours; the report names what waited on it")
     p.add_argument("--replan", action="store_true", help="propose the candidates again (the plan file is rewritten)")
+    p.add_argument("--pool", choices=("auto", "on", "off"), default="auto",
+                   help="start every rung's server once, side by side, and measure them one at a time (POOL=1|0; "
+                        "auto: on a GPU, where one start takes minutes; scripts/serve/pool.py)")
     return p
 
 
@@ -369,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         os.environ.pop(TRIAL_ENV, None)
+        os.environ.pop(SHARED_SET_ENV, None)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,19 @@ def test_layering_platform_then_file_then_override(tmp_path):
     assert "ENV_VLLM_CPU_KVCACHE_SPACE" not in load_variant("x-bf16", root=tmp_path, target="cuda").resolved
 
 
+def test_shared_gpu_settings_reach_vllm_variants_only(tmp_path, monkeypatch):
+    write_variant(tmp_path, "x-bf16", "MODEL=weights/x\nBASE=x\nSERVE_GPU_MEMORY_UTILIZATION=0.9\n")
+    write_variant(tmp_path, "x-gguf", "MODEL=weights/x.gguf\nBASE=x\nENGINE=llamaserver\n")
+    monkeypatch.setenv("LAB_SERVE_SET", "SERVE_GPU_MEMORY_UTILIZATION=0.05 SERVE_KV_CACHE_MEMORY_BYTES=2147483648")
+    v = load_variant("x-bf16", root=tmp_path, target="cuda", overrides={"SERVE_GPU_MEMORY_UTILIZATION": "0.8"})
+    assert v.resolved["SERVE_GPU_MEMORY_UTILIZATION"] == "0.05"  # beats the file and the command line
+    assert v.serve_settings()["kv-cache-memory-bytes"] == "2147483648"
+    assert "SERVE_KV_CACHE_MEMORY_BYTES" not in load_variant("x-gguf", root=tmp_path, target="cuda").resolved
+    monkeypatch.setenv("LAB_SERVE_SET", "ENV_X=1")
+    with pytest.raises(VariantError, match="LAB_SERVE_SET: ENV_X is not a SERVE_ key"):
+        load_variant("x-bf16", root=tmp_path, target="cuda")
+
+
 def test_comments_blank_lines_and_json_values(tmp_path):
     p = write_variant(tmp_path, "x", '# c\n\nMODEL=weights/x\nBASE=x\nSERVE_SPECULATIVE_CONFIG={"method": "ngram", "num_speculative_tokens": 2, "x": "#"}\n')
     assert parse_config_env(p)["SERVE_SPECULATIVE_CONFIG"] == '{"method": "ngram", "num_speculative_tokens": 2, "x": "#"}'

@@ -85,8 +85,13 @@ def test_optimize_tiny_from_a_plain_folder_to_a_report(lab):
     p.wait(timeout=120)
     kept = json.loads(state.read_text())["steps"]
     assert any(k.startswith("eval-latency:") for k in kept), kept
-    r = make(lab, "optimize", f"BASE={BASE}", "BUDGET=tiny")
+    # resumed with every rung's server started once, side by side (a GPU's default): the steps left measure those
+    r = make(lab, "optimize", f"BASE={BASE}", "BUDGET=tiny", "POOL=1")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"\[pool\] (\d+) of \1 servers healthy", r.stdout), r.stdout[-3000:]
+    logs = (lab / ".cache" / "optimize" / BASE / "logs").glob("*.log")
+    assert any("running server of the pool" in f.read_text(errors="replace") for f in logs), "no step used the pool"
+    assert not (lab / ".cache" / "optimize" / BASE / "pool" / "pool.json").exists(), "the pool was not stopped"
     for sid in kept:  # every step finished before the kill is reused, none measured again
         assert f"{sid}: reused" in r.stdout, (sid, r.stdout[-2000:])
     assert {f.name: f.stat().st_mtime_ns for f in folder.iterdir()} == before, "the user's folder was modified"
