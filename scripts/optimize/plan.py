@@ -317,8 +317,10 @@ def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float |
 
 
 # ----------------------------------------------------------------------------------------------------- plan files
-def plan_path(base: str) -> Path:
-    return PLANS / f"{base}.yaml"
+def plan_path(base: str, target: str = "cpu") -> Path:
+    """The plan file of a base for vLLM's target here: eval/optimize/<base>.yaml on a CPU, <base>.cuda.yaml on a GPU
+    (the levers differ; both stay editable and committed side by side)."""
+    return PLANS / (f"{base}.yaml" if target == "cpu" else f"{base}.{target}.yaml")
 
 
 HEADER = ("# make optimize's plan for base {base}: edit it and run `make optimize BASE={base}` again (a removed candidate\n"

@@ -96,7 +96,7 @@ def ratio_cell(speeds: Speeds, variant: str, reference: str, level: int) -> str:
 def write(r, speeds: Speeds, outcomes: dict, wall_s: float) -> Path:
     plan = r.plan
     stamp = f"{now_utc():%Y%m%d-%H%M%S}"
-    md = paths.RESULTS / f"optimize_{plan.base}_{stamp}.md"
+    md = paths.RESULTS / f"optimize_{plan.base}{'' if not r.gpu else '-gpu'}_{stamp}.md"  # a GPU's beside a CPU's
     png = md.with_suffix(".png")
     configs = {v: load_variant(v).resolved for v in (plan.reference, *outcomes)}
     for v in list(configs):  # the chain of each, for the BF16-server test

@@ -168,7 +168,15 @@ class Runner:
         if self.pool is None:
             print(f"[pool] starting {len(self.pool_rungs)} servers side by side: {', '.join(self.pool_rungs)}", flush=True)
             t0 = time.monotonic()
-            self.pool = Pool(self.log_dir.parent / "pool").start([load_variant(v) for v in self.pool_rungs])
+            missing = {}
+            for v in self.pool_rungs:  # what `make serve` would fetch first: a committed draft head into weights/
+                log = self.log_dir / f"weights_{v}.log"
+                with log.open("w") as out:
+                    if run_step(["make", "--no-print-directory", "weights", f"VARIANT={v}"], out) != 0:
+                        missing[v] = f"make weights VARIANT={v} failed: {last_error(log)}"
+            self.pool = Pool(self.log_dir.parent / "pool").start(
+                [load_variant(v) for v in self.pool_rungs if v not in missing])
+            self.pool.failed.update(missing)
             self.phase_s["pool"] = round(time.monotonic() - t0, 1)
             os.environ[POOL_ENV] = str(self.pool.file)
             for v, why in self.pool.failed.items():
@@ -261,7 +269,7 @@ def last_error(log: Path) -> str:
 
 # ------------------------------------------------------------------------------------------------------- the phases
 def make_plan(args) -> tuple[Plan, list[str]]:
-    path = plan_path(args.base)
+    path = plan_path(args.base, serving_target())
     hw = hardware_key(hardware())
     if path.is_file() and not args.replan:
         plan = read_plan(path)

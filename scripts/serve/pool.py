@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of
 from scripts.common.server import Server, ServerError, free_port, stop_on_signals
 from scripts.common.variants import Variant, VariantError, load_variant, parse_overrides
@@ -64,7 +65,7 @@ class Pool:
             try:
                 self.servers[v.name] = make_server(v, host="127.0.0.1", port=next(ports), api_key=None,
                                                    log_path=log).start()
-            except (ServerError, VariantError, OSError) as e:
+            except (ServerError, VariantError, CheckpointError, OSError) as e:  # a missing head, a busy port
                 self.failed[v.name] = str(e)
         t0 = time.monotonic()
         errors: dict[str, str] = {}
