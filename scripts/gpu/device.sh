@@ -78,7 +78,7 @@ step=${1:?step}; shift
 export PYTHONUNBUFFERED=1 VLLM_TARGET=cuda TRITON_CACHE_AUTOTUNING=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -x /root/sgl-python ] && export LAB_SGLANG_PYTHON=/root/sgl-python  # written by `setup` when SGLang's wheels came
-SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage RUN=/root/run KERNELS=/root/kernels
+SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage RUN=/root/run KERNELS=/root/kernels LAB=/root/lab
 EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|SpecDecoding|draft|mtp|runner|KV cache|memory|Asynchronous scheduling|CUDA graphs"
 sets=(); for kv in ${SET:-}; do sets+=(--set "$kv"); done
 # SET's keys are vLLM's (SERVE_*): a variant served by another engine (ENGINE=sglang) gets none of them
@@ -438,11 +438,18 @@ PY
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv,noheader
     timeout -s TERM ${GEMM_LIMIT:-560} python3 -m scripts.measure.gemm_bench --out $OUT ${GEMM_ARGS:-}; rc=$?
     ls -la $OUT; exit $rc ;;
+  wheels)
+    # bash scripts/gpu/device.sh wheels DIR: the carried wheels in DIR replace their packages in /root/extra (a version
+    # the payload got wrong, without sending the payload again)
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $EXTRA "${1:?DIR}"/*.whl && ls $EXTRA | grep dist-info | tr '\n' ' ' ;;
   optimize)
     # The Makefile's environments (.venv, .venv-quant) are the bundle here: a python3 shim each and their stamps, so
     # `make optimize` and every make target it runs take the same path as on a user's machine.
+    # It runs in its own copy of the tree (/root/lab): each call syncs the carried tree and would remove the variants
+    # and records the run writes (2026-11-28: a plan's new variants vanished under a running `make optimize`).
     base=${1:?BASE}; shift
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
+    mkdir -p $LAB && tar cf - --exclude=./.gpu . | (cd $LAB && tar xf -) && cd $LAB || exit 1
+    export PYTHONPATH=$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1; embedded_gguf
     mkdir -p .venv/bin .venv-quant/bin $RUN
     printf '#!/bin/sh\nexec python3 "$@"\n' > .venv/bin/python
     printf '#!/bin/sh\n# llm-compressor: its pins before the bundle\nPYTHONPATH=%s:%s:%s:%s exec python3 "$@"\n' \
@@ -455,7 +462,7 @@ PY
       "$base" "$@" > $RUN/optimize.out 2>&1 < /dev/null &)
     sleep 20; cat $RUN/optimize.out ;;
   follow)
-    base=${1:?BASE}
+    base=${1:?BASE}; cd $LAB || exit 1
     for _ in $(seq ${WAIT:-500}); do [ -f $RUN/optimize.done ] && break; sleep 1; done
     tail -${LOG_TAIL:-40} $RUN/optimize.out
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
