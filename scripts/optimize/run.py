@@ -202,7 +202,9 @@ class Runner:
                      os.environ.get(SHARED_SET_ENV, ""))
         old = self.state.steps.get(sid)
         built = phase != "build" or (paths.ROOT / load_variant(variant).settings["MODEL"]).exists()  # another machine's
-        if old and old["key"] == key and built and (old.get("record") is None or (paths.ROOT / old["record"]).is_file()):
+        # a failed step is tried again (a package installed since, a server that had no memory beside another run)
+        if (old and old["key"] == key and old["status"] == "ok" and built
+                and (old.get("record") is None or (paths.ROOT / old["record"]).is_file())):
             self.reused += 1
             print(f"[{phase}] {sid}: reused ({old['status']}{', ' + old['record'] if old.get('record') else ''})")
             return old
