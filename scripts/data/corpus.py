@@ -160,4 +160,8 @@ def build_samples(tokenizer, n: int, seq_len: int, *, seed: int = 0, dataset: st
         texts = [(tokenizer.bos_token or "") + "".join(m["content"] for m in c) for c in chats]
     digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
     info = {"corpus": name, "samples": n, "seq_len": seq_len, "seed": seed, "sha256": digest}
-    return datasets.Dataset.from_dict({"text": texts}), info
+    # the texts' own hash as the dataset's fingerprint: datasets would hash the Arrow table with dill, which fails under
+    # some Python / dill pairs ("Can't pickle <class 'MonthDayNano'>", Python 3.12 with the GPU bundle's dill)
+    import pyarrow as pa
+
+    return datasets.Dataset(pa.table({"text": texts}), fingerprint=digest[:16]), info

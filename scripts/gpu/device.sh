@@ -448,6 +448,11 @@ PY
     # It runs in its own copy of the tree (/root/lab): each call syncs the carried tree and would remove the variants
     # and records the run writes (2026-11-28: a plan's new variants vanished under a running `make optimize`).
     base=${1:?BASE}; shift
+    # an earlier run still going is stopped first (SIGTERM: its step stops its servers, the pool is stopped; the state
+    # keeps every finished step for this run)
+    if [ -s $RUN/optimize.pid ] && kill -0 "$(cat $RUN/optimize.pid)" 2>/dev/null; then
+      kill -TERM -- -"$(cat $RUN/optimize.pid)"; for _ in $(seq 90); do kill -0 "$(cat $RUN/optimize.pid)" 2>/dev/null || break; sleep 1; done
+      echo "stopped the earlier run"; fi
     mkdir -p $LAB && tar cf - --exclude=./.gpu . | (cd $LAB && tar xf -) && cd $LAB || exit 1
     export PYTHONPATH=$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1; embedded_gguf
     mkdir -p .venv/bin .venv-quant/bin $RUN
@@ -457,7 +462,7 @@ PY
     chmod +x .venv/bin/python .venv-quant/bin/python; touch .venv/.installed-cuda .venv-quant/.installed
     python3 -c "import vllm, lm_eval, datasets; print('vllm', vllm.__version__, 'lm_eval', lm_eval.__version__)" || exit 1
     rm -f $RUN/optimize.done; touch $RUN/optimize.start
-    (setsid bash -c 'base=$0; t0=$(date +%s); make --no-print-directory optimize BASE=$base "$@"; rc=$?
+    (setsid bash -c 'echo $$ > /root/run/optimize.pid; base=$0; t0=$(date +%s); make --no-print-directory optimize BASE=$base "$@"; rc=$?
       echo "== make optimize ended: rc=$rc after $(( $(date +%s) - t0 )) s"; touch /root/run/optimize.done' \
       "$base" "$@" > $RUN/optimize.out 2>&1 < /dev/null &)
     sleep 20; cat $RUN/optimize.out ;;
