@@ -472,7 +472,7 @@ PY
     tail -${LOG_TAIL:-40} $RUN/optimize.out
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     # what the run wrote since it started (records, variants the plan wrote, the report), its plan, state and step logs
-    { find experiments results -newer $RUN/optimize.start -type f; ls eval/optimize/$base.yaml .cache/optimize/$base/state.json
+    { find experiments results -newer $RUN/optimize.start -type f; ls eval/optimize/$base.*yaml .cache/optimize/$base/state.json
       find .cache/optimize/$base/logs -type f; echo $RUN/optimize.out; } 2>/dev/null | sort -u > $RUN/follow.list
     tar cf $OUT/optimize.tar -T $RUN/follow.list 2>/dev/null; ls -la $OUT/optimize.tar; wc -l < $RUN/follow.list
     [ -f $RUN/optimize.done ] && echo DONE ;;

@@ -32,7 +32,14 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import layer_family, read_safetensors_header
 from scripts.common.records import one_line
-from scripts.levers.quantize.calibrate import MLP_TARGET, CalibrateError, group_size_for, ignore_patterns, load_recipe
+from scripts.levers.quantize.calibrate import (
+    MLP_TARGET,
+    CalibrateError,
+    group_size_for,
+    ignore_patterns,
+    kernel_refusals,
+    load_recipe,
+)
 from scripts.optimize.keys import IDENTITY, LOSSY_GATE, NGRAM_SPEC
 
 GROUP = 128  # the group size of the W4A16 and W4A8 recipes (gptq-w4a16, rtn-w4a8-fp8; W4A16 takes less where K needs)
@@ -84,6 +91,17 @@ def _kernel_table() -> tuple[list[type], dict[type, str]]:
 
     names = {k: b for b, ks in _LINEAR_BACKEND_KERNEL_MAP.items() for k in ks}
     return list(_POSSIBLE_KERNELS[PlatformEnum.CUDA]), names
+
+
+def w4a8_recipe_refusals(shapes: dict[str, tuple[int, int]]) -> str | None:
+    """The calibrate lever's own check of rtn-w4a8-fp8 (the kernel its recipe says vLLM serves it with), so the plan
+    never proposes what the build step refuses; None where every targeted layer passes."""
+    recipe, _ = load_recipe("rtn-w4a8-fp8")
+    refused = kernel_refusals(recipe, {f: (k, n) for f, (n, k) in targeted(shapes, "rtn-w4a8-fp8").items()})
+    if not refused:
+        return None
+    return (f"recipe rtn-w4a8-fp8 is served on {recipe['kernel']['name']}, which takes {len(refused)} of its layers "
+            f"not: {refused[0]}")
 
 
 def kernel_verdicts(shapes: dict[str, tuple[int, int]], cc: int, act: str = "bf16") -> dict[str, str | None]:
@@ -229,6 +247,8 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
     elif None not in w4a8.values():
         left.append({"lever": "W4A8 (4-bit weights, FP8 activations)", "why": "no CUDA kernel of vLLM implements every "
                      "layer: " + "; ".join(f"{b}: {w}" for b, w in w4a8.items())})
+    elif refused := w4a8_recipe_refusals(shapes):  # the builder would refuse it (a failed build, 2026-11-28 on SmolLM2)
+        left.append({"lever": "W4A8 (4-bit weights, FP8 activations)", "why": refused})
     else:
         out["w4a8"] = ("W4A8: 4-bit group-128 weights, dynamic FP8 activations (on "
                        + ", ".join(b for b, why in w4a8.items() if why is None) + ")", "vllm",

@@ -347,7 +347,7 @@ COMMENTS = {
     "TOKENIZER": ["the reference's tokenizer: the GGUF carries the same ids (the export checks them)"],
     "LLAMASERVER_PARALLEL": ["slots: the ladder's highest concurrency (c=8)"],
     "LLAMACPP_N_CTX": ["the reference's SERVE_MAX_MODEL_LEN"],
-    "GATE_QUALITY_OF": ["judged on the records of the in-process llama.cpp variant of the same file"],
+    "GATE_QUALITY_OF": ["judged on the quality records of the variant with the same weights (the same file)"],
     "GATE_MAX_MEAN_KLD": ["the project's tolerances for a lossy variant, one-sided 95% bounds (scripts/common/gate.py)"],
     "GATE_GREEDY_IDENTITY": ["lossless: greedy token ids equal to the reference's, near-ties teacher-forced"],
     "LLAMASERVER_SPEC_TYPE": ["n-gram speculation: the last 3 tokens looked up in the context, up to 4 drafted"],
@@ -384,4 +384,5 @@ def variant_readme(name: str, lever: str, cfg: dict[str, str]) -> str:
               if any(k.startswith("GATE_") for k in cfg) else "not gated: a build step and quality source")
     return (f"# {name} — {lever}\n\n**Parent:** {cfg.get('PARENT')}. Written by `make optimize BASE={cfg['BASE']}` from "
             f"its template (scripts/optimize/plan.py). **Gate:** {judged}.\n\n**Results:** the newest "
-            f"`results/optimize_{cfg['BASE']}_*.md` and this folder's records.\n")
+            f"`results/optimize_{cfg['BASE']}_*.md` (`optimize_{cfg['BASE']}-gpu_*.md` on a GPU) and this folder's "
+            "records.\n")

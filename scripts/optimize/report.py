@@ -15,6 +15,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.records import TRIAL_ENV, git_state, now_utc
 from scripts.common.variants import load_variant
+from scripts.optimize.plan import plan_path
 from scripts.optimize.speeds import Speeds, read_record
 from scripts.report.compare import MARKERS, bf16_server, engine_label, evidence, fmt, pareto_front
 
@@ -114,7 +115,7 @@ def write(r, speeds: Speeds, outcomes: dict, wall_s: float) -> Path:
              + (f" SLO_TPOT_MS={plan.slo_tpot_ms:g}" if plan.slo_tpot_ms else "") + (" SUITE=0" if r.no_suite else "")
              + "`, finished "
              f"{now_utc():%Y-%m-%d %H:%M} UTC; git {git['commit'][:12]}{' (dirty)' if git.get('dirty') else ''}; plan "
-             f"`{paths.shown(paths.EVAL / 'optimize' / (plan.base + '.yaml'))}`; ladder `{r.state.ladder_id}` "
+             f"`{paths.shown(plan_path(plan.base, 'cuda' if r.gpu else 'cpu'))}`; ladder `{r.state.ladder_id}` "
              f"({ref_rec['inputs']['prompt_set']}, {ref_rec['inputs']['num_prompts']} prompts, fixed output length"
              + (f", max_tokens capped at {ref_rec['inputs']['max_tokens_cap']}" if ref_rec['inputs'].get('max_tokens_cap') else "")
              + f"). Speed is output tok/s on this machine, one server at a time, over {rounds} round(s) of the ladder "

@@ -131,3 +131,14 @@ def test_no_cuda_device_is_one_line(monkeypatch):
     monkeypatch.setattr(cp, "is_cuda", lambda: False, raising=False)
     assert gpu.capability() is None
     assert gpu.main(["smollm2-bf16"]) == 2
+
+
+def test_w4a8_is_left_out_where_its_recipe_would_refuse_the_build():
+    # SmolLM2's widths (576, 1536): the recipe's kernel (CUTLASS W4A8) needs multiples of 128; a plan that proposed it
+    # on another kernel's word got a failed build (H200, 2026-11-28)
+    smollm2 = {"self_attn.q_proj": (576, 576), "self_attn.k_proj": (192, 576), "mlp.gate_proj": (1536, 576),
+               "mlp.down_proj": (576, 1536)}
+    why = gpu.w4a8_recipe_refusals(smollm2)
+    assert why.startswith("recipe rtn-w4a8-fp8 is served on CutlassW4A8LinearKernel, which takes 4 of its layers not:")
+    assert "input width 576 does not divide by 128" in why
+    assert gpu.w4a8_recipe_refusals({"self_attn.q_proj": (256, 256), "mlp.down_proj": (256, 512)}) is None
