@@ -13,6 +13,7 @@ PROFILE_ARGS ?=
 # the GGUF variant the CPU profile times with llama.cpp (the variant's PROFILE_PEER key); built first when missing
 PROFILE_PEER = $(shell sed -n 's/^PROFILE_PEER=//p' experiments/$(VARIANT)/config.env 2>/dev/null)
 SOAK_ARGS ?=
+FAILOVER_ARGS ?=
 # the Python that runs scripts.measure.profile: .venv's, or the GPU machine's (vLLM bundle on PYTHONPATH)
 PROFILE_PY ?= $(PY)
 SWEEP ?= eval/sweeps/smollm2-w4.yaml
@@ -51,7 +52,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak fuzz eval-think profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep optimize gate datasets datasets-hub compare list check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak fuzz failover eval-think profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep optimize gate datasets datasets-hub compare list check test test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -205,7 +206,7 @@ weights: $(STAMP) ## materialize what VARIANT's MODEL needs (no-op when present)
 serve: weights ## serve VARIANT with its engine's OpenAI server (vLLM; ENGINE=, HOST, PORT, API_KEY, CACHE=); Ctrl-C stops it
 	$(PY) -m scripts.serve $(VARIANT) $(ENGINE_SET)
 
-serve-replicas: weights ## REPLICAS copies of VARIANT (own GPUs or CPU cores each) behind ROUTER=vllm-router (POLICY=cache_aware|round_robin|…; PORT: the router's); Ctrl-C stops them all
+serve-replicas: weights ## REPLICAS copies of VARIANT (own GPUs or CPU cores each) behind ROUTER=vllm-router (POLICY=cache_aware|round_robin|…; PORT: the router's); a replica that exits is started again (RESTARTS=3); Ctrl-C stops them all
 	$(PY) -m scripts.serve.replicas $(VARIANT) --replicas $(or $(REPLICAS),2) --router $(or $(ROUTER),vllm-router) --policy $(or $(POLICY),cache_aware) $(ENGINE_SET) $(REPLICA_ARGS)
 
 plan: $(STAMP) ## capacity plan from committed latency records: topology and GPUs that meet SLO_TPOT_MS / SLO_TTFT_MS at QPS (a fitted model, labelled) -> results/plan_<variant>.md + .png
@@ -225,6 +226,9 @@ eval-latency-ladder: $(STAMP) ## measure every variant of BASE (default smollm2)
 
 soak: weights ## bounded soak of VARIANT's server: 120 streamed requests at c=1, 8, 32 with disconnects and refusals, then idle and RSS checks (SOAK_ARGS) -> experiments/VARIANT/soak_*.json
 	$(PY) -m scripts.measure.soak $(VARIANT) $(ENGINE_SET) $(SOAK_ARGS)
+
+failover: weights ## a replica lost under load: REPLICAS=2 of VARIANT behind vllm-router (make serve-replicas), one killed mid-run at c=32, restarted, rejoining; counted (FAILOVER_ARGS) -> experiments/VARIANT/failover_*.json
+	$(PY) -m scripts.measure.failover $(VARIANT) --replicas $(or $(REPLICAS),2) $(ENGINE_SET) $(FAILOVER_ARGS)
 
 fuzz: weights ## fuzzed OpenAI bodies against VARIANT's server (250 by default; FUZZ_ARGS): 2xx or 4xx only, healthy after each -> experiments/VARIANT/fuzz_*.json
 	$(PY) -m scripts.measure.fuzz $(VARIANT) $(ENGINE_SET) $(FUZZ_ARGS)

@@ -35,7 +35,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of
 from scripts.common.hardware import hardware
-from scripts.common.server import Server, ServerError, local_base_url, port_in_use, stop_on_signals
+from scripts.common.server import Server, ServerError, is_healthy, local_base_url, port_in_use, stop_on_signals
 from scripts.common.variants import Variant, VariantError, load_variant, parse_overrides
 from scripts.serve.command import DEFAULT_HOST, DEFAULT_PORT, printable
 from scripts.serve.launch import make_server
@@ -83,8 +83,9 @@ def placements(variant: Variant, replicas: int, *, gpus: int, cpus: int, share_g
         if engine == "vllm":
             out.append({"ENV_VLLM_CPU_OMP_THREADS_BIND": cores, "ENV_OMP_NUM_THREADS": str(per),
                         "ENV_VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
-        elif engine == "llamaserver":
-            out.append({"LLAMASERVER_THREADS": str(per), "LLAMASERVER_CPU_RANGE": cores})
+        elif engine == "llamaserver":  # its --cpu-range takes only <start>-<end>, one core too ("1-1")
+            out.append({"LLAMASERVER_THREADS": str(per), "LLAMASERVER_THREADS_BATCH": str(per),
+                        "LLAMASERVER_CPU_RANGE": f"{first}-{last}"})
         else:
             raise ReplicaError(f"{variant.name}: replicas of ENGINE={engine} are not placed on CPU cores here "
                                f"(vllm and llamaserver are)")
@@ -164,10 +165,25 @@ class Replicas:
         self.router.start()
         self.started.append(self.router)
         self.router.wait_healthy(120.0)
+        self.write_topology()
+
+    def write_topology(self) -> None:
         self.topology_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.topology_path.with_suffix(f".partial-{os.getpid()}")
         tmp.write_text(json.dumps(self.topology(), indent=1) + "\n")
         tmp.replace(self.topology_path)
+
+    def restart(self, i: int) -> Server:
+        """Replica i started again on its own port and placement (what is left of its process group stopped first);
+        the router's health checks admit it once it answers. The topology file names its new PID."""
+        old = self.servers[i]
+        old.stop()
+        new = replace(old, proc=None, startup_s=None)
+        self.servers[i] = new
+        self.started[self.started.index(old)] = new
+        new.start()
+        self.write_topology()
+        return new
 
     def stop(self) -> None:
         """Router first (no new requests reach a stopping replica), then every replica; the topology file goes."""
@@ -230,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--router-arg", action="append", default=[], metavar="ARG",
                    help="one more vllm-router argument (repeat; e.g. --router-arg=--cache-threshold --router-arg=0.5)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the replicas' /health")
+    p.add_argument("--restarts", type=int, default=int(os.environ.get("RESTARTS", "3")),
+                   help="times a replica that exits is started again (RESTARTS; 0: never; a crash loop stops there)")
     p.add_argument("--topology", type=Path, help="write the topology here (default .cache/replicas/<variant>.json)")
     p.add_argument("--log-dir", type=Path, help="the servers' logs (default .cache/replicas/)")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
@@ -263,8 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     pids = ", ".join(str(s.pid) for s in group.servers)
     print(f"ready: {group.base_url}/v1 routes {args.variant!r} over {len(group.servers)} replicas ({args.policy}; "
           f"replica pids {pids}; router pid {group.router.pid}; {took:.1f} s); topology {paths.shown(group.topology_path)}; "
-          "Ctrl-C stops them", flush=True)
+          f"a replica that exits is restarted up to {args.restarts} times; Ctrl-C stops them", flush=True)
     lost: set[int] = set()
+    restarts = [0] * len(group.servers)
+    back: dict[int, float] = {}  # replica -> when its restart began, until it answers /health again
     while True:
         time.sleep(0.5)
         if stopping():
@@ -274,11 +294,29 @@ def main(argv: list[str] | None = None) -> int:
                   "stopping the replicas", file=sys.stderr)
             break
         for i, server in enumerate(group.servers):
-            if i not in lost and server.proc.poll() is not None:
-                lost.add(i)
-                print(f"warning: replica {i} (pid {server.pid}, {server.base_url}) exited with code "
-                      f"{server.proc.returncode}; the router's health checks take it out of rotation "
-                      f"({len(group.servers) - len(lost)} left)", file=sys.stderr, flush=True)
+            if i in lost:
+                continue
+            if server.proc.poll() is None:
+                if i in back and is_healthy(server.base_url, path=server.health_path, api_key=server.api_key):
+                    print(f"replica {i} is back (pid {server.pid}) after {time.monotonic() - back.pop(i):.1f} s; the "
+                          f"router admits it after its health checks", flush=True)
+                continue
+            code = server.proc.returncode
+            back.pop(i, None)
+            if restarts[i] < args.restarts:
+                restarts[i] += 1
+                print(f"warning: replica {i} (pid {server.pid}, {server.base_url}) exited with code {code}; the "
+                      f"router's health checks take it out of rotation; restarting it ({restarts[i]} of "
+                      f"{args.restarts})", file=sys.stderr, flush=True)
+                try:
+                    group.restart(i)
+                    back[i] = time.monotonic()
+                    continue
+                except ServerError as e:
+                    print(f"warning: replica {i} could not be restarted: {e}", file=sys.stderr, flush=True)
+            lost.add(i)
+            print(f"warning: replica {i} (pid {server.pid}, {server.base_url}) exited with code {code} and is not "
+                  f"restarted ({len(group.servers) - len(lost)} left)", file=sys.stderr, flush=True)
         if len(lost) == len(group.servers):
             print("error: every replica has exited; stopping the router", file=sys.stderr)
             break

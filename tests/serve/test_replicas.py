@@ -100,7 +100,7 @@ def test_two_cpu_replicas_behind_vllm_router(embedded_weights, tmp_path):
     argv = [sys.executable, "-m", "scripts.serve.replicas", "smollm2-bf16", "--replicas", "2", "--policy",
             "round_robin", "--port", str(port), "--topology", str(topology), "--log-dir", str(tmp_path),
             "--set", "SERVE_MAX_MODEL_LEN=2048",
-            "--set", "SERVE_ENFORCE_EAGER=1", *server_args()]
+            "--set", "SERVE_ENFORCE_EAGER=1", "--restarts", "0", *server_args()]  # restarts: tests/serve/test_failover.py
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "API_KEY": key, "PYTHONUNBUFFERED": "1"})
