@@ -46,7 +46,10 @@ def run_step(variant: str, extra: list[str], written: list[Path]) -> Path | None
 def start_replicas(variant: str, n: int, args):
     group = make_replicas(variant, n, policy="round_robin", port=args.port, overrides=parse_overrides(args.set),
                           share_gpu=args.share_gpu, log_dir=paths.CACHE / "replicas")
-    took = group.start()
+    took, down = group.start()
+    if down:  # a scale ladder compares whole topologies: one replica short is not the topology named
+        group.stop()
+        raise ServerError(f"{len(down)} of {n} replicas did not start: {next(iter(down.values()))}")
     print(f"{n} replica(s) healthy after {took:.1f} s", flush=True)
     return group
 

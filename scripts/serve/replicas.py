@@ -139,16 +139,24 @@ class Replicas:
                                                                else math.prod(par.values()) * len(self.servers)),
                 "shared_gpu": self.shared_gpu}
 
-    def start(self, timeout_s: float = 900.0) -> float:
-        """Start every replica at once, wait for all, then the router; the topology file is written last."""
+    def start(self, timeout_s: float = 900.0) -> tuple[float, dict[int, str]]:
+        """Start every replica at once, wait for all, then the router; the topology file is written last. Returns the
+        seconds taken and the replicas that did not answer ({index: why}: the router starts over every replica, its
+        health checks keep them out of rotation until they answer); ServerError when none did."""
         for server in self.servers:
             server.start()
             self.started.append(server)
         t0 = time.monotonic()
-        for server in self.servers:
-            server.wait_healthy(timeout_s)
+        down: dict[int, str] = {}
+        for i, server in enumerate(self.servers):
+            try:
+                server.wait_healthy(max(1.0, timeout_s - (time.monotonic() - t0)))
+            except ServerError as e:
+                down[i] = str(e)
+        if len(down) == len(self.servers):
+            raise ServerError(f"no replica answered: {down[0]}")
         self.route(self.policy)
-        return time.monotonic() - t0
+        return time.monotonic() - t0, down
 
     def route(self, policy: str, workers: list[int] | None = None) -> None:
         """(Re)start the router with `policy` over `workers` (replica indices; default every replica) while the
@@ -271,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stopping = stop_on_signals(group.stop, lambda: f"the router and {len(group.servers)} replicas")
     try:
-        took = group.start(args.timeout)
+        took, down = group.start(args.timeout)
     except ServerError as e:
         group.stop()
         if stopping():
@@ -282,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ready: {group.base_url}/v1 routes {args.variant!r} over {len(group.servers)} replicas ({args.policy}; "
           f"replica pids {pids}; router pid {group.router.pid}; {took:.1f} s); topology {paths.shown(group.topology_path)}; "
           f"a replica that exits is restarted up to {args.restarts} times; Ctrl-C stops them", flush=True)
+    for i, why in down.items():  # the router serves on the others; a replica that exited is started again below
+        print(f"warning: replica {i} ({group.servers[i].base_url}) is down: {why}; the router serves on the others",
+              file=sys.stderr, flush=True)
     lost: set[int] = set()
     restarts = [0] * len(group.servers)
     back: dict[int, float] = {}  # replica -> when its restart began, until it answers /health again

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -55,3 +56,29 @@ def test_a_replica_killed_mid_run_is_restarted_and_rejoins(bf16_export, tmp_path
     assert rejoined["pass"] and rejoined["value"]["victim_generated_tokens"] > 0, rejoined  # round robin: it serves
     assert any("is back (pid" in line for line in rec["serve_replicas_log_tail"]), rec["serve_replicas_log_tail"]
     assert r.returncode == (0 if s["pass"] else 1), r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_a_replica_that_never_answers_leaves_the_router_serving_the_others(bf16_export, tmp_path):
+    from dataclasses import replace
+
+    from scripts.common.server import free_port, http_get, http_post_json
+    from scripts.serve.replicas import make_replicas
+
+    group = make_replicas("smollm2-gguf-bf16-server", 2, policy="round_robin", port=free_port(4), log_dir=tmp_path,
+                          topology_path=tmp_path / "topology.json")
+    dead = group.servers[1]  # a process that never answers on its port: the bad input
+    group.servers[1] = replace(dead, argv=[sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        took, down = group.start(timeout_s=10)
+        assert list(down) == [1] and "not healthy after" in down[1], down
+        deadline = time.monotonic() + 3 * health_window_s()  # its health checks find it within their window
+        while dead.base_url not in (said := http_get(f"{group.base_url}/health")[1].decode()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert dead.base_url in said, said  # the router says which one is down
+        for _ in range(4):  # and keeps serving on the other
+            code, answer = http_post_json(f"{group.base_url}/v1/chat/completions", {
+                "model": "smollm2-gguf-bf16-server", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+            assert code == 200 and answer["choices"][0]["message"]["content"], (code, answer)
+    finally:
+        group.stop()
