@@ -52,7 +52,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak fuzz failover eval-think profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep optimize gate datasets datasets-hub compare list check test test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak fuzz failover eval-think profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep optimize gate datasets datasets-hub compare list check test test-served test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -306,6 +306,9 @@ test: ## all tests: the real vLLM server, real lm-eval, real llm-compressor, rea
 	$(QPY) -m pytest tests/levers/quantize/real $(PYTEST_ARGS); q=$$?; [ $$q = 5 ] && q=0; \
 	echo "make test: wall time $$(( $$(date +%s) - $$(cat .test-started) )) s; server lane exit $$s, other lane exit $$r, .venv-quant exit $$q"; \
 	rm -f .test-started; test $$s = 0 -a $$r = 0 -a $$q = 0
+
+test-served: $(STAMP) ## the greedy parity test against the server as it is served (BF16, compiled), which make test replaces by FP32 or eager on a CPU without native BF16; .ci/run runs it after make test
+	TEST_DTYPE=bfloat16 TEST_ENFORCE_EAGER=0 $(PY) -m pytest -q -p no:cacheprovider tests/serve/test_serve_integration.py -k greedy_parity $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## unit tests only (seconds; no vLLM server)
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
