@@ -54,6 +54,8 @@
 #                                               # the background (setsid: it outlives the call): the Makefile's
 #                                               # environments stand in for by the bundle (shims), the BIG-bench suite
 #                                               # from the payload's datasets/; returns after ~20 s
+#   bash scripts/gpu/device.sh make TARGET [VAR=…]   # any make target there, in the foreground (e.g. make failover
+#                                               # VARIANT=… REPLICAS=2); what it wrote comes back as $OUT/make.tar
 #   [WAIT=500] bash scripts/gpu/device.sh follow BASE   # the run's output so far, until it ends or WAIT s pass; each call
 #                                               # returns what it has written (report, plan, records, state, step
 #                                               # logs) as $OUT/optimize.tar, so a machine taken back loses no step
@@ -114,6 +116,16 @@ embedded_gguf() {
   export LAB_EMBEDDED_GGUF=$STAGE/smollm2.gguf
 }
 gone() { ! kill -0 "$1" 2>/dev/null; }
+# the Makefile's environments (.venv, .venv-quant) stood in for by the bundle: a python3 shim each and their stamps, so
+# make targets take the same path here as on a user's machine
+shims() {
+  mkdir -p .venv/bin .venv-quant/bin $RUN
+  printf '#!/bin/sh\nexec python3 "$@"\n' > .venv/bin/python
+  printf '#!/bin/sh\n# llm-compressor: its pins before the bundle\nPYTHONPATH=%s:%s:%s:%s exec python3 "$@"\n' \
+    $QUANT $EXTRA $SITE "$PWD" > .venv-quant/bin/python
+  chmod +x .venv/bin/python .venv-quant/bin/python; touch .venv/.installed-cuda .venv-quant/.installed
+  python3 -c "import vllm, lm_eval, datasets; print('vllm', vllm.__version__, 'lm_eval', lm_eval.__version__)"
+}
 # until every server `start` left is ready or gone (at most WAIT s from $1), then each one's state: a server that
 # is not ready shows its last lines and errors (a kernel that refuses a layer says so here)
 wait_servers() {
@@ -438,6 +450,13 @@ PY
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv,noheader
     timeout -s TERM ${GEMM_LIMIT:-560} python3 -m scripts.measure.gemm_bench --out $OUT ${GEMM_ARGS:-}; rc=$?
     ls -la $OUT; exit $rc ;;
+  make)
+    # bash scripts/gpu/device.sh make TARGET [VAR=…]: any make target in the shimmed environment, in the foreground
+    # (≤ 10 min a call), e.g. `make failover VARIANT=… REPLICAS=2`; its records land in experiments/ of this tree:
+    # `find experiments -newer …` them into $OUT as the step's last line does
+    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims || exit 1
+    touch $RUN/make.start; make --no-print-directory "$@"; rc=$?
+    find experiments results -newer $RUN/make.start -type f | tar cf $OUT/make.tar -T - && tar tf $OUT/make.tar; exit $rc ;;
   wheels)
     # bash scripts/gpu/device.sh wheels DIR: the carried wheels in DIR replace their packages in /root/extra (a version
     # the payload got wrong, without sending the payload again)
@@ -454,13 +473,7 @@ PY
       kill -TERM -- -"$(cat $RUN/optimize.pid)"; for _ in $(seq 90); do kill -0 "$(cat $RUN/optimize.pid)" 2>/dev/null || break; sleep 1; done
       echo "stopped the earlier run"; fi
     mkdir -p $LAB && tar cf - --exclude=./.gpu . | (cd $LAB && tar xf -) && cd $LAB || exit 1
-    export PYTHONPATH=$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1; embedded_gguf
-    mkdir -p .venv/bin .venv-quant/bin $RUN
-    printf '#!/bin/sh\nexec python3 "$@"\n' > .venv/bin/python
-    printf '#!/bin/sh\n# llm-compressor: its pins before the bundle\nPYTHONPATH=%s:%s:%s:%s exec python3 "$@"\n' \
-      $QUANT $EXTRA $SITE "$PWD" > .venv-quant/bin/python
-    chmod +x .venv/bin/python .venv-quant/bin/python; touch .venv/.installed-cuda .venv-quant/.installed
-    python3 -c "import vllm, lm_eval, datasets; print('vllm', vllm.__version__, 'lm_eval', lm_eval.__version__)" || exit 1
+    export PYTHONPATH=$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1; embedded_gguf; shims || exit 1
     rm -f $RUN/optimize.done; touch $RUN/optimize.start
     (setsid bash -c 'echo $$ > /root/run/optimize.pid; base=$0; t0=$(date +%s); make --no-print-directory optimize BASE=$base "$@"; rc=$?
       echo "== make optimize ended: rc=$rc after $(( $(date +%s) - t0 )) s"; touch /root/run/optimize.done' \
