@@ -1,0 +1,33 @@
+"""The A10G projection from a weights-dominated shape (scripts/report/projection.py): the fit and the projection against
+hand-computed numbers, its refusal, and the page written from the committed 27B and 4B records."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts.report import projection
+
+
+def test_fit_and_projection_by_hand():
+    # the shape: 8 GB of BF16 at 1 TB/s x 0.8 = 10 ms of weights in an 11 ms step (fixed 1 ms); the candidate's 2 GB
+    # in 5 ms - 1 ms = 4 ms: e = 2e9 / (1e12 x 4e-3) = 0.5
+    out = projection.project(11.0, 5.0, 8e9, 2e9, 1e12, 0.8, 4e9, 1e9, 500.0)
+    assert out["fit"]["fixed_ms"] == pytest.approx(1.0) and out["fit"]["e_cand"] == pytest.approx(0.5)
+    # the target: 4 GB at 500 GB/s x 0.8 = 10 ms, fixed kept at 1/10 of it = 1 ms; the candidate 1 + 1e9/(5e11 x 0.5) = 5 ms
+    t = out["target"]
+    assert t["tpot_bf16_ms"] == pytest.approx(11.0) and t["tpot_cand_ms"] == pytest.approx(5.0)
+    assert t["speedup"] == pytest.approx(2.2) and t["speedup_at_e_bf16"] == pytest.approx(11.0 / 3.5)
+
+
+def test_a_fit_without_room_for_fixed_cost_is_refused():
+    with pytest.raises(projection.ProjectionError, match="the fit has no room"):
+        projection.project(10.0, 5.0, 8e9, 2e9, 1e12, 0.8, 4e9, 1e9, 500.0)
+
+
+def test_the_page_from_the_committed_records(tmp_path):
+    out = tmp_path / "p.md"
+    assert projection.main(["--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# PROJECTION (not a measurement)") and "| qwen35-4b-proxy-w4a16-marlin (e_cand" in text
+    assert "experiments/qwen35-27b-dummy-bf16/latency_20261128-131823.json" in text
+    assert projection.main(["--ladder", "no-such-ladder", "--out", str(out)]) == 2
