@@ -470,7 +470,8 @@ PY
     # an earlier run still going is stopped first (SIGTERM: its step stops its servers, the pool is stopped; the state
     # keeps every finished step for this run)
     if [ -s $RUN/optimize.pid ] && kill -0 "$(cat $RUN/optimize.pid)" 2>/dev/null; then
-      kill -TERM -- -"$(cat $RUN/optimize.pid)"; for _ in $(seq 90); do kill -0 "$(cat $RUN/optimize.pid)" 2>/dev/null || break; sleep 1; done
+      # the whole group: make and the runner outlive the bash that leads it while they stop their servers
+      kill -TERM -- -"$(cat $RUN/optimize.pid)"; for _ in $(seq 600); do kill -0 -- -"$(cat $RUN/optimize.pid)" 2>/dev/null || break; sleep 1; done
       echo "stopped the earlier run"; fi
     mkdir -p $LAB && tar cf - --exclude=./.gpu . | (cd $LAB && tar xf -) && cd $LAB || exit 1
     export PYTHONPATH=$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1; embedded_gguf; shims || exit 1

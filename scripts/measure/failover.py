@@ -44,9 +44,9 @@ from scripts.measure.prom import scrape
 from scripts.measure.soak import Outcome, request_for, send
 from scripts.serve.replicas import ROUTER_DEFAULTS
 
-# per engine: (the gauge of requests running, a counter of generated tokens) in its /metrics
-GAUGES = {"vllm": ("vllm:num_requests_running", "vllm:generation_tokens_total"),
-          "llamaserver": ("llamacpp:requests_processing", "llamacpp:tokens_predicted_total")}
+# per engine: (the gauges of requests running and queued, a counter of generated tokens) in its /metrics
+GAUGES = {"vllm": (("vllm:num_requests_running", "vllm:num_requests_waiting"), "vllm:generation_tokens_total"),
+          "llamaserver": (("llamacpp:requests_processing", "llamacpp:requests_deferred"), "llamacpp:tokens_predicted_total")}
 
 
 class LossError(RuntimeError):
@@ -66,7 +66,7 @@ def judge(outs: list[dict], in_flight: int | None, kill_s: float, window_s: floa
     failed = [o for o in outs if o["outcome"] != "complete"]
     hangs = sum(o["outcome"] == "hang" for o in outs)
     late = [o for o in failed if o["start_s"] > kill_s + window_s]  # sent after the router should have known
-    lost = max(0, len(failed) - (in_flight or 0)) + len(late) if in_flight is not None else len(failed)
+    lost = max(0, len(failed) - len(late) - in_flight) + len(late) if in_flight is not None else len(failed)
     by_outcome: dict[str, int] = {}
     for o in outs:
         by_outcome[o["outcome"]] = by_outcome.get(o["outcome"], 0) + 1
@@ -176,11 +176,15 @@ def measure(args, variant) -> dict:
 
         def kill_victim() -> None:
             time.sleep(args.kill_after)
-            kill["in_flight"] = metric(victim["url"], running)
-            os.killpg(victim["pid"], signal.SIGKILL)
+            got = [metric(victim["url"], name) for name in running]  # running and queued: both die with it
+            kill["in_flight"] = None if None in got else sum(got)
+            try:
+                os.killpg(victim["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                raise LossError(f"replica {args.victim} (pid {victim['pid']}) had already exited before the kill") from None
             kill["at_s"] = round(time.monotonic() - t0, 3)
             print(f"killed replica {args.victim} (pid {victim['pid']}) at {kill['at_s']} s with "
-                  f"{kill['in_flight']} requests running on it", flush=True)
+                  f"{kill['in_flight']} requests running or queued on it", flush=True)
             # serve-replicas starts it again: a new PID in the topology, answering /health
             deadline = time.monotonic() + args.start_timeout
             while time.monotonic() < deadline:
@@ -217,7 +221,7 @@ def measure(args, variant) -> dict:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout=120)
+                proc.wait(timeout=300)  # it stops the router and every replica (each in its own session) first
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         record["serve_replicas_log_tail"] = log.read_text(errors="replace").strip().splitlines()[-12:]
@@ -251,10 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         variant = load_variant(args.variant, overrides=parse_overrides(args.set))
+        if args.requests < 1 or args.concurrency < 1 or args.rejoin_requests < 1:
+            raise LossError("--requests, --concurrency and --rejoin-requests: at least 1 each")
         if not 0 <= args.victim < args.replicas or args.replicas < 2:
             raise LossError(f"--victim {args.victim} of --replicas {args.replicas}: two replicas or more, a victim "
                             f"among them")
-        record = measure(args, variant)
+        with paths.terminate_raises():  # SIGTERM runs measure's finally: serve-replicas is stopped, not left running
+            record = measure(args, variant)
     except (VariantError, PromptSetError, ServerError, LossError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

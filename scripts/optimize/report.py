@@ -14,7 +14,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.records import TRIAL_ENV, git_state, now_utc
-from scripts.common.variants import load_variant
+from scripts.common.variants import SHARED_SET_ENV, load_variant
 from scripts.optimize.plan import plan_path
 from scripts.optimize.speeds import Speeds, read_record
 from scripts.report.compare import MARKERS, bf16_server, engine_label, evidence, fmt, pareto_front
@@ -118,7 +118,10 @@ def write(r, speeds: Speeds, outcomes: dict, wall_s: float) -> Path:
              f"`{paths.shown(plan_path(plan.base, 'cuda' if r.gpu else 'cpu'))}`; ladder `{r.state.ladder_id}` "
              f"({ref_rec['inputs']['prompt_set']}, {ref_rec['inputs']['num_prompts']} prompts, fixed output length"
              + (f", max_tokens capped at {ref_rec['inputs']['max_tokens_cap']}" if ref_rec['inputs'].get('max_tokens_cap') else "")
-             + f"). Speed is output tok/s on this machine, one server at a time, over {rounds} round(s) of the ladder "
+             + "). Speed is output tok/s on this machine, one server measured at a time"
+             + (f" while the other rungs' servers sat idle beside it (the pool, each vLLM server with "
+                f"{os.environ.get(SHARED_SET_ENV) or 'its own settings'})" if r.pool_rungs is not None else "")
+             + f", over {rounds} round(s) of the ladder "
              "in alternating order; each ratio is the geometric mean of its per-round ratios with its 95% interval "
              "[lower, upper] (Student's t over the rounds): faster means the lower end is above 1.00, an interval "
              "holding 1.00 is a tie. Verdicts are the parity gate's (one-sided 95% bounds), as `make gate` prints them."

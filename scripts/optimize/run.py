@@ -174,8 +174,8 @@ class Runner:
                 with log.open("w") as out:
                     if run_step(["make", "--no-print-directory", "weights", f"VARIANT={v}"], out) != 0:
                         missing[v] = f"make weights VARIANT={v} failed: {last_error(log)}"
-            self.pool = Pool(self.log_dir.parent / "pool").start(
-                [load_variant(v) for v in self.pool_rungs if v not in missing])
+            self.pool = Pool(self.log_dir.parent / "pool")  # named before its start: an interrupted start is stopped
+            self.pool.start([load_variant(v) for v in self.pool_rungs if v not in missing])
             self.pool.failed.update(missing)
             self.phase_s["pool"] = round(time.monotonic() - t0, 1)
             os.environ[POOL_ENV] = str(self.pool.file)
@@ -198,8 +198,10 @@ class Runner:
         it with the same inputs. Returns its state entry: status ok | failed, record (the new record's path), error.
         `tag` tells apart steps of one target and variant (a ladder's rounds: "#r2")."""
         sid = f"{target}:{variant}{tag}"
-        key = digest(lineage(variant), code_hash(STEP_CODE[target]), self.hw, " ".join(args), extra_key,
-                     os.environ.get(SHARED_SET_ENV, ""))
+        # a measuring step names how its server ran: beside the others of a pool (and their shared memory settings) or
+        # alone; nothing is added for a lone server, so the states of earlier runs keep their keys
+        serving = [] if phase == "build" or self.pool_rungs is None else ["pool", os.environ.get(SHARED_SET_ENV, "")]
+        key = digest(lineage(variant), code_hash(STEP_CODE[target]), self.hw, " ".join(args), extra_key, *serving)
         old = self.state.steps.get(sid)
         built = phase != "build" or (paths.ROOT / load_variant(variant).settings["MODEL"]).exists()  # another machine's
         # a failed step is tried again (a package installed since, a server that had no memory beside another run)

@@ -7,13 +7,14 @@ import hashlib
 import json
 import os
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.engines import engine_of
-from scripts.common.server import Server, ServerError, free_port, group_pids, is_healthy
+from scripts.common.server import Server, ServerError, free_port, group_pids, is_healthy, listeners
 from scripts.common.variants import Variant
 from scripts.serve.plan import serve_plan
 
@@ -40,8 +41,12 @@ def pooled_server(variant: Variant) -> Server | None:
     if not file or not Path(file).is_file():
         return None
     entry = json.loads(Path(file).read_text()).get("servers", {}).get(variant.name)
-    if (not entry or entry["settings_digest"] != settings_digest(variant) or not group_pids(entry["pid"])
-            or not is_healthy(entry["base_url"], path=entry["health_path"])):
+    if not entry or entry["settings_digest"] != settings_digest(variant):
+        return None
+    group = set(group_pids(entry["pid"]))
+    port = urllib.parse.urlsplit(entry["base_url"]).port
+    # its process group alive and the only listener on its port (a port taken over by another server is not it)
+    if not group or not port or not listeners(port) <= group or not is_healthy(entry["base_url"], path=entry["health_path"]):
         return None
     return Server.attached(entry["argv"], entry["base_url"], entry["pid"], env=entry["env"],
                            log_path=Path(entry["log"]) if entry.get("log") else None, health_path=entry["health_path"])

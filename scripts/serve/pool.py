@@ -55,7 +55,15 @@ class Pool:
         return self.folder / "pool.json"
 
     def start(self, variants: list[Variant], timeout_s: float = START_TIMEOUT_S) -> Pool:
-        """Start every variant's server at once and wait until each is healthy or gone; write the pool file."""
+        """Start every variant's server at once and wait until each is healthy or gone; write the pool file. Interrupted
+        (Ctrl-C, SIGTERM), it stops what it started: each server runs in a session of its own, out of the signal's reach."""
+        try:
+            return self._start(variants, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, variants: list[Variant], timeout_s: float) -> Pool:
         self.folder.mkdir(parents=True, exist_ok=True)
         first = free_port(len(variants)) if variants else 0
         ports = iter(range(first, first + len(variants)))
@@ -82,10 +90,11 @@ class Pool:
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            while t.is_alive():  # joined in steps: a signal reaches this thread between them
+                t.join(0.5)
         for name, why in errors.items():
             self.failed[name] = why
-            self.servers.pop(name)
+            self.servers.pop(name, None)
         self.write({v.name: v for v in variants})
         print(f"[pool] {len(self.servers)} of {len(variants)} servers healthy after {time.monotonic() - t0:.0f} s"
               + (f"; failed: {', '.join(sorted(self.failed))}" if self.failed else ""), flush=True)
@@ -99,7 +108,7 @@ class Pool:
         paths.write_text_atomic(self.file, json.dumps({"servers": entries, "failed": self.failed}, indent=1) + "\n")
 
     def stop(self) -> None:
-        for s in self.servers.values():
+        for s in list(self.servers.values()):
             s.stop()
         self.servers.clear()
         self.file.unlink(missing_ok=True)

@@ -150,7 +150,7 @@ class Replicas:
         down: dict[int, str] = {}
         for i, server in enumerate(self.servers):
             try:
-                server.wait_healthy(max(1.0, timeout_s - (time.monotonic() - t0)))
+                server.wait_healthy(timeout_s)  # its deadline counts from its own start
             except ServerError as e:
                 down[i] = str(e)
         if len(down) == len(self.servers):
@@ -187,9 +187,9 @@ class Replicas:
         old = self.servers[i]
         old.stop()
         new = replace(old, proc=None, startup_s=None)
+        new.start()  # the lists name it only once it runs: a failed start leaves the old, stopped entry
         self.servers[i] = new
-        self.started[self.started.index(old)] = new
-        new.start()
+        self.started = [new if s is old else s for s in self.started]
         self.write_topology()
         return new
 
@@ -296,42 +296,46 @@ def main(argv: list[str] | None = None) -> int:
     lost: set[int] = set()
     restarts = [0] * len(group.servers)
     back: dict[int, float] = {}  # replica -> when its restart began, until it answers /health again
-    while True:
-        time.sleep(0.5)
-        if stopping():
-            break
-        if group.router.proc.poll() is not None:
-            print(f"error: the router (pid {group.router.pid}) exited with code {group.router.proc.returncode}; "
-                  "stopping the replicas", file=sys.stderr)
-            break
-        for i, server in enumerate(group.servers):
-            if i in lost:
-                continue
-            if server.proc.poll() is None:
-                if i in back and is_healthy(server.base_url, path=server.health_path, api_key=server.api_key):
-                    print(f"replica {i} is back (pid {server.pid}) after {time.monotonic() - back.pop(i):.1f} s; the "
-                          f"router admits it after its health checks", flush=True)
-                continue
-            code = server.proc.returncode
-            back.pop(i, None)
-            if restarts[i] < args.restarts:
-                restarts[i] += 1
-                print(f"warning: replica {i} (pid {server.pid}, {server.base_url}) exited with code {code}; the "
-                      f"router's health checks take it out of rotation; restarting it ({restarts[i]} of "
-                      f"{args.restarts})", file=sys.stderr, flush=True)
-                try:
-                    group.restart(i)
-                    back[i] = time.monotonic()
+    try:
+        while True:
+            time.sleep(0.5)
+            if stopping():
+                break
+            if group.router.proc.poll() is not None:
+                print(f"error: the router (pid {group.router.pid}) exited with code {group.router.proc.returncode}; "
+                      "stopping the replicas", file=sys.stderr)
+                break
+            for i, server in enumerate(group.servers):
+                if i in lost:
                     continue
-                except ServerError as e:
-                    print(f"warning: replica {i} could not be restarted: {e}", file=sys.stderr, flush=True)
-            lost.add(i)
-            print(f"warning: replica {i} (pid {server.pid}, {server.base_url}) exited with code {code} and is not "
-                  f"restarted ({len(group.servers) - len(lost)} left)", file=sys.stderr, flush=True)
-        if len(lost) == len(group.servers):
-            print("error: every replica has exited; stopping the router", file=sys.stderr)
-            break
-    group.stop()
+                if server.proc.poll() is None:
+                    if i in back and is_healthy(server.base_url, path=server.health_path, api_key=server.api_key):
+                        print(f"replica {i} is back (pid {server.pid}) after {time.monotonic() - back.pop(i):.1f} s; the "
+                              f"router admits it after its health checks", flush=True)
+                    continue
+                code = server.proc.returncode
+                back.pop(i, None)
+                if restarts[i] < args.restarts:
+                    restarts[i] += 1
+                    print(f"warning: replica {i} (pid {server.pid}, {server.base_url}) exited with code {code}; the "
+                          f"router's health checks take it out of rotation; restarting it ({restarts[i]} of "
+                          f"{args.restarts})", file=sys.stderr, flush=True)
+                    if stopping():
+                        break
+                    try:
+                        group.restart(i)
+                        back[i] = time.monotonic()
+                        continue
+                    except Exception as e:  # noqa: BLE001 - any failed start is that replica lost, not the others
+                        print(f"warning: replica {i} could not be restarted: {e}", file=sys.stderr, flush=True)
+                lost.add(i)
+                print(f"warning: replica {i} (pid {server.pid}, {server.base_url}) exited with code {code} and is not "
+                      f"restarted ({len(group.servers) - len(lost)} left)", file=sys.stderr, flush=True)
+            if len(lost) == len(group.servers):
+                print("error: every replica has exited; stopping the router", file=sys.stderr)
+                break
+    finally:
+        group.stop()
     return 0 if stopping() else 1
 
 

@@ -75,7 +75,8 @@ def test_optimize_tiny_from_a_plain_folder_to_a_report(lab):
     # killed once its ladder has begun (SIGTERM, as a lost machine or Ctrl-C), then the same command goes on
     state = lab / ".cache" / "optimize" / BASE / "state.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
-    p = subprocess.Popen(["make", "--no-print-directory", "optimize", f"BASE={BASE}", "BUDGET=tiny"], cwd=lab, env=env,
+    # every run with each rung's server started once, side by side (a GPU's default): the steps measure those
+    p = subprocess.Popen(["make", "--no-print-directory", "optimize", f"BASE={BASE}", "BUDGET=tiny", "POOL=1"], cwd=lab, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 1200
     while p.poll() is None and time.monotonic() < deadline and not (
@@ -85,7 +86,7 @@ def test_optimize_tiny_from_a_plain_folder_to_a_report(lab):
     p.wait(timeout=120)
     kept = json.loads(state.read_text())["steps"]
     assert any(k.startswith("eval-latency:") for k in kept), kept
-    # resumed with every rung's server started once, side by side (a GPU's default): the steps left measure those
+    assert not (lab / ".cache" / "optimize" / BASE / "pool" / "pool.json").exists(), "the killed run left its pool"
     r = make(lab, "optimize", f"BASE={BASE}", "BUDGET=tiny", "POOL=1")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert re.search(r"\[pool\] (\d+) of \1 servers healthy", r.stdout), r.stdout[-3000:]
@@ -125,7 +126,7 @@ def test_optimize_tiny_from_a_plain_folder_to_a_report(lab):
     seen = [r["variant"] for _, r in all_records("quality", lab / "experiments") if r["variant"].startswith(f"{BASE}-")]
     assert not seen, f"make compare and make gate would read the trial's quality records of {seen}"
 
-    r = make(lab, "optimize", f"BASE={BASE}")  # everything matches: nothing is measured again
+    r = make(lab, "optimize", f"BASE={BASE}", "POOL=1")  # everything matches: nothing is measured again
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert " 0 steps run" in r.stdout or "(0 steps run" in r.stdout, r.stdout[-2000:]
     assert len(list((lab / "results").glob(f"optimize_{BASE}_*.md"))) >= 1
