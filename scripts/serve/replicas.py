@@ -47,9 +47,12 @@ POLICIES = ("round_robin", "cache_aware", "power_of_two", "random", "consistent_
 TOPOLOGY_DIR = paths.CACHE / "replicas"
 # Router settings the project picks over vllm-router's defaults: a replica that stops answering leaves the rotation
 # after 2 failed checks 2 s apart (default: 3 checks 60 s apart, a minute of errors), and a request that fails on one
-# replica is retried on another at most twice.
+# replica is retried on another at most twice. Its circuit breaker opens on a replica's second failure, for 5 s: the
+# router's retries otherwise went back to the replica just killed, and requests sent in the 20 ms after the kill got
+# a 500 (2 of 48 at c=8, experiments/smollm2-gguf-q8-0-server/failover_20261128-192012.json; none lost with it).
 ROUTER_DEFAULTS = {"--health-check-interval-secs": "2", "--health-failure-threshold": "2",
-                   "--health-check-timeout-secs": "2", "--retry-max-retries": "3", "--request-timeout-secs": "600"}
+                   "--health-check-timeout-secs": "2", "--retry-max-retries": "3", "--request-timeout-secs": "600",
+                   "--cb-failure-threshold": "2", "--cb-timeout-duration-secs": "5"}
 
 
 class ReplicaError(ValueError):
