@@ -280,6 +280,11 @@ def run_variant(name: str, args, ladder_id: str | None = None) -> int:
         topo = read_topology(args.topology) if args.topology else None
         if topo and args.base_url:
             raise BenchError("--topology names the router's URL: leave out --base-url")
+        health = engine_of(variant).health_path
+        if topo and (down := [r["url"] for r in topo["replicas"] if not is_healthy(r["url"], path=health)]):
+            # make serve-replicas keeps serving with a replica down; a record of the topology would count it anyway
+            raise BenchError(f"replica {', '.join(down)} of {args.topology} is down: measure the topology once every "
+                             "replica answers (make serve-replicas restarts one that exited)")
         with variant_server(variant, base_url=topo["base_url"] if topo else args.base_url, port=args.port,
                             purpose="bench") as (base_url, server):
             record = measure(args, variant, base_url, server, topo)

@@ -17,6 +17,16 @@ def test_unreachable_server_is_one_clear_error(capsys):
     assert code == 1 and "error: no healthy server at" in err
 
 
+def test_a_topology_with_a_replica_down_is_refused_naming_it(tmp_path, capsys):
+    down = f"http://127.0.0.1:{free_port()}"
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps({"router": "vllm-router", "policy": "round_robin", "base_url": down, "replicas": [
+        {"url": down, "pid": 1, "placement": {}}], "tensor_parallel": 1, "data_parallel": 1, "gpus": 0}))
+    assert bench_latency.main(["smollm2-bf16", "--topology", str(topo)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: replica {down} of {topo} is down") and len(err.splitlines()) == 1, err
+
+
 def test_empty_prompt_set(tmp_path):
     (tmp_path / "p.jsonl").write_text("\n")
     from scripts.common.loadgen import PromptSetError, load_prompts
