@@ -116,3 +116,8 @@ def cpu_dtype_note(dtype: str, cpu_flags: list[str]) -> str | None:
     return ("note: this CPU has no native BF16 (no avx512_bf16 / amx_bf16): measured on two such CPUs, FP32 served "
             "1.6-2.8x more tok/s at c=8 and BF16 up to 1.3x more at c=1 (results/peers-cpu-20261123); for throughput "
             "serve the FP32 variant or pass --set SERVE_DTYPE=float32")
+
+
+# NVIDIA A10G datasheet memory bandwidth (GDDR6, 24 GB): the target of the labelled projections (measure.profile,
+# report.projection) of the reference project's GPU
+A10G_GBS = 600.0

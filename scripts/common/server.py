@@ -174,6 +174,15 @@ def group_rss_mib(pgid: int) -> float | None:
     return round(total / 1024, 1) if total else None
 
 
+def last_error(log: Path | None) -> str:
+    """A log's last error line (a script's one-line `error:`, an exception's `SomethingError: …`), else its last line:
+    why a step or a server stopped, for a report or a pool's failed entry."""
+    text = log.read_text(errors="replace") if log and log.exists() else ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errs = [ln for ln in lines if ln.startswith("error:") or "Error" in ln.split(":")[0]]
+    return (errs or lines or ["(no output)"])[-1][:300]
+
+
 @dataclass
 class Server:
     argv: list[str]

@@ -54,6 +54,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import DTYPE_BYTES, QUANT_SUFFIXES, CheckpointError, read_checkpoint
+from scripts.common.hardware import A10G_GBS
 from scripts.common.loadgen import PromptSetError, load_prompts, openai_client, stream_one
 from scripts.common.records import envelope, save_record
 from scripts.common.server import ServerError, http_get, http_post
@@ -63,7 +64,6 @@ KIND = "profile"
 DEFAULT_CONCURRENCY = "1,8"
 DEFAULT_OUTPUT_TOKENS = 128
 WARMUP_TOKENS = 16
-A10G_GBS = 600.0  # NVIDIA A10G datasheet memory bandwidth (GDDR6, 24 GB)
 
 # Kernel name fragments (lower case) per category, tried in this order; the first category with a matching fragment
 # wins. Sampling first (FlashInfer's sampling kernels also say "flashinfer"), GDN and attention before GEMMs

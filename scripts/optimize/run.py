@@ -44,7 +44,7 @@ from scripts.common import paths
 from scripts.common.hardware import hardware, hardware_key
 from scripts.common.metrics import round_orders
 from scripts.common.records import TRIAL_ENV, now_utc
-from scripts.common.server import group_pids
+from scripts.common.server import group_pids, last_error
 from scripts.common.variants import (
     SHARED_SET_ENV,
     VariantError,
@@ -170,10 +170,8 @@ class Runner:
             t0 = time.monotonic()
             missing = {}
             for v in self.pool_rungs:  # what `make serve` would fetch first: a committed draft head into weights/
-                log = self.log_dir / f"weights_{v}.log"
-                with log.open("w") as out:
-                    if run_step(["make", "--no-print-directory", "weights", f"VARIANT={v}"], out) != 0:
-                        missing[v] = f"make weights VARIANT={v} failed: {last_error(log)}"
+                if why := make_weights(v, self.log_dir / f"weights_{v}.log"):
+                    missing[v] = why
             self.pool = Pool(self.log_dir.parent / "pool")  # named before its start: an interrupted start is stopped
             self.pool.start([load_variant(v) for v in self.pool_rungs if v not in missing])
             self.pool.failed.update(missing)
@@ -264,13 +262,6 @@ def run_step(cmd: list[str], out) -> int:
         raise
 
 
-def last_error(log: Path) -> str:
-    """The log's last `error:` line (the scripts' one-line errors), else its last line."""
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    errs = [ln for ln in lines if ln.startswith("error:") or "Error" in ln.split(":")[0]]
-    return (errs or lines or ["(no output)"])[-1][:300]
-
-
 # ------------------------------------------------------------------------------------------------------- the phases
 def make_plan(args) -> tuple[Plan, list[str]]:
     path = plan_path(args.base, serving_target())
@@ -352,9 +343,16 @@ def reference_weights(base: str) -> None:
         return
     log = STATE / base / "logs" / "weights.log"
     print(f"[plan] make weights VARIANT={ref.name} (log {paths.shown(log)})", flush=True)
+    if why := make_weights(ref.name, log):
+        raise OptimizeError(why)
+
+
+def make_weights(variant: str, log: Path) -> str | None:
+    """`make weights VARIANT=…` (its output in log); why it failed, else None."""
     with log.open("w") as out:
-        if run_step(["make", "--no-print-directory", "weights", f"VARIANT={ref.name}"], out) != 0:
-            raise OptimizeError(f"make weights VARIANT={ref.name} failed: {last_error(log)}")
+        if run_step(["make", "--no-print-directory", "weights", f"VARIANT={variant}"], out) != 0:
+            return f"make weights VARIANT={variant} failed: {last_error(log)}"
+    return None
 
 
 def run(args) -> int:

@@ -28,9 +28,8 @@ import sys
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.hardware import A10G_GBS
 from scripts.common.records import all_records, git_state, now_utc
-
-A10G_GBS = 600.0  # NVIDIA A10G datasheet memory bandwidth (GDDR6, 24 GB)
 
 
 class ProjectionError(ValueError):

@@ -29,19 +29,11 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of
-from scripts.common.server import Server, ServerError, free_port, stop_on_signals
+from scripts.common.server import Server, ServerError, free_port, last_error, stop_on_signals
 from scripts.common.variants import Variant, VariantError, load_variant, parse_overrides
 from scripts.serve.launch import POOL_ENV, make_server, settings_digest
 
 START_TIMEOUT_S = 900.0
-
-
-def last_error(log: Path | None) -> str:
-    """The last line of a server's log that names an error (vLLM's reason for not starting), else its last line."""
-    lines = [ln.strip() for ln in (log.read_text(errors="replace") if log and log.exists() else "").splitlines()
-             if ln.strip()]
-    errs = [ln for ln in lines if "Error" in ln or "error:" in ln]
-    return (errs or lines or ["(no output)"])[-1][-300:]
 
 
 @dataclass
