@@ -55,6 +55,15 @@ def load_prompts(path: Path, limit: int | None = None) -> tuple[list[dict], dict
     return rows, info
 
 
+SESSION_HEADER = "X-Session-ID"  # the first key vllm-router's consistent_hash policy hashes on
+
+
+def with_sessions(rows: list[dict]) -> list[dict]:
+    """Every row tagged with a session: its prompt group where the set has groups (the requests sharing a prefix),
+    else its own id."""
+    return [{**r, "session": str(r.get("group") or r["id"])} for r in rows]
+
+
 def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_cap: int | None,
                fixed_body: dict | None = None) -> RequestSample:
     """One streamed greedy chat request; `fixed` mode adds fixed_body (the engine's way to ignore end-of-sequence)."""
@@ -68,6 +77,8 @@ def stream_one(client, model: str, row: dict, mode: str, t0: float, max_tokens_c
             model=model, messages=row["messages"], max_tokens=max_tokens, temperature=0, stream=True,
             stream_options={"include_usage": True},
             extra_body=(fixed_body or fixed_length_body("vllm")) if mode == "fixed" else {},
+            # a row tagged with a session (latency --session-header) names it as routers read one: consistent_hash
+            extra_headers={SESSION_HEADER: row["session"]} if row.get("session") else None,
         )
         for chunk in stream:
             now = time.perf_counter()

@@ -101,6 +101,19 @@ def summarize(samples: list[RequestSample], duration_s: float | None = None) -> 
     return summary
 
 
+def goodput(samples: list[RequestSample], duration_s: float, ttft_ms: float, tpot_ms: float) -> dict:
+    """What a level served within a per-request SLO (DistServe's goodput, vLLM bench's --goodput): the requests that
+    completed with TTFT <= ttft_ms and TPOT <= tpot_ms (a one-token answer has no TPOT: its TTFT decides), their rate
+    and their output tokens per second over the level's duration."""
+    good = [s for s in samples if s.ok and s.ttft_s is not None and s.ttft_s * 1e3 <= ttft_ms
+            and (s.tpot_s is None or s.tpot_s * 1e3 <= tpot_ms)]
+    per_s = duration_s if duration_s > 0 else None
+    return {"slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms}, "requests": len(good),
+            "fraction": len(good) / len(samples) if samples else None,
+            "request_throughput": len(good) / per_s if per_s else None,
+            "output_throughput": sum(s.output_tokens for s in good) / per_s if per_s else None}
+
+
 def ratio(new: float | None, old: float | None) -> float | None:
     """new/old, None when either is missing or old is zero."""
     if new is None or old in (None, 0):

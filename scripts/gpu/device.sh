@@ -59,6 +59,11 @@
 #   [WAIT=500] bash scripts/gpu/device.sh follow BASE   # the run's output so far, until it ends or WAIT s pass; each call
 #                                               # returns what it has written (report, plan, records, state, step
 #                                               # logs) as $OUT/optimize.tar, so a machine taken back loses no step
+#   bash scripts/gpu/device.sh detach TAG 'COMMAND'   # any command line (make targets, python -m scripts…) in the
+#                                               # background (setsid) in /root/lab, e.g. a scale ladder and `make
+#                                               # failover` back to back; returns after ~15 s
+#   [WAIT=500] bash scripts/gpu/device.sh attach TAG   # its output so far, until it ends or WAIT s pass; what it wrote
+#                                               # (records, server-log tails, output) as $OUT/TAG.tar after every call
 #   [LAB_CACHE_SHIM=1] [FORCE=1] bash scripts/gpu/device.sh startc V TARBALL   # one timed start from a baked
 #                                               # tarball as `scripts.serve --cache` imports it (FORCE=1: its caches
 #                                               # used even where the manifest differs, to see what really hits); the
@@ -490,5 +495,31 @@ PY
       find .cache/optimize/$base/logs -type f; echo $RUN/optimize.out; } 2>/dev/null | sort -u > $RUN/follow.list
     tar cf $OUT/optimize.tar -T $RUN/follow.list 2>/dev/null; ls -la $OUT/optimize.tar; wc -l < $RUN/follow.list
     [ -f $RUN/optimize.done ] && echo DONE ;;
+  detach)
+    # bash scripts/gpu/device.sh detach TAG 'COMMAND': a bash command line (make targets, python -m scripts...) in the
+    # background under setsid, in its own copy of the tree (/root/lab, as `optimize`), with the bundle's environment and
+    # the Makefile's shims; it outlives the call and the next ones (`attach TAG` follows it). Returns after ~15 s.
+    tag=${1:?TAG}; shift
+    if [ -s $RUN/$tag.pid ] && kill -0 "$(cat $RUN/$tag.pid)" 2>/dev/null; then echo "$tag is still running"; exit 1; fi
+    mkdir -p $LAB && tar cf - --exclude=./.gpu . | (cd $LAB && tar xf -) && cd $LAB || exit 1
+    export PYTHONPATH=$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims || exit 1
+    rm -f $RUN/$tag.done; touch $RUN/$tag.start
+    (setsid bash -c 'echo $$ > "$0.pid"; t0=$(date +%s); bash -c "$1"; rc=$?
+      echo "== ended: rc=$rc after $(( $(date +%s) - t0 )) s"; touch "$0.done"' "$RUN/$tag" "$*" > $RUN/$tag.out 2>&1 < /dev/null &)
+    sleep ${SETTLE:-15}; tail -20 $RUN/$tag.out ;;
+  attach)
+    # [WAIT=500] bash scripts/gpu/device.sh attach TAG: the detached command's output so far, until it ends or WAIT s
+    # pass; what it wrote under experiments/ and results/, the tails of the servers' logs (.cache/**/*.log) and its
+    # output come back as $OUT/TAG.tar after every call, so a machine taken back loses no finished step
+    tag=${1:?TAG}; cd $LAB || exit 1
+    for _ in $(seq ${WAIT:-500}); do [ -f $RUN/$tag.done ] && break; sleep 1; done
+    tail -${LOG_TAIL:-40} $RUN/$tag.out
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    rm -rf $RUN/$tag.logs && mkdir -p $RUN/$tag.logs
+    find .cache -name '*.log' -newer $RUN/$tag.start -type f | while read -r f; do
+      tail -c 400000 "$f" > $RUN/$tag.logs/$(echo "${f#.cache/}" | tr / _); done
+    { find experiments results -newer $RUN/$tag.start -type f; echo $RUN/$tag.out; echo $RUN/$tag.logs; } > $RUN/$tag.list
+    tar cf $OUT/$tag.tar -T $RUN/$tag.list 2>/dev/null; ls -la $OUT/$tag.tar
+    [ -f $RUN/$tag.done ] && echo DONE ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

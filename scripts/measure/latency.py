@@ -31,6 +31,7 @@ from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import engine_of, fixed_body_for, vllm_cpu_cores
 from scripts.common.loadgen import (
     DEFAULT_PROMPTS,
+    SESSION_HEADER,
     PromptSetError,
     load_prompts,
     openai_client,
@@ -39,8 +40,9 @@ from scripts.common.loadgen import (
     run_level,
     run_rate,
     stream_one,
+    with_sessions,
 )
-from scripts.common.metrics import round_orders, summarize
+from scripts.common.metrics import goodput, round_orders, summarize
 from scripts.common.records import envelope, now_utc, read_counters, reset_counters, save_record
 from scripts.common.server import Server, ServerError, group_rss_mib, http_post, is_healthy, stays_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
@@ -127,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "chose (per layer family where the project's kernel_log plugin wrote them)")
     p.add_argument("--topology", type=Path, help="measure the replicas `make serve-replicas` runs (its topology "
                    "file, .cache/replicas/<variant>.json): requests to the router, /metrics of every replica")
+    p.add_argument("--session-header", action="store_true", help=f"send each request's prompt group (else its id) as "
+                   f"{SESSION_HEADER}: the key a router's consistent_hash policy routes by")
+    p.add_argument("--slo-ttft-ms", type=float, help="with --slo-tpot-ms: every level's goodput, the requests served "
+                   "within both targets (per request) and their rate, beside its raw throughput")
+    p.add_argument("--slo-tpot-ms", type=float)
     return p
 
 
@@ -168,9 +175,11 @@ def reset_prefix_caches(urls: list[str]) -> None:
                              "VLLM_SERVER_DEV_MODE=1 (--set ENV_VLLM_SERVER_DEV_MODE=1) or leave out --reset-prefix-cache")
 
 
-def level_summary(samples, duration: float, urls: list[str], before: list, gpus: int) -> dict:
+def level_summary(samples, duration: float, urls: list[str], before: list, gpus: int, slo: tuple | None) -> dict:
     summary = summarize(samples, duration)
     summary["servers"] = per_server(urls, before)
+    if slo:
+        summary["goodput"] = goodput(samples, duration, *slo)
     if gpus:
         summary["gpus"] = gpus
         summary["output_throughput_per_gpu"] = (summary["output_throughput"] or 0) / gpus
@@ -181,6 +190,9 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
 
     rows, info = load_prompts(args.prompts, args.limit)
     rows = repeat_rows(rows, args.repeat)
+    if args.session_header:
+        rows = with_sessions(rows)
+    slo = (args.slo_ttft_ms, args.slo_tpot_ms) if args.slo_ttft_ms is not None else None
     modes = [m for m in args.modes.split(",") if m]
     if bad := [m for m in modes if m not in MODES]:
         raise BenchError(f"--modes: unknown {bad}; valid: {', '.join(MODES)}")
@@ -193,7 +205,9 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
     record["inputs"] = {**info, "modes": modes, "concurrency": levels, "max_tokens_cap": args.max_tokens_cap,
                         "temperature": 0, "warmup_requests": WARMUP_REQUESTS, "base_url": base_url,
                         "repeat": args.repeat, "requests_per_level": len(rows),
-                        "prefix_cache_reset_per_level": args.reset_prefix_cache}
+                        "prefix_cache_reset_per_level": args.reset_prefix_cache,
+                        "session_header": SESSION_HEADER if args.session_header else None,
+                        "slo": {"ttft_ms": slo[0], "tpot_ms": slo[1]} if slo else None}
     record["topology"] = replica_topology(topo) if topo else single_topology(variant, record["hardware"])
     urls = record["topology"].get("replica_urls") or [base_url]
     gpus = record["topology"]["gpus"]
@@ -229,7 +243,7 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
                 reset_prefix_caches(urls)
             before = [scrape(u) for u in urls]
             samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap, fixed)
-            summary = level_summary(samples, duration, urls, before, gpus)
+            summary = level_summary(samples, duration, urls, before, gpus, slo)
             if facts := record["roofline"]["bytes"]:
                 bw = (record["roofline"]["bandwidth"] or {}).get("bytes_per_s")
                 ctx = mean_decode_context([(s.prompt_tokens, s.output_tokens) for s in samples if s.ok])
@@ -252,7 +266,7 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
                 reset_prefix_caches(urls)
             before = [scrape(u) for u in urls]
             samples, duration = run_rate(client, model, rows, modes[0], rate, args.max_tokens_cap, fixed, args.rate_seed)
-            summary = level_summary(samples, duration, urls, before, gpus)
+            summary = level_summary(samples, duration, urls, before, gpus, slo)
             record["samples"].append({"mode": modes[0], "request_rate": rate, "requests": [s.to_json() for s in samples]})
             record["rate_sweep"].append({"mode": modes[0], "request_rate": rate, "seed": args.rate_seed, "summary": summary})
             print(f"{modes[0]:7s} rate={rate:<5g} ok {summary['completed']}/{len(samples)}  out "
@@ -274,6 +288,8 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
 def run_variant(name: str, args, ladder_id: str | None = None) -> int:
     """Measure one variant (starting its server unless --base-url) and write its record. Returns an exit code."""
     try:
+        if (args.slo_ttft_ms is None) != (args.slo_tpot_ms is None):
+            raise BenchError("--slo-ttft-ms and --slo-tpot-ms go together (goodput counts requests within both)")
         variant = load_variant(name, overrides=parse_overrides(args.set))
         args.served_model = variant.request_models
         reset_counters(variant)

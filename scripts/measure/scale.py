@@ -1,32 +1,68 @@
-"""The scale ladder of one variant: one server, then replicas behind vllm-router per policy, then the router's own cost.
+"""The scale ladder of one variant: one server, replicas behind vllm-router per policy, other topologies of the same
+model (vLLM's data or tensor parallel variants), then the router's own cost.
 
     python -m scripts.measure.scale smollm2-bf16 --replicas 2 --max-tokens-cap 32          # CPU: cores split per replica
     python -m scripts.measure.scale qwen35-4b-proxy-c128 --replicas 2                        # GPU: a GPU per replica
+    python -m scripts.measure.scale qwen35-4b-proxy-c128 --single replica --with qwen35-4b-proxy-dp2 \
+        --policies round_robin,cache_aware,consistent_hash --rounds 3 --round-levels 128 --max-tokens-cap 32 \
+        --set SERVE_GPU_MEMORY_UTILIZATION=0.30 --set SERVE_KV_CACHE_MEMORY_BYTES=25769803776   # two GPUs, one start
     python -m scripts.measure.scale smollm2-bf16 --replicas 2 --share-gpu                   # one GPU: plumbing, not scale
 
-Each step is a latency record (scripts.measure.latency, the same prompt set and levels, every server's prefix cache
-emptied before each level: the servers run with VLLM_SERVER_DEV_MODE=1 for /reset_prefix_cache): one server of the variant;
-REPLICAS replicas (started once) behind vllm-router for each --policies entry (the router restarted per policy;
-make serve-replicas' topology, every replica's prefix-cache hits per level); then the router's overhead: the router
-over replica 0 alone, that replica measured at c=1 directly and through the router, alternating (ABBA) for --overhead-rounds rounds (same server, same prompts), so the difference is the
-router alone (those records go to --overhead-dir, not experiments/). The last lines compare the steps (markdown, also written to --summary-out): output tok/s (per GPU on a
-GPU machine), TTFT and TPOT p50/p99 per level, prefix-cache hit rate per replica, and the router's TTFT p50 ratio.
+Each step is a latency record (scripts.measure.latency, the same prompt set and levels, every request carrying its
+prompt group as X-Session-ID, every server's prefix cache emptied before each level: the servers run with
+VLLM_SERVER_DEV_MODE=1 for /reset_prefix_cache):
+- one server of the variant: its own (`--single own`, started and stopped before the replicas), or replica 0 measured
+  directly while the others sit idle (`--single replica`: on a GPU machine that is one GPU's server, and no start is
+  spent on it), or none (`--single skip`);
+- REPLICAS replicas (started once) behind vllm-router for each --policies entry (the router restarted per policy;
+  make serve-replicas' topology, every replica's prefix-cache hits and requests per level);
+- every `--with` variant (another topology of the same model, e.g. vLLM data parallel 2), its server started beside
+  the replicas at the same time and measured through its own API.
+With `--rounds N` the steps run again N-1 times at `--round-levels` only, in the reverse order every other round, so
+each topology's ratio to the one server at those levels carries a 95% interval over the rounds (round 1 counts too;
+scripts.common.metrics.speed_ratio). With `--slo-ttft-ms` / `--slo-tpot-ms` every level also records its goodput.
+Then the router's overhead: the router over replica 0 alone, that replica measured at c=1 directly and through the
+router, alternating (ABBA) for --overhead-rounds rounds (same server, same prompts), so the difference is the router
+alone (those records go to --overhead-dir, not experiments/). The last lines compare the steps (markdown, also written
+to --summary-out): output tok/s (per GPU on a GPU machine), goodput, TTFT and TPOT p50/p99 per level, prefix-cache hit
+rate per server and over all, each topology's ratio with its interval, and the router's TTFT p50 ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
+from scripts.common.metrics import speed_ratio
+from scripts.common.records import now_utc
 from scripts.common.server import ServerError
-from scripts.common.variants import VariantError, parse_overrides
+from scripts.common.variants import VariantError, load_variant, parse_overrides
 from scripts.measure import latency
+from scripts.serve.pool import Pool
 from scripts.serve.replicas import POLICIES, ReplicaError, make_replicas
+
+SINGLE = ("own", "replica", "skip")
+
+
+@dataclass
+class Step:
+    """One topology of the ladder: its label, the variant its records belong to, the latency arguments that reach it,
+    and what makes it ready (the router restarted with its policy)."""
+    label: str
+    variant: str
+    args: list[str]
+    ready: Callable[[], None] = lambda: None
+    again: bool = True  # measured again in later rounds (the own one-server step is not: the replicas hold the GPUs)
+    records: dict[int, Path] = field(default_factory=dict)  # round -> its record
 
 
 def latency_args(variant: str, extra: list[str]) -> argparse.Namespace:
@@ -54,23 +90,80 @@ def start_replicas(variant: str, n: int, args):
     return group
 
 
+def start_beside(names: list[str], args, out: dict) -> None:
+    """The --with variants' servers, started at once into out["pool"] (a thread beside the replicas' start)."""
+    pool = out["pool"] = Pool(paths.CACHE / "scale-pool")
+    try:
+        pool.start([load_variant(n, overrides=parse_overrides(args.set)) for n in names])
+    except (VariantError, ServerError, CheckpointError) as e:
+        out["error"] = e
+
+
+def topology_name(rec: dict) -> str:
+    topo = rec.get("topology", {})
+    if topo.get("router"):
+        return f"{topo.get('replicas')} x {rec['variant']} behind {topo.get('router')} ({topo.get('policy')})"
+    return f"{rec['variant']} (TP{topo.get('tensor_parallel', 1)} DP{topo.get('data_parallel', 1)})"
+
+
+def levels_of(rec: dict) -> list[tuple[str, dict]]:
+    levels = [(f"c={c}", s) for c, s in rec["summary"].get("fixed", {}).items()]
+    return levels + [(f"{r['request_rate']:g}/s", r["summary"]) for r in rec.get("rate_sweep") or []]
+
+
+def hit_rate(level: dict) -> float | None:
+    """The prefix-cache hit rate over every server of a level (hits / queries summed)."""
+    servers = [x for x in level.get("servers", []) if x.get("prefix_cache_queries")]
+    queries = sum(x["prefix_cache_queries"] for x in servers)
+    return sum(x.get("prefix_cache_hits") or 0 for x in servers) / queries if queries else None
+
+
+def fmt(x: float | None, spec: str = ".1f") -> str:
+    return "—" if x is None else f"{x:{spec}}"
+
+
 def summary_lines(paths_: list[Path]) -> list[str]:
-    lines = ["| topology | level | out tok/s | per GPU | TTFT p50 / p99 ms | TPOT p50 / p99 ms | prefix hit rate per server | record |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| topology | level | out tok/s | per GPU | goodput tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | "
+             "prefix hit rate (per server) | requests per server | record |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in paths_:
         rec = json.loads(p.read_text())
-        topo = rec.get("topology", {})
-        name = (f"{topo.get('replicas')} x {rec['variant']} behind {topo.get('router')} ({topo.get('policy')})"
-                if topo.get("router") else f"{rec['variant']} (TP{topo.get('tensor_parallel', 1)} DP{topo.get('data_parallel', 1)})")
-        levels = [(f"c={c}", s) for c, s in rec["summary"].get("fixed", {}).items()]
-        levels += [(f"{r['request_rate']:g}/s", r["summary"]) for r in rec.get("rate_sweep") or []]
-        for lvl, s in levels:
-            hits = ", ".join("—" if x.get("prefix_cache_hit_rate") is None else f"{x['prefix_cache_hit_rate']:.3f}"
-                             for x in s.get("servers", []))
-            per_gpu = s.get("output_throughput_per_gpu")
-            lines.append(f"| {name} | {lvl} | {s['output_throughput']:.1f} | {'—' if per_gpu is None else f'{per_gpu:.1f}'} | "
+        for lvl, s in levels_of(rec):
+            hits = ", ".join(fmt(x.get("prefix_cache_hit_rate"), ".3f") for x in s.get("servers", []))
+            served = ", ".join(fmt(x.get("requests"), ".0f") for x in s.get("servers", []))
+            good = (s.get("goodput") or {}).get("output_throughput")
+            lines.append(f"| {topology_name(rec)} | {lvl} | {s['output_throughput']:.1f} | "
+                         f"{fmt(s.get('output_throughput_per_gpu'))} | {fmt(good)} | "
                          f"{s['median_ttft_ms']:.1f} / {s['p99_ttft_ms']:.1f} | {s['median_tpot_ms']:.1f} / {s['p99_tpot_ms']:.1f} | "
-                         f"{hits} | `{paths.shown(p)}` |")
+                         f"{fmt(hit_rate(s), '.3f')} ({hits}) | {served} | `{paths.shown(p)}` |")
+    return lines
+
+
+def round_lines(steps: list[Step], levels: list[int]) -> list[str]:
+    """Each topology's output tok/s over the one server's, paired round by round at each of `levels`: the ratio, its
+    95% interval (more than one round) and the hit rates beside it."""
+    if not steps or len(steps[0].records) < 1 or not levels:
+        return []
+    ref = steps[0]
+    lines = ["", f"Output tok/s over {ref.label}'s, paired by round (95% interval over the rounds: "
+                 "scripts.common.metrics.speed_ratio):", "",
+             "| topology | level | rounds | × one server [95%] | verdict | hit rate (this / one server, mean) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    read = functools.cache(lambda p: json.loads(p.read_text()))
+    for step in steps[1:]:
+        for c in levels:
+            pairs, hits = [], []
+            for k in sorted(set(step.records) & set(ref.records)):
+                mine, theirs = (read(x)["summary"]["fixed"].get(str(c)) for x in (step.records[k], ref.records[k]))
+                if mine and theirs:
+                    pairs.append((mine["output_throughput"], theirs["output_throughput"]))
+                    hits.append((hit_rate(mine), hit_rate(theirs)))
+            if (sr := speed_ratio(pairs)) is None:
+                continue
+            mine_h, theirs_h = ([h[i] for h in hits if h[i] is not None] for i in (0, 1))
+            lines.append(f"| {step.label} | c={c} | {sr.rounds} | {sr.text()} | {sr.verdict} | "
+                         f"{fmt(statistics.fmean(mine_h) if mine_h else None, '.3f')} / "
+                         f"{fmt(statistics.fmean(theirs_h) if theirs_h else None, '.3f')} |")
     return lines
 
 
@@ -94,14 +187,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--policies", default="round_robin,cache_aware", help=f"comma-separated, of {', '.join(POLICIES)}")
     p.add_argument("--share-gpu", action="store_true", help="every replica on GPU 0 (one GPU: plumbing, not scale)")
+    p.add_argument("--single", choices=SINGLE, default="own", help="the one-server step: its own server (default), "
+                   "replica 0 measured directly, or none")
+    p.add_argument("--skip-single", action="store_true", help="the same as --single skip")
+    p.add_argument("--with", dest="beside", action="append", default=[], metavar="VARIANT",
+                   help="another topology of the model (e.g. a data parallel variant), started beside the replicas")
+    p.add_argument("--rounds", type=int, default=1, help="every step this many times, alternating the order; rounds "
+                   "after the first at --round-levels only")
+    p.add_argument("--round-levels", default="128", help="concurrency levels of rounds 2.. (default %(default)s)")
     p.add_argument("--prompts", default=str(paths.EVAL / "prompts" / "shared-prefix-v1.jsonl"))
     p.add_argument("--concurrency", default="1,8,32,128")
     p.add_argument("--request-rate", default="1,2,4")
     p.add_argument("--max-tokens-cap", type=int)
     p.add_argument("--limit", type=int, help="the first N prompts only (smoke runs)")
+    p.add_argument("--slo-ttft-ms", type=float, help="with --slo-tpot-ms: goodput per level")
+    p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--overhead-rounds", type=int, default=3, help="direct/router pairs at c=1 (0: skip)")
     p.add_argument("--overhead-prompts", default=str(paths.EVAL / "prompts" / "latency-v1.jsonl"))
-    p.add_argument("--skip-single", action="store_true", help="no one-server step (already measured)")
     p.add_argument("--port", type=int, default=8600, help="the router's port; the replicas take the next ones")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--out-dir", type=Path, help="records here instead of experiments/<variant>/")
@@ -113,50 +215,96 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    single = "skip" if args.skip_single else args.single
     args.set = [*args.set, "ENV_VLLM_SERVER_DEV_MODE=1"]  # /reset_prefix_cache: every level starts with empty caches
-    common = ["--prompts", args.prompts, "--concurrency", args.concurrency, "--modes", "fixed", "--reset-prefix-cache",
-              *(["--request-rate", args.request_rate] if args.request_rate else []),
+    ladder_id = f"scale-{args.variant}-{now_utc():%Y%m%d-%H%M%S}"
+    shared = ["--modes", "fixed", "--reset-prefix-cache", "--session-header",
+              "--prompts", args.prompts, "--ladder-id", ladder_id,
               *(["--max-tokens-cap", str(args.max_tokens_cap)] if args.max_tokens_cap else []),
               *(["--limit", str(args.limit)] if args.limit else []),
+              *(["--slo-ttft-ms", str(args.slo_ttft_ms), "--slo-tpot-ms", str(args.slo_tpot_ms)]
+                if args.slo_ttft_ms is not None and args.slo_tpot_ms is not None else []),
               *(["--out-dir", str(args.out_dir)] if args.out_dir else []),
               *[a for kv in args.set for a in ("--set", kv)]]
+    full = ["--concurrency", args.concurrency, *(["--request-rate", args.request_rate] if args.request_rate else [])]
     written: list[Path] = []
-    steps: list[Path] = []
+    steps: list[Step] = []
     pairs: list[tuple[Path, Path]] = []
+    group, beside = None, {}
     try:
         policies = [p for p in args.policies.split(",") if p]
         if bad := [p for p in policies if p not in POLICIES]:
             raise ReplicaError(f"--policies: unknown {bad}; valid: {', '.join(POLICIES)}")
-        if not args.skip_single:
-            steps.append(run_step(args.variant, [*common, "--port", str(args.port)], written))
+        if args.rounds < 1:
+            raise ReplicaError(f"--rounds {args.rounds}: at least 1")
+        if args.rounds > 1 and single == "own":
+            raise ReplicaError("--rounds > 1 alternates every step with the one server: --single replica keeps it "
+                               "running beside the others (or --single skip)")
+        round_levels = latency.parse_levels(args.round_levels)
+        if single == "own":  # its own server, stopped before the replicas start
+            one = Step("one server", args.variant, ["--port", str(args.port)], again=False)
+            if rec := run_step(args.variant, [*shared, *full, *one.args, "--round", "1"], written):
+                one.records[1] = rec
+            steps.append(one)
         topo_file = paths.CACHE / "replicas" / f"{args.variant}.json"
-        group = start_replicas(args.variant, args.replicas, args)
+        side = threading.Thread(target=start_beside, args=(args.beside, args, beside), daemon=True)
+        if args.beside:
+            side.start()
         try:
-            for policy in policies:  # the replicas stay up; only the router is restarted per policy
-                group.route(policy)
-                steps.append(run_step(args.variant, [*common, "--topology", str(topo_file)], written))
-            if args.overhead_rounds:  # one replica behind the router, the same replica directly
-                group.route(policies[0] if policies else "round_robin", workers=[0])
-                one = ["--prompts", args.overhead_prompts, "--concurrency", "1", "--modes", "fixed",
-                       *(["--max-tokens-cap", str(args.max_tokens_cap)] if args.max_tokens_cap else []),
-                       "--out-dir", str(args.overhead_dir or paths.RESULTS / f"router-overhead-{args.variant}")]
-                direct = [*one, "--base-url", group.servers[0].base_url]
-                routed = [*one, "--topology", str(topo_file)]
-                for k in range(args.overhead_rounds):  # ABBA: neither side always goes first
-                    first, second = (direct, routed) if k % 2 == 0 else (routed, direct)
-                    a, b = run_step(args.variant, first, written), run_step(args.variant, second, written)
-                    if a and b:
-                        pairs.append((a, b) if k % 2 == 0 else (b, a))
+            group = start_replicas(args.variant, args.replicas, args)
         finally:
-            group.stop()
-    except (VariantError, CheckpointError, ServerError, ReplicaError) as e:
+            while side.is_alive():
+                side.join(0.5)
+        if beside.get("error"):
+            raise beside["error"]
+        if single == "replica":
+            r0 = group.servers[0]
+            steps.append(Step("one server (replica 0 alone)", args.variant,
+                              ["--base-url", r0.base_url, "--server-log", str(r0.log_path)]))
+        for policy in policies:  # the replicas stay up; only the router is restarted per policy
+            steps.append(Step(f"{args.replicas} replicas, {policy}", args.variant, ["--topology", str(topo_file)],
+                              ready=functools.partial(group.route, policy)))
+        pool = beside.get("pool")
+        for name in args.beside:
+            if name in pool.failed:
+                print(f"error: {name}: {pool.failed[name]}", file=sys.stderr)
+                continue
+            s = pool.servers[name]
+            steps.append(Step(name, name, ["--base-url", s.base_url, "--server-log", str(s.log_path)]))
+        for k in range(1, args.rounds + 1):
+            levels = full if k == 1 else ["--concurrency", ",".join(map(str, round_levels))]
+            # round 1 has run the own one-server step already; later rounds go backwards every other time
+            todo = [s for s in steps if k not in s.records and (k == 1 or s.again)]
+            for step in (todo if k % 2 else todo[::-1]):
+                step.ready()
+                if rec := run_step(step.variant, [*shared, *levels, *step.args, "--round", str(k)], written):
+                    step.records[k] = rec
+        if args.overhead_rounds:  # one replica behind the router, the same replica directly
+            group.route(policies[0] if policies else "round_robin", workers=[0])
+            one = ["--prompts", args.overhead_prompts, "--concurrency", "1", "--modes", "fixed",
+                   *(["--max-tokens-cap", str(args.max_tokens_cap)] if args.max_tokens_cap else []),
+                   "--out-dir", str(args.overhead_dir or paths.RESULTS / f"router-overhead-{args.variant}")]
+            direct = [*one, "--base-url", group.servers[0].base_url]
+            routed = [*one, "--topology", str(topo_file)]
+            for k in range(args.overhead_rounds):  # ABBA: neither side always goes first
+                first, second = (direct, routed) if k % 2 == 0 else (routed, direct)
+                a, b = run_step(args.variant, first, written), run_step(args.variant, second, written)
+                if a and b:
+                    pairs.append((a, b) if k % 2 == 0 else (b, a))
+    except (VariantError, CheckpointError, ServerError, ReplicaError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text = "\n".join(summary_lines([s for s in steps if s]) + overhead_lines(pairs)) + "\n"
+    finally:
+        if group:
+            group.stop()
+        if beside.get("pool"):
+            beside["pool"].stop()
+    firsts = [s.records[1] for s in steps if 1 in s.records]
+    text = "\n".join(summary_lines(firsts) + round_lines(steps, round_levels) + overhead_lines(pairs)) + "\n"
     print(text)
     if args.summary_out:
         args.summary_out.write_text(text)
-    failed = len(steps) - len([s for s in steps if s])
+    failed = sum(len([k for k in range(1, (args.rounds if s.again else 1) + 1) if k not in s.records]) for s in steps)
     print(f"{len(written)} record(s) written; {failed} step(s) failed", file=sys.stderr if failed else sys.stdout)
     return 1 if failed else 0
 

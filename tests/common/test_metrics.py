@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from scripts.common.metrics import TIE_NATS, RequestSample, near_tie, percentile, ratio, summarize
+from scripts.common.metrics import TIE_NATS, RequestSample, goodput, near_tie, percentile, ratio, summarize
 from scripts.measure.prom import parse, server_counters
 
 
@@ -150,3 +150,17 @@ def test_speed_ratio_three_rounds_slower_and_one_round():
     assert one.ratio == 1.25 and one.lo is None and one.verdict == "one round" and not one.faster
     assert one.text() == "1.25 (1 round)"
     assert speed_ratio([(None, 40), (50, 0)]) is None
+
+
+def test_goodput_counts_requests_within_both_targets():
+    # a: TTFT 100 ms, TPOT (0.5-0.1)/4 = 100 ms; b: TTFT 300 ms, TPOT (0.5-0.3)/2 = 100 ms; one: a one-token answer
+    # (no TPOT: its TTFT decides); failed: never counts
+    a = RequestSample("a", ok=True, start_s=0.0, end_s=0.5, output_tokens=5, ttft_s=0.1)
+    b = RequestSample("b", ok=True, start_s=0.5, end_s=1.0, output_tokens=3, ttft_s=0.3)
+    one = RequestSample("one", ok=True, start_s=0.0, end_s=0.2, output_tokens=1, ttft_s=0.2)
+    failed = RequestSample("c", ok=False, start_s=0.2, end_s=0.3, error="HTTP 500")
+    g = goodput([a, b, one, failed], 2.0, ttft_ms=250, tpot_ms=101)
+    assert g["requests"] == 2 and g["fraction"] == 0.5  # a and one; b's TTFT is over
+    assert g["request_throughput"] == pytest.approx(1.0) and g["output_throughput"] == pytest.approx(3.0)
+    assert goodput([a, b], 2.0, ttft_ms=1000, tpot_ms=99)["requests"] == 0  # both TPOTs are 100 ms
+    assert goodput([a], 0.0, ttft_ms=1000, tpot_ms=1000)["output_throughput"] is None

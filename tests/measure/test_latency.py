@@ -35,6 +35,18 @@ def test_empty_prompt_set(tmp_path):
         load_prompts(tmp_path / "p.jsonl")
 
 
+def test_an_slo_needs_both_targets(capsys):
+    assert bench_latency.main(["smollm2-bf16", "--base-url", "http://127.0.0.1:9", "--slo-ttft-ms", "1000"]) == 1
+    assert "go together" in capsys.readouterr().err
+
+
+def test_sessions_are_prompt_groups_else_ids():
+    from scripts.common.loadgen import with_sessions
+
+    rows = with_sessions([{"id": "a/1", "group": "a"}, {"id": "a/2", "group": "a"}, {"id": "b"}])
+    assert [r["session"] for r in rows] == ["a", "a", "b"]
+
+
 def test_bad_concurrency():
     with pytest.raises(ValueError, match="levels must be >= 1"):
         bench_latency.parse_levels("1,0")
@@ -72,17 +84,23 @@ def test_short_real_run_writes_valid_record(embedded_server, embedded_weights, t
 
 
 def test_open_loop_levels_and_repeats(embedded_server, tmp_path):
-    """--repeat multiplies the requests of every level; --request-rate adds Poisson levels in rate_sweep."""
+    """--repeat multiplies the requests of every level; --request-rate adds Poisson levels in rate_sweep; with an SLO
+    every level records its goodput (a TTFT target of an hour: every request is within it); a session header rides
+    along."""
     code = bench_latency.main(["smollm2-bf16", "--base-url", embedded_server.base_url, "--limit", "2", "--repeat", "3",
                                "--concurrency", "4", "--request-rate", "20", "--modes", "fixed", "--max-tokens-cap", "4",
+                               "--slo-ttft-ms", "3600000", "--slo-tpot-ms", "3600000", "--session-header",
                                "--out-dir", str(tmp_path)])
     assert code == 0
     (path,) = tmp_path.glob("latency_*.json")
     assert check_schemas.check_file(path) == []
     rec = json.loads(path.read_text())
     assert rec["summary"]["fixed"]["4"]["completed"] == 6
+    assert rec["summary"]["fixed"]["4"]["goodput"]["requests"] == 6
+    assert rec["inputs"]["session_header"] == "X-Session-ID" and rec["inputs"]["slo"]["ttft_ms"] == 3600000
     (level,) = rec["rate_sweep"]
     assert level["request_rate"] == 20 and level["summary"]["completed"] == 6
+    assert level["summary"]["goodput"]["output_throughput"] == pytest.approx(level["summary"]["output_throughput"])
     starts = sorted(r["start_s"] for r in rec["samples"][-1]["requests"])
     assert starts[-1] > 0.05, "open-loop requests are spread over their arrival times"
 
