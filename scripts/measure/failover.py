@@ -60,13 +60,20 @@ def health_window_s(router_args: dict[str, str] = ROUTER_DEFAULTS) -> float:
             + float(router_args["--health-check-timeout-secs"]))
 
 
-def judge(outs: list[dict], in_flight: int | None, kill_s: float, window_s: float, rejoin: dict) -> dict:
+def judge(outs: list[dict], in_flight: int | None, kill_s: float, window_s: float, rejoin: dict,
+          read_s: float | None = None) -> dict:
     """The criteria from the requests' outcomes (each with start_s / end_s from the run's start), the victim's streams
-    in flight at the kill, and the rejoin phase. Pure: samples in, summary out."""
+    in flight at the kill, and the rejoin phase. Pure: samples in, summary out.
+
+    The victim's gauge is read from read_s until the kill at kill_s (a /metrics scrape of a GPU server takes a good
+    part of a second): a request sent in that window may have reached the victim after the read, so a failed one that
+    started then (before the kill: the survivor did not die) is counted as the victim's stream too."""
     failed = [o for o in outs if o["outcome"] != "complete"]
     hangs = sum(o["outcome"] == "hang" for o in outs)
     late = [o for o in failed if o["start_s"] > kill_s + window_s]  # sent after the router should have known
-    lost = max(0, len(failed) - len(late) - in_flight) + len(late) if in_flight is not None else len(failed)
+    unseen = [o for o in failed if read_s is not None and read_s <= o["start_s"] < kill_s]
+    victims = None if in_flight is None else in_flight + len(unseen)
+    lost = max(0, len(failed) - len(late) - victims) + len(late) if victims is not None else len(failed)
     by_outcome: dict[str, int] = {}
     for o in outs:
         by_outcome[o["outcome"]] = by_outcome.get(o["outcome"], 0) + 1
@@ -84,6 +91,7 @@ def judge(outs: list[dict], in_flight: int | None, kill_s: float, window_s: floa
                             "pass": back and admitted and rejoin.get("complete") == rejoin.get("requests")},
     }
     return {"requests": len(outs), "by_outcome": by_outcome, "failed": len(failed), "in_flight_on_victim": in_flight,
+            "failed_sent_while_gauge_read": len(unseen),
             "failed_ended_by": ended, "failed_after_health_window": len(late),
             "last_failure_start_after_kill_s": round(max((o["start_s"] - kill_s for o in failed), default=0.0), 3),
             "health_window_s": window_s, "criteria": criteria, "pass": all(c["pass"] for c in criteria.values())}
@@ -176,6 +184,7 @@ def measure(args, variant) -> dict:
 
         def kill_victim() -> None:
             time.sleep(args.kill_after)
+            kill["gauge_read_at_s"] = round(time.monotonic() - t0, 3)
             got = [metric(victim["url"], name) for name in running]  # running and queued: both die with it
             kill["in_flight"] = None if None in got else sum(got)
             try:
@@ -215,7 +224,7 @@ def measure(args, variant) -> dict:
         record["samples"] = outs
         record["rejoin"] = rejoin
         record["summary"] = judge(outs, None if kill.get("in_flight") is None else int(kill["in_flight"]),
-                                  kill.get("at_s", 0.0), window, rejoin)
+                                  kill.get("at_s", 0.0), window, rejoin, kill.get("gauge_read_at_s"))
         record["duration_s"] = round(time.monotonic() - t0, 2)
     finally:
         if proc.poll() is None:

@@ -8,7 +8,8 @@ Topologies: the variant's own records (one server, or replicas behind a router: 
 `make eval-latency TOPOLOGY=…`) and those of its children that differ from it only in vLLM's parallelism
 (SERVE_TENSOR_PARALLEL_SIZE, SERVE_DATA_PARALLEL_SIZE, e.g. qwen35-4b-proxy-tp2 of qwen35-4b-proxy-c128). Only records
 with status ok, of one prompt set and one kind of machine (the GPU's name, or the CPU model, cores and flags) are used;
-the newest per topology, on the machine of the newest record unless --machine names another.
+the newest per topology with the most load levels (a later round of a scale ladder measures only its saturation level),
+on the machine of the newest record unless --machine names another.
 
 THE PLAN IS A MODEL FITTED TO THE RECORDS, not a measurement of the plan itself:
 - an instance's capacity is the highest request rate it served at a measured load level whose p99 TPOT and p99 TTFT
@@ -129,6 +130,10 @@ def load_points(rec: dict) -> list[dict]:
     return [p for p in pts if p["rate"] is not None and p["tpot"] is not None]
 
 
+def levels(rec: dict) -> int:
+    return len(rec["summary"].get(MODE, {})) + len(rec.get("rate_sweep") or [])
+
+
 def capacity(points: list[dict], slo_tpot: float, slo_ttft: float | None) -> tuple[float, str]:
     """Highest rate meeting the targets (see the module's doc), and how it was found. Open-loop (Poisson) levels decide
     when the record has them: a request rate is an open-loop load, and closed-loop levels at the same throughput
@@ -163,7 +168,10 @@ def plan_rows(variant: str, prompts: str, slo_tpot: float, slo_ttft: float | Non
             topo = topology_of(rec)
             key = (machine(rec), member, topo.get("tensor_parallel", 1), topo.get("data_parallel", 1),
                    topo.get("replicas", 1), topo.get("router"), topo.get("policy"), topo.get("shared_gpu", False))
-            newest[key] = (path, rec, member)  # all_records lists oldest first
+            # all_records lists oldest first; a record with fewer levels than an older one of its topology (a later
+            # round of a scale ladder: only the levels paired for a ratio) does not replace it
+            if key not in newest or levels(rec) >= levels(newest[key][1]):
+                newest[key] = (path, rec, member)
     machines = sorted({k[0] for k in newest})
     if not machines:
         raise PlanError(f"no latency record of {variant} (or its TP/DP children) on prompt set {prompts} with "

@@ -75,3 +75,14 @@ def test_the_projection_to_hosts_fills_each_host_and_says_it_is_one():
 def test_bad_host_sizes_are_one_line(capsys):
     assert main(["qwen35-4b-proxy-c128", "--slo-tpot-ms", "40", "--qps", "20", "--hosts", "2,x"]) == 2
     assert "error: --hosts '2,x': comma-separated GPU counts" in capsys.readouterr().err
+
+
+def test_a_later_round_with_fewer_levels_does_not_replace_the_full_ladder():
+    """The committed two-H200 scale ladder of 2026-11-28: rounds 2 and 3 measured c=128 only; the plan reads round 1's
+    full ladder (three concurrency levels, four Poisson levels) of every topology."""
+    rows, on = plan_rows("qwen35-4b-proxy-c128", "shared-prefix-v1.jsonl", 40.0, 1000.0, 20.0)
+    assert on.startswith("NVIDIA H200")
+    ca = next(r for r in rows if "cache_aware" in r["topology"])
+    assert ca["record"].endswith("latency_20261128-213800.json") and len(ca["points"]) == 7
+    one = next(r for r in rows if r["topology"] == "qwen35-4b-proxy-c128")
+    assert len(one["points"]) == 7

@@ -35,6 +35,12 @@ def test_failures_beyond_the_victims_streams_are_lost_and_late_ones_always_count
     assert s["failed_after_health_window"] == 1 and s["criteria"]["lost_beyond_killed_streams"]["value"] == 1
     s = judge([*outs, sample("hang", 3.0)], in_flight=None, kill_s=2.0, window_s=6.0, rejoin=REJOINED)
     assert s["criteria"]["hangs"]["value"] == 1 and s["criteria"]["lost_beyond_killed_streams"]["value"] == 5
+    # a failure sent while the victim's gauge was being read (1.9 s, before the kill at 2.0 s) was on the victim
+    # unseen by the gauge; one sent before the read began is not excused
+    s = judge([*outs, sample("broken", 1.95)], in_flight=4, kill_s=2.0, window_s=6.0, rejoin=REJOINED, read_s=1.9)
+    assert s["failed_sent_while_gauge_read"] == 1 and s["criteria"]["lost_beyond_killed_streams"]["value"] == 0
+    s = judge([*outs, sample("broken", 1.85)], in_flight=4, kill_s=2.0, window_s=6.0, rejoin=REJOINED, read_s=1.9)
+    assert s["failed_sent_while_gauge_read"] == 0 and s["criteria"]["lost_beyond_killed_streams"]["value"] == 1
     not_back = judge(outs, 4, 2.0, 6.0, {"requests": 4})
     assert not not_back["criteria"]["victim_rejoined"]["pass"] and not not_back["pass"]
 
