@@ -250,6 +250,10 @@ class SpeedRatio:
     def to_json(self) -> dict:
         return {**asdict(self), "verdict": self.verdict}
 
+    @classmethod
+    def from_json(cls, d: dict) -> SpeedRatio:
+        return cls(d["ratio"], d["lo"], d["hi"], d["rounds"], d.get("confidence", SPEED_CONFIDENCE))
+
 
 def speed_ratio(pairs: list[tuple[float, float]], confidence: float = SPEED_CONFIDENCE) -> SpeedRatio | None:
     """SpeedRatio of (candidate, reference) speeds, one pair a round (both measured in that round; higher is faster,

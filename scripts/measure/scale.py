@@ -139,16 +139,13 @@ def summary_lines(paths_: list[Path]) -> list[str]:
     return lines
 
 
-def round_lines(steps: list[Step], levels: list[int]) -> list[str]:
-    """Each topology's output tok/s over the one server's, paired round by round at each of `levels`: the ratio, its
-    95% interval (more than one round) and the hit rates beside it."""
-    if not steps or len(steps[0].records) < 1 or not levels:
+def ratios(steps: list[Step], levels: list[int]) -> list[dict]:
+    """Each topology's output tok/s over the first step's (the one server), paired round by round at each of `levels`:
+    {label, variant, gpus, level, ratio (SpeedRatio), hit rates (this / the one server, means over the rounds), tok/s
+    (mean over the rounds)}; a level with no round of both is left out."""
+    if not steps or not steps[0].records or not levels:
         return []
-    ref = steps[0]
-    lines = ["", f"Output tok/s over {ref.label}'s, paired by round (95% interval over the rounds: "
-                 "scripts.common.metrics.speed_ratio):", "",
-             "| topology | level | rounds | × one server [95%] | verdict | hit rate (this / one server, mean) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    ref, out = steps[0], []
     read = functools.cache(lambda p: json.loads(p.read_text()))
     for step in steps[1:]:
         for c in levels:
@@ -161,10 +158,34 @@ def round_lines(steps: list[Step], levels: list[int]) -> list[str]:
             if (sr := speed_ratio(pairs)) is None:
                 continue
             mine_h, theirs_h = ([h[i] for h in hits if h[i] is not None] for i in (0, 1))
-            lines.append(f"| {step.label} | c={c} | {sr.rounds} | {sr.text()} | {sr.verdict} | "
-                         f"{fmt(statistics.fmean(mine_h) if mine_h else None, '.3f')} / "
-                         f"{fmt(statistics.fmean(theirs_h) if theirs_h else None, '.3f')} |")
-    return lines
+            out.append({"label": step.label, "variant": step.variant, "level": c, "ratio": sr,
+                        "gpus": read(step.records[min(step.records)]).get("topology", {}).get("gpus"),
+                        "tok_s": statistics.fmean(m for m, _ in pairs),
+                        "hit_rate": statistics.fmean(mine_h) if mine_h else None,
+                        "reference_hit_rate": statistics.fmean(theirs_h) if theirs_h else None})
+    return out
+
+
+def round_lines(steps: list[Step], levels: list[int]) -> list[str]:
+    """The ratios (above) as a markdown table."""
+    rows = ratios(steps, levels)
+    if not rows:
+        return []
+    return ["", f"Output tok/s over {steps[0].label}'s, paired by round (95% interval over the rounds: "
+                "scripts.common.metrics.speed_ratio):", "",
+            "| topology | level | rounds | × one server [95%] | verdict | hit rate (this / one server, mean) |",
+            "| --- | --- | --- | --- | --- | --- |"] + [
+        f"| {x['label']} | c={x['level']} | {x['ratio'].rounds} | {x['ratio'].text()} | {x['ratio'].verdict} | "
+        f"{fmt(x['hit_rate'], '.3f')} / {fmt(x['reference_hit_rate'], '.3f')} |" for x in rows]
+
+
+def summary_json(steps: list[Step], levels: list[int], ladder_id: str) -> dict:
+    """What a caller reads back (make optimize's topology rung): every step's records by round, and the ratios."""
+    return {"ladder_id": ladder_id, "levels": levels,
+            "steps": [{"label": s.label, "variant": s.variant, "records": {str(k): paths.shown(p)
+                                                                           for k, p in sorted(s.records.items())}}
+                      for s in steps],
+            "ratios": [{**x, "ratio": x["ratio"].to_json()} for x in ratios(steps, levels)]}
 
 
 def overhead_lines(pairs: list[tuple[Path, Path]]) -> list[str]:
@@ -197,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--round-levels", default="128", help="concurrency levels of rounds 2.. (default %(default)s)")
     p.add_argument("--prompts", default=str(paths.EVAL / "prompts" / "shared-prefix-v1.jsonl"))
     p.add_argument("--concurrency", default="1,8,32,128")
-    p.add_argument("--request-rate", default="1,2,4")
+    p.add_argument("--request-rate", default="1,2,4", help="open-loop levels, req/s (none: closed loop only)")
     p.add_argument("--max-tokens-cap", type=int)
     p.add_argument("--limit", type=int, help="the first N prompts only (smoke runs)")
     p.add_argument("--slo-ttft-ms", type=float, help="with --slo-tpot-ms: goodput per level")
@@ -208,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--out-dir", type=Path, help="records here instead of experiments/<variant>/")
     p.add_argument("--summary-out", type=Path, help="write the comparison (markdown) here too")
+    p.add_argument("--summary-json", type=Path, help="write the records per step and the ratios (JSON) here")
     p.add_argument("--overhead-dir", type=Path, help="the overhead pairs' records (default results/router-overhead-"
                    "<variant>/: c=1 diagnostics, kept out of experiments/ where compare reads the newest record)")
     return p
@@ -226,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.slo_ttft_ms is not None and args.slo_tpot_ms is not None else []),
               *(["--out-dir", str(args.out_dir)] if args.out_dir else []),
               *[a for kv in args.set for a in ("--set", kv)]]
-    full = ["--concurrency", args.concurrency, *(["--request-rate", args.request_rate] if args.request_rate else [])]
+    rates = args.request_rate if args.request_rate not in ("", "none") else None
+    full = ["--concurrency", args.concurrency, *(["--request-rate", rates] if rates else [])]
     written: list[Path] = []
     steps: list[Step] = []
     pairs: list[tuple[Path, Path]] = []
@@ -304,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.summary_out:
         args.summary_out.write_text(text)
+    if args.summary_json:
+        paths.write_text_atomic(args.summary_json, json.dumps(summary_json(steps, round_levels, ladder_id), indent=1) + "\n")
     failed = sum(len([k for k in range(1, (args.rounds if s.again else 1) + 1) if k not in s.records]) for s in steps)
     print(f"{len(written)} record(s) written; {failed} step(s) failed", file=sys.stderr if failed else sys.stdout)
     return 1 if failed else 0

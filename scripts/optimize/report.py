@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.metrics import SpeedRatio
 from scripts.common.records import TRIAL_ENV, git_state, now_utc
 from scripts.common.variants import SHARED_SET_ENV, load_variant
 from scripts.optimize.plan import plan_path
@@ -94,7 +95,41 @@ def ratio_cell(speeds: Speeds, variant: str, reference: str, level: int) -> str:
     return sr.text() if sr else "—"
 
 
-def write(r, speeds: Speeds, outcomes: dict, wall_s: float) -> Path:
+def serve_line(t: dict, winner: str) -> str:
+    """How to serve one topology of the topology rung."""
+    if t["variant"] == winner:  # the replicas: the winner itself, one per GPU behind the router
+        return f"make serve-replicas VARIANT={winner} REPLICAS={t['gpus']} POLICY=cache_aware"
+    return f"make serve VARIANT={t['variant']}"
+
+
+def topology_lines(topo: dict | None, levels: list[int]) -> list[str]:
+    """The topology rung's section: each topology's ratio to one GPU per level, the best per level, how to serve it."""
+    if topo is None:
+        return []
+    lines = [f"## On {topo['gpus']} GPUs: {topo['winner']}'s topologies", ""]
+    if topo["ratios"]:
+        lines += ["Output tok/s over one GPU's (replica 0 alone, the others idle), paired by round, on the scale "
+                  "ladder's prompt set (`make scale`; the records are named in the step below):", "",
+                  "| concurrency | topology | GPUs | tok/s | × one GPU [95% interval] | verdict | prefix hit rate (one GPU) |",
+                  "| --- | --- | ---: | ---: | ---: | --- | --- |"]
+        for x in sorted(topo["ratios"], key=lambda x: (x["level"], x["label"])):
+            sr = SpeedRatio.from_json(x["ratio"])
+            lines.append(f"| c={x['level']} | {x['label']} | {x.get('gpus') or '—'} | {x['tok_s']:.1f} | {sr.text()} | "
+                         f"{sr.verdict} | {fmt(x.get('hit_rate'), '.3f')} ({fmt(x.get('reference_hit_rate'), '.3f')}) |")
+        lines += [""]
+        for lv in levels:
+            b = topo["best"].get(lv)
+            lines.append(f"- c={lv}: " + (f"**{b['label']}**, {SpeedRatio.from_json(b['ratio']).text()}"
+                                          f" × one GPU: `{serve_line(b, topo['winner'])}`" if b else
+                                          "one GPU: no topology's interval lies above 1.00 here"))
+        lines += [""]
+    elif topo.get("step"):
+        lines += [f"The topology ladder failed: {topo['step'].get('error')}", ""]
+    lines += [f"- left out: {x['lever']}: {x['why']}" for x in topo["left_out"]]
+    return lines + ([""] if topo["left_out"] else [])
+
+
+def write(r, speeds: Speeds, outcomes: dict, wall_s: float, topo: dict | None = None) -> Path:
     plan = r.plan
     stamp = f"{now_utc():%Y%m%d-%H%M%S}"
     md = paths.RESULTS / f"optimize_{plan.base}{'' if not r.gpu else '-gpu'}_{stamp}.md"  # a GPU's beside a CPU's
@@ -157,6 +192,7 @@ def write(r, speeds: Speeds, outcomes: dict, wall_s: float) -> Path:
     lines += ["", "## Serve it", "", "```bash"] + [f"make serve VARIANT={w}    # the winner at c={','.join(str(lv) for lv in plan.concurrency if winners[lv] == w)}"
                                                    for w in dict.fromkeys(winners.values())] + [
         f"make build VARIANT={w1}    # its serving image (buildah), then make verify-image VARIANT={w1}", "```", "",
+        *topology_lines(topo, plan.concurrency),
         "## Every candidate", "",
         "| variant | lever | " + " | ".join(f"c={lv} tok/s | × BF16 [95% interval]" for lv in plan.concurrency)
         + " | verdict | why |",

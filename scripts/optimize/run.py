@@ -16,6 +16,10 @@ Phases, each step the make target a person would run (its log under .cache/optim
             (make soak) and the body fuzz (make fuzz) on its server; one that fails either (a 5xx, a hang, a broken
             stream, a server left busy or unhealthy, memory growing past the soak's limit) is not certified and the
             next candidate is tried
+  topology  on a machine with two GPUs or more: the winner at the highest concurrency on one GPU, as replicas behind
+            vllm-router, and as vLLM's data and tensor parallel children, one ladder in alternating rounds (make
+            scale; scripts/optimize/topology.py); the best topology per concurrency is the fastest whose interval
+            over one GPU lies above 1.00
   report    results/optimize_<base>_<date>.{md,png} (scripts/optimize/report.py)
 The gate (scripts/common/gate.py, the same verdicts as make gate and make compare) decides after each piece of
 evidence. A step is skipped when .cache/optimize/<base>/state.json holds it with the same inputs: the variant's
@@ -54,7 +58,7 @@ from scripts.common.variants import (
     reference_name,
     serving_target,
 )
-from scripts.optimize import evidence, report
+from scripts.optimize import evidence, report, topology
 from scripts.optimize.plan import (
     BUDGETS,
     CONCURRENCY,
@@ -79,14 +83,14 @@ POOL_SET = "SERVE_GPU_MEMORY_UTILIZATION=0.05 SERVE_KV_CACHE_MEMORY_BYTES=214748
 
 STATE = paths.CACHE / "optimize"
 STOP_GRACE_S = 60  # what an interrupted step gets to stop its servers before SIGKILL
-PHASES = ("plan", "build", "pool", "ladder", "parity", "identity", "suite", "reliability", "report")
+PHASES = ("plan", "build", "pool", "ladder", "parity", "identity", "suite", "reliability", "topology", "report")
 # the files a step's result depends on besides the variants: a lever's folder or a measuring script
 STEP_CODE = {"export-gguf": "scripts/levers/gguf", "calibrate": "scripts/levers/quantize",
              "prune-vocab": "scripts/levers/vocab", "merge-lora": "scripts/levers/lora",
              "eval-latency": "scripts/measure/latency.py", "eval-parity": "scripts/measure/parity.py",
              "eval-identity": "scripts/measure/identity.py", "eval-quality": "scripts/measure/quality.py",
              "eval-quality-full": "scripts/measure/quality.py", "datasets": "scripts/data/bigbench_tasks.py",
-             "soak": "scripts/measure/soak.py", "fuzz": "scripts/measure/fuzz.py"}
+             "soak": "scripts/measure/soak.py", "fuzz": "scripts/measure/fuzz.py", "scale": "scripts/measure/scale.py"}
 
 
 class OptimizeError(RuntimeError):
@@ -163,7 +167,7 @@ class Runner:
     def pooled(self, phase: str, variant: str) -> str | None:
         """With POOL on, start every rung's server at once before the first step that measures (not a build, not a
         reused step); returns why the variant's server is not running when its start failed, else None."""
-        if self.pool_rungs is None or phase == "build":
+        if self.pool_rungs is None or phase in ("build", "topology"):  # the topology ladder starts its own servers
             return None
         if self.pool is None:
             print(f"[pool] starting {len(self.pool_rungs)} servers side by side: {', '.join(self.pool_rungs)}", flush=True)
@@ -214,7 +218,7 @@ class Runner:
             print(f"[{phase}] {sid}: failed: {why}", flush=True)
             return entry
         var = {"eval-latency": "BENCH_ARGS", "eval-parity": "PARITY_ARGS", "eval-identity": "IDENTITY_ARGS",
-               "soak": "SOAK_ARGS", "fuzz": "FUZZ_ARGS"}.get(target)
+               "soak": "SOAK_ARGS", "fuzz": "FUZZ_ARGS", "scale": "SCALE_ARGS"}.get(target)
         cmd = ["make", "--no-print-directory", target, f"VARIANT={variant}"]
         if var:
             cmd.append(f"{var}={' '.join(args)}")
@@ -384,7 +388,11 @@ def certify_and_report(r: Runner, ok: list[Candidate], t0: float) -> int:
     if not speeds.measured(plan.reference):
         raise OptimizeError(f"the reference {plan.reference} could not be measured: {r.notes.get(plan.reference, ['?'])[-1]}")
     verdicts = evidence.certify(r, measured, speeds)
-    md = report.write(r, speeds, verdicts, time.monotonic() - t0)
+    # on several GPUs: the winner at the highest concurrency (else the reference) on every topology they admit
+    top = max(plan.concurrency)
+    winner = next((v for v, o in verdicts.items() if top in o.winner_at), plan.reference)
+    topo = topology.rung(r, winner, r.plan.rounds or BUDGETS[plan.budget].rounds(r.gpu), [])
+    md = report.write(r, speeds, verdicts, time.monotonic() - t0, topo)
     print(f"wrote {paths.shown(md)} ({r.ran} steps run, {r.reused} reused)")
     return 0
 
