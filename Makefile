@@ -207,8 +207,8 @@ weights: $(STAMP) ## materialize what VARIANT's MODEL needs (no-op when present)
 serve: weights ## serve VARIANT with its engine's OpenAI server (vLLM; ENGINE=, HOST, PORT, API_KEY, CACHE=); Ctrl-C stops it
 	$(PY) -m scripts.serve $(VARIANT) $(ENGINE_SET)
 
-serve-replicas: weights ## REPLICAS copies of VARIANT (own GPUs or CPU cores each) behind ROUTER=vllm-router (POLICY=cache_aware|round_robin|…; PORT: the router's); a replica that exits is started again (RESTARTS=3); Ctrl-C stops them all
-	$(PY) -m scripts.serve.replicas $(VARIANT) --replicas $(or $(REPLICAS),2) --router $(or $(ROUTER),vllm-router) --policy $(or $(POLICY),cache_aware) $(ENGINE_SET) $(REPLICA_ARGS)
+serve-replicas: weights ## REPLICAS copies of VARIANT (own GPUs or CPU cores each) behind ROUTER=vllm-router (POLICY=cache_aware|round_robin|…; PORT: the router's; FRONT=1: the lab's streaming front before it, a stream a dying replica cuts ends with an error event); a replica that exits is started again (RESTARTS=3); Ctrl-C stops them all
+	$(PY) -m scripts.serve.replicas $(VARIANT) --replicas $(or $(REPLICAS),2) --router $(or $(ROUTER),vllm-router) --policy $(or $(POLICY),cache_aware) $(if $(filter 1,$(FRONT)),--front) $(ENGINE_SET) $(REPLICA_ARGS)
 
 plan: $(STAMP) ## capacity plan from committed latency records: topology and GPUs that meet SLO_TPOT_MS / SLO_TTFT_MS at QPS (a fitted model, labelled) -> results/plan_<variant>.md + .png
 	$(PY) -m scripts.report.plan $(VARIANT) --slo-tpot-ms $(or $(SLO_TPOT_MS),50) $(if $(SLO_TTFT_MS),--slo-ttft-ms $(SLO_TTFT_MS)) --qps $(or $(QPS),10) $(PLAN_ARGS)

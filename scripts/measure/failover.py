@@ -163,6 +163,7 @@ def measure(args, variant) -> dict:
     port = free_port(args.replicas + 2)
     argv = [sys.executable, "-m", "scripts.serve.replicas", variant.name, "--replicas", str(args.replicas),
             "--policy", args.policy, "--port", str(port), "--topology", str(topology), "--log-dir", str(work),
+            *(["--front"] if args.front else []),
             *[a for kv in args.set for a in ("--set", kv)]]
     record = envelope("failover", variant, command=[sys.executable, "-m", "scripts.measure.failover",
                                                         *sys.argv[1:]], server_command=argv)
@@ -170,7 +171,7 @@ def measure(args, variant) -> dict:
     record["inputs"] = {**info, "replicas": args.replicas, "policy": args.policy, "concurrency": args.concurrency,
                         "requests": args.requests, "kill_after_s": args.kill_after, "victim": args.victim,
                         "rejoin_requests": args.rejoin_requests, "timeout_s": args.timeout, "max_tokens": 64,
-                        "router_settings": dict(ROUTER_DEFAULTS), "health_window_s": window}
+                        "router_settings": dict(ROUTER_DEFAULTS), "health_window_s": window, "front": args.front}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -256,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0, help="a request with no end after this is a hang")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds for the replicas (and the restart)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
+    p.add_argument("--front", action="store_true", help="serve-replicas --front: the lab's streaming front before the "
+                   "router, so the victim's streams end with an error event")
     p.add_argument("--out-dir", type=Path, help="write the record here instead of experiments/<variant>/")
     return p
 

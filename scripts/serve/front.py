@@ -18,6 +18,15 @@ unchanged, its answer streamed back byte for byte, except the bodies llama-serve
   - what RequestGuard refuses for every engine (scripts/serve/guard.py bad_request: JSON nested too deeply, a lone
     surrogate).
 
+A stream the engine breaks before its end (its process killed mid-answer) ends as vLLM ends a stream that fails: an
+error event (`data: {"error": {..., "code": 502}}`) and `data: [DONE]`, instead of a cut connection.
+
+With --relay-only the front keeps none of the limits above, for servers that answer for themselves: `make
+serve-replicas FRONT=1` puts it before vllm-router, which cuts a client's stream when the replica under it dies
+(docs/scale.md); the front turns that into the error event.
+
+    python -m scripts.serve.front --port 8000 --engine-port 8100 --relay-only -- vllm-router --port 8100 …
+
 While the engine starts, every request but none hangs: 503 with {"engine": "starting"}; once its process has exited,
 503 with {"engine": "gone", "exit_code": N} for LINGER_S seconds, then the front exits with the engine's code (so
 `make serve` and the replica supervisor see the server end). An engine that states no context size (llama-server's
@@ -134,8 +143,10 @@ def refusal(path: str, body: bytes, limits: Limits) -> tuple[str | None, dict | 
 class Front:
     """The engine's child process, its state, its limits and the aiohttp app in front of it."""
 
-    def __init__(self, engine_argv: list[str], engine_url: str, context: int | None, api_key: str | None) -> None:
+    def __init__(self, engine_argv: list[str], engine_url: str, context: int | None, api_key: str | None,
+                 relay_only: bool = False) -> None:
         self.engine_argv, self.engine_url, self.context_setting = engine_argv, engine_url.rstrip("/"), context
+        self.relay_only = relay_only  # no limits of its own: the servers behind (a router's vLLM replicas) answer
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.proc: subprocess.Popen | None = None
         self.limits: Limits | None = None
@@ -151,7 +162,10 @@ class Front:
         while self.proc.poll() is None and self.limits is None:
             try:
                 async with self.session.get(self.engine_url + ENGINE.health_path, headers=self.headers) as r:
-                    if r.status == 200:
+                    if r.status == 200 and self.relay_only:
+                        self.limits = Limits(0, None)
+                        print("front: engine ready; requests relayed as they are", flush=True)
+                    elif r.status == 200:
                         self.limits = await self.read_limits()
                         print(f"front: engine ready; context {self.limits.context} tokens per request, vocabulary "
                               f"{self.limits.vocab}", flush=True)
@@ -230,7 +244,7 @@ class Front:
         body = await request.read()
         path = request.path.rstrip("/") or "/"
         up_headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-        if request.method == "POST":
+        if request.method == "POST" and not self.relay_only:
             why, data = refusal(path, body, self.limits)
             if why is None and data is not None and path in GENERATION_PATHS and \
                     needs_count(data, self.limits.context, len(body)):
@@ -258,8 +272,20 @@ class Front:
             if up.content_length is not None:
                 resp.content_length = up.content_length
             await resp.prepare(request)
-            async for chunk in up.content.iter_any():
-                await resp.write(chunk)
+            tail = b"\n\n"
+            try:
+                async for chunk in up.content.iter_any():
+                    await resp.write(chunk)
+                    tail = (tail + chunk)[-2:]
+            except aiohttp.ClientError as e:  # the engine (a router's replica) died mid-answer
+                if not up.headers.get("Content-Type", "").startswith("text/event-stream"):
+                    raise  # a body with a length: nothing well-formed can follow; the client sees it cut
+                # end the stream as vLLM ends one that fails: an error event, then [DONE] (an event the cut left
+                # half-written is closed first: the client's parser drops or refuses it)
+                print(f"front: the engine's stream broke ({type(e).__name__}); the client gets an error event",
+                      file=sys.stderr, flush=True)
+                await resp.write((b"" if tail == b"\n\n" else b"\n\n") + b"data: " + error_json(
+                    502, f"the engine's stream broke before its end: {type(e).__name__}") + b"\n\ndata: [DONE]\n\n")
             await resp.write_eof()
             done = True
             return resp
@@ -307,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, required=True, help="the public port")
     p.add_argument("--engine-port", type=int, required=True, help="the port the engine listens on (loopback)")
     p.add_argument("--context", type=int, help="tokens per request where the engine states none (the variant's own)")
+    p.add_argument("--relay-only", action="store_true", help="no request limits of the front's own (a router of vLLM "
+                   "replicas behind it answers for itself): the engine's state while it starts or after it exits, "
+                   "and an error event ending a stream the engine breaks")
     p.add_argument("engine", nargs=argparse.REMAINDER, help="-- then the engine's command")
     return p
 
@@ -318,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no engine command: give it after `--`", file=sys.stderr)
         return 2
     key = os.environ.get(ENGINE.key_env) or None
-    front = Front(engine, f"http://127.0.0.1:{args.engine_port}", args.context, key)
+    front = Front(engine, f"http://127.0.0.1:{args.engine_port}", args.context, key, relay_only=args.relay_only)
     try:
         try:
             import uvloop  # vLLM's own event loop: fewer cycles a relayed chunk, which a two-core engine feels

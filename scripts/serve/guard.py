@@ -146,9 +146,10 @@ def env_budget() -> int | None:
 
 
 def error_json(status: int, message: str, param: str | None = None, **extra) -> bytes:
-    """An OpenAI-style error body, as vLLM writes its own (400: BadRequestError; 503: ServiceUnavailableError);
+    """An OpenAI-style error body, as vLLM writes its own (400: BadRequestError; 503: ServiceUnavailableError; 502:
+    a stream the engine broke);
     `extra` keys sit beside "error" (the request front's engine state)."""
-    kind = "BadRequestError" if status == 400 else "ServiceUnavailableError"
+    kind = {400: "BadRequestError", 502: "BadGatewayError"}.get(status, "ServiceUnavailableError")
     err = {"message": message, "type": kind, **({"param": param} if param else {}), "code": status}
     return json.dumps({"error": err, **extra}).encode()
 

@@ -35,7 +35,15 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of
 from scripts.common.hardware import hardware
-from scripts.common.server import Server, ServerError, is_healthy, local_base_url, port_in_use, stop_on_signals
+from scripts.common.server import (
+    Server,
+    ServerError,
+    free_port,
+    is_healthy,
+    local_base_url,
+    port_in_use,
+    stop_on_signals,
+)
 from scripts.common.variants import Variant, VariantError, load_variant, parse_overrides
 from scripts.serve.command import DEFAULT_HOST, DEFAULT_PORT, printable
 from scripts.serve.launch import make_server
@@ -207,8 +215,10 @@ class Replicas:
 def make_replicas(name: str, replicas: int, *, policy: str = "cache_aware", host: str = DEFAULT_HOST,
                   port: int = DEFAULT_PORT, api_key: str | None = None, overrides: dict[str, str] | None = None,
                   share_gpu: bool = False, router_args: list[str] | None = None, log_dir: Path | None = None,
-                  topology_path: Path | None = None) -> Replicas:
-    """Replicas of a variant and their router, each checked (weights, flags, ports) but none started."""
+                  topology_path: Path | None = None, front: bool = False) -> Replicas:
+    """Replicas of a variant and their router, each checked (weights, flags, ports) but none started. With `front`,
+    the router listens on a loopback port of its own behind the lab's streaming front (scripts/serve/front.py
+    --relay-only) on `port`: a stream cut by a replica's death ends with an error event."""
     base = load_variant(name, overrides=overrides)
     gpus = (hardware()["gpu"] or {}).get("count", 0)
     place = placements(base, replicas, gpus=gpus, cpus=os.cpu_count() or 1, share_gpu=share_gpu)
@@ -224,8 +234,12 @@ def make_replicas(name: str, replicas: int, *, policy: str = "cache_aware", host
         if port_in_use(url):
             raise ReplicaError(f"{url} is already in use (another server still running?); pick another --port")
     extra_args = list(router_args or [])
-    argv = router_argv([s.base_url for s in servers], policy=policy, host=host, port=port,
+    inner = free_port() if front else port
+    argv = router_argv([s.base_url for s in servers], policy=policy, host="127.0.0.1" if front else host, port=inner,
                        metrics_port=metrics_port, extra=extra_args)
+    if front:  # its child, in its process group: stopping the router's PID group stops both
+        argv = [sys.executable, "-m", "scripts.serve.front", "--host", host, "--port", str(port), "--engine-port",
+                str(inner), "--relay-only", "--", *argv]
     router = Server(argv=argv, base_url=local_base_url(host, port), log_path=log_dir / f"{name}-router.log",
                     health_path="/health")
     return Replicas(variant=base, servers=servers, placement=place, router=router, policy=policy,
@@ -261,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="times a replica that exits is started again (RESTARTS; 0: never; a crash loop stops there)")
     p.add_argument("--topology", type=Path, help="write the topology here (default .cache/replicas/<variant>.json)")
     p.add_argument("--log-dir", type=Path, help="the servers' logs (default .cache/replicas/)")
+    p.add_argument("--front", action="store_true", default=os.environ.get("FRONT") == "1",
+                   help="the lab's streaming front before the router (FRONT=1): a stream a dying replica cuts ends "
+                        "with an error event")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     return p
 
@@ -271,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         group = make_replicas(args.variant, args.replicas, policy=args.policy, host=args.host, port=args.port,
                               api_key=os.environ.get("API_KEY") or None, overrides=parse_overrides(args.set),
                               share_gpu=args.share_gpu, router_args=args.router_arg, log_dir=args.log_dir,
-                              topology_path=args.topology)
+                              topology_path=args.topology, front=args.front)
     except (VariantError, CheckpointError, ServerError, ReplicaError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -47,9 +47,11 @@ def test_failures_beyond_the_victims_streams_are_lost_and_late_ones_always_count
 
 @pytest.mark.slow
 def test_a_replica_killed_mid_run_is_restarted_and_rejoins(bf16_export, tmp_path):
+    """With the lab's front before the router (serve-replicas --front), the victim's streams end with an error event
+    (vllm-router alone cuts them)."""
     r = subprocess.run([sys.executable, "-m", "scripts.measure.failover", "smollm2-gguf-bf16-server", "--concurrency",
                         "8", "--requests", "48", "--kill-after", "2", "--rejoin-requests", "16", "--policy",
-                        "round_robin", "--timeout", "60", "--out-dir", str(tmp_path)],
+                        "round_robin", "--timeout", "60", "--front", "--out-dir", str(tmp_path)],
                        cwd=paths.ROOT, capture_output=True, text=True, timeout=600, check=False)
     (path,) = tmp_path.glob("failover_*.json")  # written whether the criteria pass or not
     assert schemas.check_file(path) == [], r.stdout + r.stderr
@@ -58,6 +60,7 @@ def test_a_replica_killed_mid_run_is_restarted_and_rejoins(bf16_export, tmp_path
     assert rec["kill"]["in_flight"] >= 1, rec["kill"]  # the kill landed on streams in flight
     assert s["criteria"]["hangs"]["value"] == 0, s
     assert s["failed"] >= rec["kill"]["in_flight"] - 1, s  # the victim's streams ended (one may have just finished)
+    assert s["failed_ended_by"]["stream_error"] == s["failed"] >= 1 and rec["inputs"]["front"], s  # each by an event
     rejoined = s["criteria"]["victim_rejoined"]
     assert rejoined["pass"] and rejoined["value"]["victim_generated_tokens"] > 0, rejoined  # round robin: it serves
     assert any("is back (pid" in line for line in rec["serve_replicas_log_tail"]), rec["serve_replicas_log_tail"]

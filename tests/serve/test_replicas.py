@@ -55,6 +55,23 @@ def test_router_command_defaults_and_overrides():
         router_argv(["http://a:1"], policy="fastest", host="h", port=1, metrics_port=2)
 
 
+def test_the_front_wraps_the_router_on_the_public_port(tmp_path):
+    from scripts.common.server import free_port
+    from scripts.serve.replicas import make_replicas
+
+    port = free_port(4)
+    group = make_replicas("smollm2-bf16", 2, policy="round_robin", port=port, log_dir=tmp_path,
+                          topology_path=tmp_path / "t.json", front=True)
+    argv = group.router.argv
+    front, router = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    assert front[1:3] == ["-m", "scripts.serve.front"] and "--relay-only" in front
+    assert front[front.index("--port") + 1] == str(port) and group.base_url.endswith(f":{port}")
+    inner = front[front.index("--engine-port") + 1]
+    assert router[router.index("--port") + 1] == inner != str(port)
+    # route() rewrites what lies between --worker-urls and --policy: the router's own arguments, after the front's
+    assert argv.index("--") < argv.index("--worker-urls") < argv.index("--policy")
+
+
 def _stream(base_url: str, key: str, i: int, max_tokens: int = 32) -> dict:
     """One streamed fixed-length chat: 'complete' (a finish_reason arrived), 'error' (the client got an error) or
     'truncated' (the stream ended without a finish_reason and without an error)."""
