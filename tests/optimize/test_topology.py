@@ -73,3 +73,50 @@ def test_scale_args_parse_as_the_scale_ladder_reads_them():
     ns = build_parser().parse_args(["w", *args])
     assert ns.beside == ["w-dp2", "w-tp2"] and ns.single == "replica" and ns.rounds == 3 and ns.request_rate == "none"
     assert ns.round_levels == ns.concurrency == "1,8" and ns.set == ["SERVE_GPU_MEMORY_UTILIZATION=0.05"]
+
+
+def test_the_rung_writes_the_children_frees_the_gpus_and_reads_its_ladder(tmp_path, monkeypatch):
+    """rung()'s glue with a fake of the GPU count only; the step it would run (make scale) is stood in for by one that
+    writes the summary the scale ladder writes."""
+    import shutil
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from scripts.common import paths
+    from scripts.optimize.topology import rung
+
+    exp = tmp_path / "experiments"
+    (exp / "smollm2-bf16").mkdir(parents=True)
+    shutil.copy(paths.EXPERIMENTS / "smollm2-bf16" / "config.env", exp / "smollm2-bf16" / "config.env")
+    monkeypatch.setattr(paths, "EXPERIMENTS", exp)
+    monkeypatch.setattr("scripts.common.hardware.hardware", lambda: {"gpu": {"name": "fake", "count": 2}})
+
+    class Runner:
+        gpu, plan, log_dir, stopped, calls = True, SimpleNamespace(concurrency=[1, 8]), tmp_path / "logs", False, []
+
+        def stop_pool(self):
+            self.stopped = True
+
+        def note(self, variant, text):
+            raise AssertionError(text)
+
+        def step(self, phase, target, variant, args, extra_key="", records=None):
+            assert self.stopped, "the pool holds the GPUs until the topology ladder starts"
+            self.calls.append((phase, target, variant, args, extra_key))
+            summary = Path(args[args.index("--summary-json") + 1])
+            summary = summary if summary.is_absolute() else paths.ROOT / summary
+            summary.parent.mkdir(parents=True, exist_ok=True)
+            summary.write_text(json.dumps({"ratios": [ratio_row("2 replicas, cache_aware", 8, [(150, 100), (160, 100),
+                                                                                               (155, 100)])]}))
+            return {"status": "ok"}
+
+    r = Runner()
+    out = rung(r, "smollm2-bf16", 3, [])
+    (phase, target, variant, args, key) = r.calls[0]
+    assert (phase, target, variant) == ("topology", "scale", "smollm2-bf16")
+    assert args[args.index("--with") + 1] == "smollm2-bf16-dp2" and "SERVE_DATA_PARALLEL_SIZE=2" in key
+    assert (exp / "smollm2-bf16-dp2" / "config.env").is_file() and (exp / "smollm2-bf16-dp2" / "README.md").is_file()
+    assert out["gpus"] == 2 and out["best"][1] is None and out["best"][8]["label"] == "2 replicas, cache_aware"
+    assert any("tensor parallel 2" in x["lever"] for x in out["left_out"])  # 9 heads, or no config.json here
+    r.gpu = False  # a CPU machine: no rung at all
+    assert rung(r, "smollm2-bf16", 3, []) is None
