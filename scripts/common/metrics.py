@@ -114,6 +114,11 @@ def goodput(samples: list[RequestSample], duration_s: float, ttft_ms: float, tpo
             "output_throughput": sum(s.output_tokens for s in good) / per_s if per_s else None}
 
 
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    """A number for a table cell: formatted by spec, "—" where it is missing."""
+    return "—" if x is None else format(x, spec)
+
+
 def ratio(new: float | None, old: float | None) -> float | None:
     """new/old, None when either is missing or old is zero."""
     if new is None or old in (None, 0):

@@ -71,7 +71,7 @@ def clear_stale(dest: Path) -> list[Path]:
     """Remove staging directories of dest whose process is gone (a run killed with SIGKILL); returns them."""
     gone = []
     for d in staging_dirs(dest):
-        pid = d.name.rsplit(STAGING, 1)[1]
+        pid = d.name.rsplit(STAGING, 1)[1].split("-")[0]  # <pid>, or <pid>-<thread> (write_text_atomic)
         if not pid.isdigit() or not _alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
             gone.append(d)
@@ -126,11 +126,12 @@ def staged(dest: Path) -> Iterator[Path]:
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
-    """Write a small text file all at once: a hidden sibling (.<name>.partial-<pid>) renamed onto path, so a reader or
-    a killed run never sees half of it."""
+    """Write a small text file all at once: a hidden sibling (.<name>.partial-<pid>-<thread>) renamed onto path, so a
+    reader or a killed run never sees half of it, and writers of one file side by side (servers started from threads
+    of one process) never share a sibling."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}{STAGING}{os.getpid()}")
+    tmp = path.with_name(f".{path.name}{STAGING}{os.getpid()}-{threading.get_native_id()}")
     tmp.write_text(text)
     tmp.replace(path)
     return path

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
-from scripts.common.metrics import speed_ratio
+from scripts.common.metrics import fmt, speed_ratio
 from scripts.common.records import now_utc
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, load_variant, parse_overrides
@@ -118,10 +118,6 @@ def hit_rate(level: dict) -> float | None:
     return sum(x.get("prefix_cache_hits") or 0 for x in servers) / queries if queries else None
 
 
-def fmt(x: float | None, spec: str = ".1f") -> str:
-    return "—" if x is None else f"{x:{spec}}"
-
-
 def summary_lines(paths_: list[Path]) -> list[str]:
     lines = ["| topology | level | out tok/s | per GPU | goodput tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | "
              "prefix hit rate (per server) | requests per server | record |",
@@ -133,7 +129,7 @@ def summary_lines(paths_: list[Path]) -> list[str]:
             served = ", ".join(fmt(x.get("requests"), ".0f") for x in s.get("servers", []))
             good = (s.get("goodput") or {}).get("output_throughput")
             lines.append(f"| {topology_name(rec)} | {lvl} | {s['output_throughput']:.1f} | "
-                         f"{fmt(s.get('output_throughput_per_gpu'))} | {fmt(good)} | "
+                         f"{fmt(s.get('output_throughput_per_gpu'), '.1f')} | {fmt(good, '.1f')} | "
                          f"{s['median_ttft_ms']:.1f} / {s['p99_ttft_ms']:.1f} | {s['median_tpot_ms']:.1f} / {s['p99_tpot_ms']:.1f} | "
                          f"{fmt(hit_rate(s), '.3f')} ({hits}) | {served} | `{paths.shown(p)}` |")
     return lines
@@ -166,12 +162,11 @@ def ratios(steps: list[Step], levels: list[int]) -> list[dict]:
     return out
 
 
-def round_lines(steps: list[Step], levels: list[int]) -> list[str]:
-    """The ratios (above) as a markdown table."""
-    rows = ratios(steps, levels)
+def round_lines(rows: list[dict], reference: str) -> list[str]:
+    """The ratios (above) over the `reference` step as a markdown table."""
     if not rows:
         return []
-    return ["", f"Output tok/s over {steps[0].label}'s, paired by round (95% interval over the rounds: "
+    return ["", f"Output tok/s over {reference}'s, paired by round (95% interval over the rounds: "
                 "scripts.common.metrics.speed_ratio):", "",
             "| topology | level | rounds | × one server [95%] | verdict | hit rate (this / one server, mean) |",
             "| --- | --- | --- | --- | --- | --- |"] + [
@@ -179,13 +174,13 @@ def round_lines(steps: list[Step], levels: list[int]) -> list[str]:
         f"{fmt(x['hit_rate'], '.3f')} / {fmt(x['reference_hit_rate'], '.3f')} |" for x in rows]
 
 
-def summary_json(steps: list[Step], levels: list[int], ladder_id: str) -> dict:
+def summary_json(steps: list[Step], rows: list[dict], levels: list[int], ladder_id: str) -> dict:
     """What a caller reads back (make optimize's topology rung): every step's records by round, and the ratios."""
     return {"ladder_id": ladder_id, "levels": levels,
             "steps": [{"label": s.label, "variant": s.variant, "records": {str(k): paths.shown(p)
                                                                            for k, p in sorted(s.records.items())}}
                       for s in steps],
-            "ratios": [{**x, "ratio": x["ratio"].to_json()} for x in ratios(steps, levels)]}
+            "ratios": [{**x, "ratio": x["ratio"].to_json()} for x in rows]}
 
 
 def overhead_lines(pairs: list[tuple[Path, Path]]) -> list[str]:
@@ -323,12 +318,14 @@ def main(argv: list[str] | None = None) -> int:
         if beside.get("pool"):
             beside["pool"].stop()
     firsts = [s.records[1] for s in steps if 1 in s.records]
-    text = "\n".join(summary_lines(firsts) + round_lines(steps, round_levels) + overhead_lines(pairs)) + "\n"
+    rows = ratios(steps, round_levels)
+    text = "\n".join(summary_lines(firsts) + round_lines(rows, steps[0].label if steps else "")
+                     + overhead_lines(pairs)) + "\n"
     print(text)
     if args.summary_out:
         args.summary_out.write_text(text)
     if args.summary_json:
-        paths.write_text_atomic(args.summary_json, json.dumps(summary_json(steps, round_levels, ladder_id), indent=1) + "\n")
+        paths.write_text_atomic(args.summary_json, json.dumps(summary_json(steps, rows, round_levels, ladder_id), indent=1) + "\n")
     failed = sum(len([k for k in range(1, (args.rounds if s.again else 1) + 1) if k not in s.records]) for s in steps)
     print(f"{len(written)} record(s) written; {failed} step(s) failed", file=sys.stderr if failed else sys.stdout)
     return 1 if failed else 0

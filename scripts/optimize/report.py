@@ -13,12 +13,12 @@ import os
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.metrics import SpeedRatio
+from scripts.common.metrics import SpeedRatio, fmt
 from scripts.common.records import TRIAL_ENV, git_state, now_utc
 from scripts.common.variants import SHARED_SET_ENV, load_variant
 from scripts.optimize.plan import plan_path
 from scripts.optimize.speeds import Speeds, read_record
-from scripts.report.compare import MARKERS, bf16_server, engine_label, evidence, fmt, pareto_front
+from scripts.report.compare import MARKERS, bf16_server, engine_label, evidence, pareto_front
 
 # the phase of a step a state written before steps named their own phase holds
 PHASE_OF = {"export-gguf": "build", "calibrate": "build", "prune-vocab": "build", "merge-lora": "build",

@@ -190,6 +190,11 @@ class Runner:
             self.pool.stop()
             os.environ.pop(POOL_ENV, None)
 
+    @property
+    def rounds(self) -> int:
+        """The ladder's rounds: the plan's own number, else its budget's on this kind of machine."""
+        return self.plan.rounds or BUDGETS[self.plan.budget].rounds(self.gpu)
+
     def note(self, variant: str, text: str) -> None:
         if text not in self.notes.setdefault(variant, []):
             self.notes[variant].append(text)
@@ -318,7 +323,7 @@ def ladder(r: Runner, rungs: list[str]) -> Speeds:
     """The reference and every candidate, one server at a time, in `rounds` rounds of alternating order (ABBA: as
     listed, then reversed), so each candidate's ratio to the reference is paired round by round with its interval."""
     budget = BUDGETS[r.plan.budget]
-    rounds = r.plan.rounds or budget.rounds(r.gpu)
+    rounds = r.rounds
     args = ("--concurrency", ",".join(map(str, r.plan.concurrency)), "--modes", "fixed", *budget.ladder)
     out = Speeds({v: [None] * rounds for v in rungs})
     other_args = r.state.ladder_args is not None and r.state.ladder_args != list(args)  # another BUDGET's ladder
@@ -391,7 +396,7 @@ def certify_and_report(r: Runner, ok: list[Candidate], t0: float) -> int:
     # on several GPUs: the winner at the highest concurrency (else the reference) on every topology they admit
     top = max(plan.concurrency)
     winner = next((v for v, o in verdicts.items() if top in o.winner_at), plan.reference)
-    topo = topology.rung(r, winner, r.plan.rounds or BUDGETS[plan.budget].rounds(r.gpu), [])
+    topo = topology.rung(r, winner)
     md = report.write(r, speeds, verdicts, time.monotonic() - t0, topo)
     print(f"wrote {paths.shown(md)} ({r.ran} steps run, {r.reused} reused)")
     return 0

@@ -113,9 +113,10 @@ def scale_args(topologies: list[Topology], levels: list[int], rounds: int, summa
             "--overhead-rounds", "0", "--summary-json", summary, *[a for kv in sets for a in ("--set", kv)]]
 
 
-def rung(r, winner: str, rounds: int, sets: list[str]) -> dict | None:
-    """The topology ladder of `winner` on this machine's GPUs (r: the optimize Runner; its pool is stopped first, the
-    GPUs go to the ladder's servers). Returns {gpus, winner, topologies, left_out, ratios, best, step} for the report,
+def rung(r, winner: str) -> dict | None:
+    """The topology ladder of `winner` on this machine's GPUs, in the optimize ladder's number of rounds (r: the
+    optimize Runner; its pool is stopped first, the GPUs go to the ladder's servers, which take the run's shared
+    memory settings, LAB_SERVE_SET, from the environment as every step does). Returns {gpus, winner, topologies, left_out, ratios, best, step} for the report,
     None on a machine with fewer than two GPUs."""
     from scripts.common.hardware import hardware
     from scripts.common.variants import load_variant
@@ -132,7 +133,7 @@ def rung(r, winner: str, rounds: int, sets: list[str]) -> dict | None:
     write_configs(children, {c: f"{winner} on {gpus} GPUs (make optimize's topology rung)" for c in children})
     r.stop_pool()
     summary = r.log_dir.parent / f"topology_{winner}.json"
-    args = scale_args(topologies, r.plan.concurrency, rounds, paths.shown(summary), sets)
+    args = scale_args(topologies, r.plan.concurrency, r.rounds, paths.shown(summary), [])
     # the children's config.env files are inputs of the step too (a child edited by hand measures again)
     e = r.step("topology", "scale", winner, tuple(args), extra_key=" ".join(
         (paths.variant_dir(c) / "config.env").read_text() for c in sorted(children)), records="latency")

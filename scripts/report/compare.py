@@ -37,7 +37,7 @@ from scripts.common import paths
 from scripts.common.engines import ENGINES
 from scripts.common.gate import IDENTITY_KEY, SUITE_KEY, Criterion, GateError, gate_for, scored, verdict
 from scripts.common.hardware import hardware_key
-from scripts.common.metrics import SpeedRatio, ratio, speed_ratio
+from scripts.common.metrics import SpeedRatio, fmt, ratio, speed_ratio
 from scripts.common.records import all_records, now_utc
 from scripts.common.variants import VariantError, lever_of, list_variants, load_variant, reference_name
 
@@ -255,10 +255,6 @@ def roofline_pct(rec: dict, level) -> float | None:
     lv = (rec.get("summary", {}).get(MODE, {}).get(str(level)) or {}).get("roofline") or {}
     x = lv.get("tpot_over_roofline")
     return 100 / x if x else None
-
-
-def fmt(x: float | None, spec: str = ".2f") -> str:
-    return "—" if x is None else format(x, spec)
 
 
 # The levers that leave a model's BF16 weights as they are: the reference itself, another engine serving it, and a GGUF

@@ -130,10 +130,6 @@ def load_points(rec: dict) -> list[dict]:
     return [p for p in pts if p["rate"] is not None and p["tpot"] is not None]
 
 
-def levels(rec: dict) -> int:
-    return len(rec["summary"].get(MODE, {})) + len(rec.get("rate_sweep") or [])
-
-
 def capacity(points: list[dict], slo_tpot: float, slo_ttft: float | None) -> tuple[float, str]:
     """Highest rate meeting the targets (see the module's doc), and how it was found. Open-loop (Poisson) levels decide
     when the record has them: a request rate is an open-loop load, and closed-loop levels at the same throughput
@@ -170,7 +166,7 @@ def plan_rows(variant: str, prompts: str, slo_tpot: float, slo_ttft: float | Non
                    topo.get("replicas", 1), topo.get("router"), topo.get("policy"), topo.get("shared_gpu", False))
             # all_records lists oldest first; a record with fewer levels than an older one of its topology (a later
             # round of a scale ladder: only the levels paired for a ratio) does not replace it
-            if key not in newest or levels(rec) >= levels(newest[key][1]):
+            if key not in newest or len(load_points(rec)) >= len(load_points(newest[key][1])):
                 newest[key] = (path, rec, member)
     machines = sorted({k[0] for k in newest})
     if not machines:

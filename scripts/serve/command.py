@@ -23,7 +23,6 @@ import json
 import os
 import shlex
 import sys
-import threading
 from pathlib import Path
 
 from scripts.common import engines, paths
@@ -59,10 +58,7 @@ def vllm_flag_table() -> FlagTable:
         for opt in action.option_strings:
             if opt.startswith("--"):
                 table[opt] = kind
-    cache.parent.mkdir(exist_ok=True)
-    tmp = cache.with_suffix(f".tmp-{os.getpid()}-{threading.get_ident()}")  # servers started side by side write it at once
-    tmp.write_text(json.dumps(table, sort_keys=True))
-    tmp.replace(cache)
+    paths.write_text_atomic(cache, json.dumps(table, sort_keys=True))  # servers started side by side write it at once
     return table
 
 

@@ -187,10 +187,7 @@ class Replicas:
         self.write_topology()
 
     def write_topology(self) -> None:
-        self.topology_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.topology_path.with_suffix(f".partial-{os.getpid()}")
-        tmp.write_text(json.dumps(self.topology(), indent=1) + "\n")
-        tmp.replace(self.topology_path)
+        paths.write_text_atomic(self.topology_path, json.dumps(self.topology(), indent=1) + "\n")
 
     def restart(self, i: int) -> Server:
         """Replica i started again on its own port and placement (what is left of its process group stopped first);

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from scripts.measure.scale import Step, hit_rate, main, round_lines
+from scripts.measure.scale import Step, hit_rate, main, ratios, round_lines
 
 
 def level(tok_s: float, hits: list[tuple[int, int]]) -> dict:
@@ -32,7 +32,7 @@ def test_ratios_pair_rounds_and_carry_an_interval(tmp_path):
     two = Step("2 replicas", "v", [], records={k: rec(f"t{k}", 1.5 * v, [(10, 4), (10, 4)])
                                                for k, v in ((1, 100.0), (2, 200.0), (3, 100.0))})
     gap = Step("dp2", "v", [], records={1: rec("d1", 110.0, [(10, 2)]), 3: rec("d3", 90.0, [(10, 2)])})
-    lines = round_lines([one, two, gap], [128])
+    lines = round_lines(ratios([one, two, gap], [128]), one.label)
     row = next(x for x in lines if x.startswith("| 2 replicas"))
     assert "| 3 | 1.50 [1.50, 1.50] | faster | 0.400 / 0.500 |" in row
     row = next(x for x in lines if x.startswith("| dp2"))

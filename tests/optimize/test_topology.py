@@ -92,7 +92,7 @@ def test_the_rung_writes_the_children_frees_the_gpus_and_reads_its_ladder(tmp_pa
     monkeypatch.setattr("scripts.common.hardware.hardware", lambda: {"gpu": {"name": "fake", "count": 2}})
 
     class Runner:
-        gpu, plan, log_dir, stopped, calls = True, SimpleNamespace(concurrency=[1, 8]), tmp_path / "logs", False, []
+        gpu, plan, log_dir, stopped, calls, rounds = True, SimpleNamespace(concurrency=[1, 8]), tmp_path / "logs", False, [], 3
 
         def stop_pool(self):
             self.stopped = True
@@ -111,7 +111,7 @@ def test_the_rung_writes_the_children_frees_the_gpus_and_reads_its_ladder(tmp_pa
             return {"status": "ok"}
 
     r = Runner()
-    out = rung(r, "smollm2-bf16", 3, [])
+    out = rung(r, "smollm2-bf16")
     (phase, target, variant, args, key) = r.calls[0]
     assert (phase, target, variant) == ("topology", "scale", "smollm2-bf16")
     assert args[args.index("--with") + 1] == "smollm2-bf16-dp2" and "SERVE_DATA_PARALLEL_SIZE=2" in key
@@ -119,4 +119,4 @@ def test_the_rung_writes_the_children_frees_the_gpus_and_reads_its_ladder(tmp_pa
     assert out["gpus"] == 2 and out["best"][1] is None and out["best"][8]["label"] == "2 replicas, cache_aware"
     assert any("tensor parallel 2" in x["lever"] for x in out["left_out"])  # 9 heads, or no config.json here
     r.gpu = False  # a CPU machine: no rung at all
-    assert rung(r, "smollm2-bf16", 3, []) is None
+    assert rung(r, "smollm2-bf16") is None
