@@ -131,6 +131,37 @@ shims() {
   chmod +x .venv/bin/python .venv-quant/bin/python; touch .venv/.installed-cuda .venv-quant/.installed
   python3 -c "import vllm; print('vllm', vllm.__version__)" || return 1  # lm-eval and datasets where the payload has them
 }
+# The carried tree copied into its own folder (/root/lab) and entered, with the bundle's environment and the Makefile's
+# shims: each call syncs the carried tree and would remove the variants and records a background run writes
+# (2026-11-28: a plan's new variants vanished under a running `make optimize`)
+into_lab() {
+  mkdir -p $LAB && tar cf - --exclude=./.gpu . | (cd $LAB && tar xf -) && cd $LAB || return 1
+  export PYTHONPATH=$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims
+}
+running() { [ -s $RUN/$1.pid ] && kill -0 "$(cat $RUN/$1.pid)" 2>/dev/null; }
+# the command line $2 under setsid (it outlives the call): its output, process group, start and end marks in
+# $RUN/$1.{out,pid,start,done}
+in_background() {
+  rm -f $RUN/$1.done; touch $RUN/$1.start
+  (setsid bash -c 'echo $$ > "$0.pid"; t0=$(date +%s); bash -c "$1"; rc=$?
+    echo "== ended: rc=$rc after $(( $(date +%s) - t0 )) s"; touch "$0.done"' "$RUN/$1" "$2" > $RUN/$1.out 2>&1 < /dev/null &)
+}
+# a background run $1 followed until it ends or WAIT s pass: its output so far, and what it wrote since it started
+# under experiments/ and results/, the tails of the servers' logs, its output and the paths after $1 (those present) as
+# $OUT/$1.tar
+follow_run() {
+  local tag=$1; shift
+  for _ in $(seq ${WAIT:-500}); do [ -f $RUN/$tag.done ] && break; sleep 1; done
+  tail -${LOG_TAIL:-40} $RUN/$tag.out
+  nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+  rm -rf $RUN/$tag.logs && mkdir -p $RUN/$tag.logs
+  find .cache -name '*.log' -newer $RUN/$tag.start -type f | while read -r f; do
+    tail -c 400000 "$f" > $RUN/$tag.logs/$(echo "${f#.cache/}" | tr / _); done
+  { find experiments results -newer $RUN/$tag.start -type f; echo $RUN/$tag.out; echo $RUN/$tag.logs
+    for f in "$@"; do [ -e "$f" ] && echo "$f"; done; } | sort -u > $RUN/$tag.list
+  tar cf $OUT/$tag.tar -T $RUN/$tag.list 2>/dev/null; ls -la $OUT/$tag.tar
+  [ -f $RUN/$tag.done ] && echo DONE
+}
 # until every server `start` left is ready or gone (at most WAIT s from $1), then each one's state: a server that
 # is not ready shows its last lines and errors (a kernel that refuses a layer says so here)
 wait_servers() {
@@ -469,57 +500,34 @@ PY
   optimize)
     # The Makefile's environments (.venv, .venv-quant) are the bundle here: a python3 shim each and their stamps, so
     # `make optimize` and every make target it runs take the same path as on a user's machine.
-    # It runs in its own copy of the tree (/root/lab): each call syncs the carried tree and would remove the variants
-    # and records the run writes (2026-11-28: a plan's new variants vanished under a running `make optimize`).
     base=${1:?BASE}; shift
     # an earlier run still going is stopped first (SIGTERM: its step stops its servers, the pool is stopped; the state
     # keeps every finished step for this run)
-    if [ -s $RUN/optimize.pid ] && kill -0 "$(cat $RUN/optimize.pid)" 2>/dev/null; then
+    if running optimize; then
       # the whole group: make and the runner outlive the bash that leads it while they stop their servers
       kill -TERM -- -"$(cat $RUN/optimize.pid)"; for _ in $(seq 600); do kill -0 -- -"$(cat $RUN/optimize.pid)" 2>/dev/null || break; sleep 1; done
       echo "stopped the earlier run"; fi
-    mkdir -p $LAB && tar cf - --exclude=./.gpu . | (cd $LAB && tar xf -) && cd $LAB || exit 1
-    export PYTHONPATH=$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1; embedded_gguf; shims || exit 1
-    rm -f $RUN/optimize.done; touch $RUN/optimize.start
-    (setsid bash -c 'echo $$ > /root/run/optimize.pid; base=$0; t0=$(date +%s); make --no-print-directory optimize BASE=$base "$@"; rc=$?
-      echo "== make optimize ended: rc=$rc after $(( $(date +%s) - t0 )) s"; touch /root/run/optimize.done' \
-      "$base" "$@" > $RUN/optimize.out 2>&1 < /dev/null &)
+    into_lab || exit 1
+    in_background optimize "make --no-print-directory optimize BASE=$base $(printf '%q ' "$@")"
     sleep 20; cat $RUN/optimize.out ;;
   follow)
+    # `attach optimize`, plus the run's plan, state and step logs
     base=${1:?BASE}; cd $LAB || exit 1
-    for _ in $(seq ${WAIT:-500}); do [ -f $RUN/optimize.done ] && break; sleep 1; done
-    tail -${LOG_TAIL:-40} $RUN/optimize.out
-    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
-    # what the run wrote since it started (records, variants the plan wrote, the report), its plan, state and step logs
-    { find experiments results -newer $RUN/optimize.start -type f; ls eval/optimize/$base.*yaml .cache/optimize/$base/state.json
-      find .cache/optimize/$base/logs -type f; echo $RUN/optimize.out; } 2>/dev/null | sort -u > $RUN/follow.list
-    tar cf $OUT/optimize.tar -T $RUN/follow.list 2>/dev/null; ls -la $OUT/optimize.tar; wc -l < $RUN/follow.list
-    [ -f $RUN/optimize.done ] && echo DONE ;;
+    follow_run optimize eval/optimize/$base.*yaml .cache/optimize/$base/state.json .cache/optimize/$base/logs ;;
   detach)
     # bash scripts/gpu/device.sh detach TAG 'COMMAND': a bash command line (make targets, python -m scripts...) in the
     # background under setsid, in its own copy of the tree (/root/lab, as `optimize`), with the bundle's environment and
     # the Makefile's shims; it outlives the call and the next ones (`attach TAG` follows it). Returns after ~15 s.
     tag=${1:?TAG}; shift
-    if [ -s $RUN/$tag.pid ] && kill -0 "$(cat $RUN/$tag.pid)" 2>/dev/null; then echo "$tag is still running"; exit 1; fi
-    mkdir -p $LAB && tar cf - --exclude=./.gpu . | (cd $LAB && tar xf -) && cd $LAB || exit 1
-    export PYTHONPATH=$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims || exit 1
-    rm -f $RUN/$tag.done; touch $RUN/$tag.start
-    (setsid bash -c 'echo $$ > "$0.pid"; t0=$(date +%s); bash -c "$1"; rc=$?
-      echo "== ended: rc=$rc after $(( $(date +%s) - t0 )) s"; touch "$0.done"' "$RUN/$tag" "$*" > $RUN/$tag.out 2>&1 < /dev/null &)
+    if running "$tag"; then echo "$tag is still running"; exit 1; fi
+    into_lab || exit 1
+    in_background "$tag" "$*"
     sleep ${SETTLE:-15}; tail -20 $RUN/$tag.out ;;
   attach)
     # [WAIT=500] bash scripts/gpu/device.sh attach TAG: the detached command's output so far, until it ends or WAIT s
     # pass; what it wrote under experiments/ and results/, the tails of the servers' logs (.cache/**/*.log) and its
     # output come back as $OUT/TAG.tar after every call, so a machine taken back loses no finished step
     tag=${1:?TAG}; cd $LAB || exit 1
-    for _ in $(seq ${WAIT:-500}); do [ -f $RUN/$tag.done ] && break; sleep 1; done
-    tail -${LOG_TAIL:-40} $RUN/$tag.out
-    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
-    rm -rf $RUN/$tag.logs && mkdir -p $RUN/$tag.logs
-    find .cache -name '*.log' -newer $RUN/$tag.start -type f | while read -r f; do
-      tail -c 400000 "$f" > $RUN/$tag.logs/$(echo "${f#.cache/}" | tr / _); done
-    { find experiments results -newer $RUN/$tag.start -type f; echo $RUN/$tag.out; echo $RUN/$tag.logs; } > $RUN/$tag.list
-    tar cf $OUT/$tag.tar -T $RUN/$tag.list 2>/dev/null; ls -la $OUT/$tag.tar
-    [ -f $RUN/$tag.done ] && echo DONE ;;
+    follow_run "$tag" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
