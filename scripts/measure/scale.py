@@ -42,7 +42,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
-from scripts.common.metrics import fmt, speed_ratio
+from scripts.common.metrics import fmt, round_orders, speed_ratio
 from scripts.common.records import now_utc
 from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, load_variant, parse_overrides
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             levels = full if k == 1 else ["--concurrency", ",".join(map(str, round_levels))]
             # round 1 has run the own one-server step already; later rounds go backwards every other time
             todo = [s for s in steps if k not in s.records and (k == 1 or s.again)]
-            for step in (todo if k % 2 else todo[::-1]):
+            for step in round_orders(todo, k)[-1]:  # the ladders' ABBA rule
                 step.ready()
                 if rec := run_step(step.variant, [*shared, *levels, *step.args, "--round", str(k)], written):
                     step.records[k] = rec
