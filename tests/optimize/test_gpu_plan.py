@@ -142,3 +142,26 @@ def test_w4a8_is_left_out_where_its_recipe_would_refuse_the_build():
     assert why.startswith("recipe rtn-w4a8-fp8 is served on CutlassW4A8LinearKernel, which takes 4 of its layers not:")
     assert "input width 576 does not divide by 128" in why
     assert gpu.w4a8_recipe_refusals({"self_attn.q_proj": (256, 256), "mlp.down_proj": (256, 512)}) is None
+
+
+def test_a_shape_proxy_gets_config_only_forms_and_no_speculation(tmp_path, device):
+    """A shape proxy (random weights: a speed ladder only): its 4-bit and FP8 forms are written config-only from the
+    named shape (no calibration of random weights) and served with vLLM's random weights; speculation, whose speed is
+    its acceptance, is left out with that reason; W4A8, which cannot be written config-only, is still calibrated."""
+    device(90)
+    folder, config = checkpoint(tmp_path, 256, mtp=True)
+    ref = {**REF, "SOURCE": "shape-proxy:qwen35-4b", "SHAPE_PROXY": "1"}
+    out, left = gpu.templates("p", ref, folder, config, 90, [1, 8])
+    why = {x["lever"]: x["why"] for x in left}
+    assert not {"ngram4", "mtp3"} & set(out)
+    assert "acceptance" in why["n-gram speculation (K=4)"] and "acceptance" in why["the model's own MTP head"]
+    w4 = out["w4a16"][2]
+    assert w4["SOURCE"] == "config-only:qwen35-4b:gptq-w4a16" and w4["SERVE_LOAD_FORMAT"] == "dummy"
+    assert "CALIBRATE_RECIPE" not in w4 and w4["SHAPE_PROXY"] == "1" and w4["MODEL"] == "weights/p-w4a16"
+    marlin = out["w4a16-marlin"]
+    assert marlin[3] == [] and marlin[2]["SOURCE"] == w4["SOURCE"] and marlin[2]["SERVE_LINEAR_BACKEND"] == "marlin"
+    assert out["fp8-static"][2]["SOURCE"] == "config-only:qwen35-4b:fp8-w8a8-static"
+    assert out["w4a8"][2]["CALIBRATE_RECIPE"] == "rtn-w4a8-fp8" and "SERVE_LOAD_FORMAT" not in out["w4a8"][2]
+    assert gpu.proxy_shape({"SOURCE": "config-only:qwen35-27b", "SHAPE_PROXY": "1"}) == "qwen35-27b"
+    assert gpu.proxy_shape({"SOURCE": "local:/x", "SHAPE_PROXY": "1"}) is None  # a proxy of unknown shape: calibrated
+    assert gpu.proxy_shape({"SOURCE": "shape-proxy:qwen35-4b"}) is None

@@ -113,8 +113,32 @@ def test_config_only_checkpoint_writes_no_weights_and_describes_them(tmp_path):
     assert sorted(CompressedTensorsConfig.from_config(qc).target_scheme_map) == sorted(targets)
     assert make_shape_proxy.write_config_only("qwen35-tiny", tmp_path / "b")["recipe"] is None
     assert "quantization_config" not in read_checkpoint(tmp_path / "b").config
-    with pytest.raises(SystemExit, match="4-bit weight-only"):
-        make_shape_proxy.write_config_only("qwen35-tiny:fp8-w8a8", tmp_path / "f")
+    with pytest.raises(SystemExit, match="4-bit weight-only and channel-wise FP8 recipes; int8-w8a8 is neither"):
+        make_shape_proxy.write_config_only("qwen35-tiny:int8-w8a8", tmp_path / "f")
+
+
+def test_config_only_fp8_static_describes_e4m3_weights_and_static_scales(tmp_path):
+    """config-only:qwen35-tiny:fp8-w8a8-static: E4M3 weights with a scale a channel and one static input scale a
+    layer (what llm-compressor's float-quantized checkpoint stores), which vLLM's parser maps to its static FP8 W8A8
+    scheme; fp8-w8a8 (dynamic activations) stores no input scale."""
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+
+    from scripts.common.checkpoint import read_checkpoint
+
+    make_shape_proxy.write_config_only("qwen35-tiny:fp8-w8a8-static", tmp_path / "s")
+    report = read_checkpoint(tmp_path / "s")
+    t, lm = report.tensors, "model.language_model.layers."
+    assert t[lm + "0.mlp.down_proj.weight"].dtype == "F8_E4M3" and t[lm + "0.mlp.down_proj.weight"].shape == (64, 128)
+    assert t[lm + "0.mlp.down_proj.weight_scale"].shape == (64, 1) and t[lm + "0.mlp.down_proj.input_scale"].shape == (1,)
+    assert t[lm + "0.linear_attn.in_proj_qkv.weight"].dtype == "F8_E4M3"  # the recipe quantizes Gated-DeltaNet too
+    qc = report.config["quantization_config"]
+    assert qc["format"] == "float-quantized"
+    (group,) = qc["config_groups"].values()
+    assert group["input_activations"]["dynamic"] is False and group["weights"]["strategy"] == "channel"
+    parsed = CompressedTensorsConfig.from_config(qc).target_scheme_map
+    assert [s["input_activations"].dynamic for s in parsed.values()] == [False] * len(parsed)
+    make_shape_proxy.write_config_only("qwen35-tiny:fp8-w8a8", tmp_path / "d")
+    assert not any(n.endswith("input_scale") for n in read_checkpoint(tmp_path / "d").tensors)
 
 
 def test_qwen35_27b_shape_is_untied_and_grown():
