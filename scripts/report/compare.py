@@ -406,9 +406,11 @@ def winners_table(rows: list[dict], judged: dict[str, Judged], configs: dict[str
 
 def unproven(group: list[dict], judged: dict[str, Judged], levels: list[str]) -> str:
     """Why the fastest certified variant above 1.00 at these levels is not named: one round, or a tie; or that every
-    variant of the group is a shape proxy (random weights: nothing can be certified)."""
+    variant of the group is a shape proxy (random weights: nothing can be certified). Where shape proxies were laddered,
+    the fastest of them by speed alone (its interval above 1.00) follows, named as such."""
+    speed = proxy_speed(group, levels)
     if group and all(r.get("shape_proxy") for r in group):
-        return " (shape proxies only: random weights, speed only, nothing can be certified)"
+        return f" (shape proxies only: random weights, speed only, nothing can be certified{speed})"
     for at in levels:
         level = at.removeprefix("c=")
         above = sorted((r for r in group if (r["vs_base"].get(level) or 0) > 1.0 and judged[r["variant"]].certified),
@@ -417,7 +419,19 @@ def unproven(group: list[dict], judged: dict[str, Judged], levels: list[str]) ->
             r = above[0]
             sr = r["vs_base_ci"].get(level)
             return (f" (fastest certified above 1.00 at {at}: {r['variant']}, {ci_text(r, level)}, "
-                    + ("one round: no interval)" if sr is None or sr.lo is None else "a tie)"))
+                    + ("one round: no interval" if sr is None or sr.lo is None else "a tie") + f"{speed})")
+    return f" ({speed.removeprefix('; ')})" if speed else ""
+
+
+def proxy_speed(group: list[dict], levels: list[str]) -> str:
+    """'; shape proxy, speed only: <variant> <ratio [interval]> at c=…' for the fastest shape-proxy variant whose
+    interval over its BF16 reference lies above 1.00 at the first such level, else ''."""
+    for at in levels:
+        level = at.removeprefix("c=")
+        ranked = sorted((r for r in group if r.get("shape_proxy") and faster(r, level)),
+                        key=lambda r: (-r["vs_base"][level], r["variant"]))
+        if ranked:
+            return f"; shape proxy, speed only: {ranked[0]['variant']} {ci_text(ranked[0], level)} at {at}"
     return ""
 
 

@@ -49,6 +49,13 @@ def test_winner_is_the_fastest_certified_and_the_reference_when_none_is_faster()
     assert "c=1, c=8 | the BF16 reference" in table[2] and "once, 1.20 (1 round), one round: no interval)" in table[2]
     table = compare.winners_table([{**r, "shape_proxy": True} for r in rows], judged, {})
     assert "(shape proxies only: random weights, speed only, nothing can be certified)" in table[2]
+    # a proxy faster with 95% confidence is named by speed alone, beside the real models' verdict
+    proxy = {**row("p-fast", [(15, 10), (15.3, 10)], [(9, 10), (9.1, 10)]), "shape_proxy": True}
+    judged["p-fast"] = compare.Judged("speed only")
+    table = compare.winners_table([*rows, proxy], judged, {})
+    assert table[2].endswith("one round: no interval; shape proxy, speed only: p-fast 1.51 [1.34, 1.72] at c=1) |")
+    table = compare.winners_table([{**r, "shape_proxy": True} for r in rows] + [proxy], judged, {})
+    assert table[2].endswith("nothing can be certified; shape proxy, speed only: p-fast 1.51 [1.34, 1.72] at c=1) |")
 
 
 @pytest.mark.slow
