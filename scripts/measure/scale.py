@@ -174,9 +174,11 @@ def round_lines(rows: list[dict], reference: str) -> list[str]:
         f"{fmt(x['hit_rate'], '.3f')} / {fmt(x['reference_hit_rate'], '.3f')} |" for x in rows]
 
 
-def summary_json(steps: list[Step], rows: list[dict], levels: list[int], ladder_id: str) -> dict:
-    """What a caller reads back (make optimize's topology rung): every step's records by round, and the ratios."""
-    return {"ladder_id": ladder_id, "levels": levels,
+def summary_json(steps: list[Step], rows: list[dict], levels: list[int], ladder_id: str,
+                 unstarted: dict[str, str] | None = None) -> dict:
+    """What a caller reads back (make optimize's topology rung): every step's records by round, the ratios, and the
+    `--with` topologies whose server never started, each with why."""
+    return {"ladder_id": ladder_id, "levels": levels, "unstarted": unstarted or {},
             "steps": [{"label": s.label, "variant": s.variant, "records": {str(k): paths.shown(p)
                                                                            for k, p in sorted(s.records.items())}}
                       for s in steps],
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     written: list[Path] = []
     steps: list[Step] = []
     pairs: list[tuple[Path, Path]] = []
-    group, beside = None, {}
+    group, beside, unstarted = None, {}, {}
     try:
         policies = [p for p in args.policies.split(",") if p]
         if bad := [p for p in policies if p not in POLICIES]:
@@ -284,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                               ready=functools.partial(group.route, policy)))
         pool = beside.get("pool")
         for name in args.beside:
-            if name in pool.failed:
+            if name in pool.failed:  # the others are measured; the run still ends non-zero, naming it
+                unstarted[name] = pool.failed[name]
                 print(f"error: {name}: {pool.failed[name]}", file=sys.stderr)
                 continue
             s = pool.servers[name]
@@ -325,9 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.summary_out:
         args.summary_out.write_text(text)
     if args.summary_json:
-        paths.write_text_atomic(args.summary_json, json.dumps(summary_json(steps, rows, round_levels, ladder_id), indent=1) + "\n")
-    failed = sum(len([k for k in range(1, (args.rounds if s.again else 1) + 1) if k not in s.records]) for s in steps)
-    print(f"{len(written)} record(s) written; {failed} step(s) failed", file=sys.stderr if failed else sys.stdout)
+        paths.write_text_atomic(args.summary_json, json.dumps(summary_json(steps, rows, round_levels, ladder_id,
+                                                                           unstarted), indent=1) + "\n")
+    failed = sum(len([k for k in range(1, (args.rounds if s.again else 1) + 1) if k not in s.records])
+                 for s in steps) + len(unstarted)
+    print(f"{len(written)} record(s) written; {failed} step(s) failed"
+          + (f" ({', '.join(unstarted)} never started)" if unstarted else ""),
+          file=sys.stderr if failed else sys.stdout)
     return 1 if failed else 0
 
 

@@ -135,13 +135,18 @@ def rung(r, winner: str) -> dict | None:
     summary = r.log_dir.parent / f"topology_{winner}.json"
     args = scale_args(topologies, r.plan.concurrency, r.rounds, paths.shown(summary), [])
     # the children's config.env files are inputs of the step too (a child edited by hand measures again)
+    before = summary.stat().st_mtime_ns if summary.is_file() else None
     e = r.step("topology", "scale", winner, tuple(args), extra_key=" ".join(
         (paths.variant_dir(c) / "config.env").read_text() for c in sorted(children)), records="latency")
     out["step"] = e
-    if e["status"] != "ok" or not summary.is_file():
+    # a failed ladder's summary counts only when this run wrote it (one topology that never started, the others ran)
+    if not summary.is_file() or (e["status"] != "ok" and summary.stat().st_mtime_ns == before):
         r.note(winner, f"its topology ladder failed: {e.get('error') or 'no summary written'}")
         return out
-    got = json.loads(summary.read_text())
+    got = json.loads(summary.read_text())  # a ladder with one topology that never started still ranks the others
+    for name, why in got.get("unstarted", {}).items():
+        out["left_out"].append({"lever": name, "why": f"its server did not start: {why}"})
+        r.note(winner, f"topology {name} did not start: {why}")
     out["ratios"] = got["ratios"]
     out["best"] = best_per_level(got["ratios"], r.plan.concurrency)
     return out

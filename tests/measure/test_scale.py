@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from scripts.measure.scale import Step, hit_rate, main, ratios, round_lines
+from scripts.measure.scale import Step, hit_rate, main, ratios, round_lines, summary_json
 
 
 def level(tok_s: float, hits: list[tuple[int, int]]) -> dict:
@@ -38,6 +38,8 @@ def test_ratios_pair_rounds_and_carry_an_interval(tmp_path):
     row = next(x for x in lines if x.startswith("| dp2"))
     # log ratios ln 1.1 and ln 0.9 over 2 rounds: geometric mean sqrt(0.99), an interval holding 1.00
     assert f"| 2 | {math.sqrt(0.99):.2f} [" in row and "| tie |" in row
+    got = summary_json([one, two], ratios([one, two], [128]), [128], "l", {"v-tp2": "out of memory"})
+    assert got["unstarted"] == {"v-tp2": "out of memory"} and got["ratios"][0]["label"] == "2 replicas"
 
 
 def test_bad_policy_and_rounds_without_the_one_server_beside(capsys):

@@ -118,5 +118,34 @@ def test_the_rung_writes_the_children_frees_the_gpus_and_reads_its_ladder(tmp_pa
     assert (exp / "smollm2-bf16-dp2" / "config.env").is_file() and (exp / "smollm2-bf16-dp2" / "README.md").is_file()
     assert out["gpus"] == 2 and out["best"][1] is None and out["best"][8]["label"] == "2 replicas, cache_aware"
     assert any("tensor parallel 2" in x["lever"] for x in out["left_out"])  # 9 heads, or no config.json here
+
+    class OneDidNotStart(Runner):  # the DP2 server never started: make scale exits 1, its summary names it
+        notes: list[str] = []
+
+        def note(self, variant, text):
+            self.notes.append(text)
+
+        def step(self, phase, target, variant, args, extra_key="", records=None):
+            super().step(phase, target, variant, args, extra_key, records)
+            summary = paths.ROOT / args[args.index("--summary-json") + 1]
+            got = json.loads(summary.read_text())
+            summary.write_text(json.dumps({**got, "unstarted": {"smollm2-bf16-dp2": "CUDA out of memory"}}))
+            return {"status": "failed", "error": "make scale exited 1"}
+
+    r = OneDidNotStart()
+    out = rung(r, "smollm2-bf16")
+    assert out["best"][8]["label"] == "2 replicas, cache_aware", "the topologies that ran are still ranked"
+    assert {"lever": "smollm2-bf16-dp2", "why": "its server did not start: CUDA out of memory"} in out["left_out"]
+    assert r.notes == ["topology smollm2-bf16-dp2 did not start: CUDA out of memory"]
+
+    class NoNewSummary(OneDidNotStart):  # failed before writing one: the previous run's summary is not read
+        def step(self, phase, target, variant, args, extra_key="", records=None):
+            self.stopped = True
+            return {"status": "failed", "error": "make scale exited 2"}
+
+    r = NoNewSummary()
+    r.notes = []
+    out = rung(r, "smollm2-bf16")
+    assert out["ratios"] == [] and r.notes == ["its topology ladder failed: make scale exited 2"]
     r.gpu = False  # a CPU machine: no rung at all
     assert rung(r, "smollm2-bf16") is None
