@@ -165,3 +165,21 @@ def test_a_shape_proxy_gets_config_only_forms_and_no_speculation(tmp_path, devic
     assert gpu.proxy_shape({"SOURCE": "config-only:qwen35-27b", "SHAPE_PROXY": "1"}) == "qwen35-27b"
     assert gpu.proxy_shape({"SOURCE": "local:/x", "SHAPE_PROXY": "1"}) is None  # a proxy of unknown shape: calibrated
     assert gpu.proxy_shape({"SOURCE": "shape-proxy:qwen35-4b"}) is None
+
+
+def test_gated_deltanet_projections_go_to_4_bits_where_the_model_has_them(tmp_path, device, monkeypatch):
+    """A Qwen3.5-like checkpoint (Gated-DeltaNet layers): W4A16 takes the recipe that quantizes their projections too
+    (gptq-w4a16-gdn, in_proj_a/b kept BF16), and its kernels are checked on those layers; a model without them keeps
+    gptq-w4a16."""
+    device(90)
+    folder, config = checkpoint(tmp_path, 256)
+    qwen = {"linear_attn.in_proj_qkvz": (12288, 2560), "linear_attn.in_proj_a": (32, 2560),
+            "linear_attn.out_proj": (2560, 4096), "self_attn.qkv_proj": (6144, 2560), "mlp.down_proj": (2560, 9216)}
+    own = gpu.linear_shapes
+    monkeypatch.setattr(gpu, "linear_shapes", lambda _: qwen)
+    out, _ = gpu.templates("q", REF, folder, config, 90, [1, 8])
+    assert out["w4a16"][2]["CALIBRATE_RECIPE"] == "gptq-w4a16-gdn" and "Gated-DeltaNet" in out["w4a16"][0]
+    assert "w4a16-machete" in out  # in_proj_a (N=32) is not quantized, so Machete's N % 128 does not keep it out
+    monkeypatch.setattr(gpu, "linear_shapes", own)  # the checkpoint's own layers: attention and MLP only
+    out, _ = gpu.templates("m", REF, folder, config, 90, [1, 8])
+    assert out["w4a16"][2]["CALIBRATE_RECIPE"] == "gptq-w4a16" and "Gated-DeltaNet" not in out["w4a16"][0]
