@@ -247,10 +247,18 @@ class SpeedRatio:
         return self.verdict == "faster"
 
     def text(self, spec: str = ".2f") -> str:
-        """'1.61 [1.52, 1.70]', or '1.61 (1 round)' where there is no interval."""
+        """'1.61 [1.52, 1.70]', or '1.61 (1 round)' where there is no interval. An end that rounds to 1.00 while the
+        verdict puts the interval off 1.00 gets the digits that show its side ('1.01 [1.004, 1.02]', faster)."""
         if self.lo is None:
             return f"{self.ratio:{spec}} ({self.rounds} round)"
-        return f"{self.ratio:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}]"
+
+        def end(x: float) -> str:
+            text = f"{x:{spec}}"
+            if self.verdict == "tie" or float(text) != 1.0:
+                return text
+            return next((t for k in range(3, 10) if float(t := f"{x:.{k}f}") != 1.0), repr(x))
+
+        return f"{self.ratio:{spec}} [{end(self.lo)}, {end(self.hi)}]"
 
     def to_json(self) -> dict:
         return {**asdict(self), "verdict": self.verdict}

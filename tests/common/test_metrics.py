@@ -152,6 +152,15 @@ def test_speed_ratio_three_rounds_slower_and_one_round():
     assert speed_ratio([(None, 40), (50, 0)]) is None
 
 
+def test_an_end_rounding_to_one_shows_its_side():
+    from scripts.common.metrics import SpeedRatio
+
+    assert SpeedRatio(1.01, 1.004, 1.02, 3).text() == "1.01 [1.004, 1.02]"  # faster: the lower end is above 1.00
+    assert SpeedRatio(0.97, 0.95, 0.9981, 3).text() == "0.97 [0.95, 0.998]"  # slower
+    assert SpeedRatio(1.01, 0.996, 1.02, 3).text() == "1.01 [1.00, 1.02]"  # a tie holds 1.00 as it reads
+    assert SpeedRatio(1.0, 1.0000000001, 1.0000000002, 2).text().startswith("1.00 [1.0000000001, ")
+
+
 def test_goodput_counts_requests_within_both_targets():
     # a: TTFT 100 ms, TPOT (0.5-0.1)/4 = 100 ms; b: TTFT 300 ms, TPOT (0.5-0.3)/2 = 100 ms; one: a one-token answer
     # (no TPOT: its TTFT decides); failed: never counts
