@@ -8,7 +8,8 @@ suite gets it (the 10% sample, then every item under BUDGET=full where the sampl
 any variant up its chain whose pass it needs (a lossless speculation's lossy parent). The first certified one whose
 interval's lower end is above 1.00 is that concurrency's winner, once its server passes the bounded soak and the body
 fuzz where the budget asks for them (BUDGET=normal|full): one that fails is "unreliable", with the criteria it
-missed, and the next candidate is tried. Verdicts are the
+missed, and the next candidate is tried. Where the reference is named the winner, its server gets the same soak and
+fuzz, and a failure is said beside it. Verdicts are the
 gate's (scripts/common/gate.py through scripts/report/compare.py: judge, then chain), the same as `make compare`'s.
 """
 
@@ -186,6 +187,11 @@ def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
                 won[level] = sr.ratio
                 out.setdefault(c.variant, Outcome("certified", "", judged[c.variant])).winner_at.append(level)
                 break
+    if budget.soak is not None and any(lv not in won for lv in plan.concurrency):
+        # the reference is named the winner where nothing beats it: what a user deploys gets the same soak and fuzz;
+        # it stays the winner (nothing certified is faster) and a failure is said beside it
+        if why := reliability(r, plan.reference):
+            r.note(plan.reference, f"reliability: its server failed: {why}")
     for c in measured:
         j = judged[c.variant]
         if c.variant in out:

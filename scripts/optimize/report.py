@@ -178,7 +178,7 @@ def write(r, speeds: Speeds, outcomes: dict, wall_s: float, topo: dict | None = 
         lines.append(f"| c={lv} | {v if w else plan.reference + none} | {engine_label(rec)} | "
                      f"{fmt(speeds.tput(v, lv), '.1f')} | {ratio_cell(speeds, v, plan.reference, lv)} | "
                      f"{ratio_cell(speeds, v, f, lv)} ({f}) | {fmt(speeds.tpot_p50(v, lv), '.1f')} | "
-                     f"{evidence_line(outcomes[v]) if w else 'the reference'} |")
+                     f"{evidence_line(outcomes[v]) if w else '; '.join(['the reference', *r.notes.get(v, [])])} |")
     if plan.slo_tpot_ms:
         lines += ["", f"Under SLO_TPOT_MS={plan.slo_tpot_ms:g} (TPOT p50):"]
         for lv in plan.concurrency:
@@ -203,7 +203,7 @@ def write(r, speeds: Speeds, outcomes: dict, wall_s: float, topo: dict | None = 
         cells = " | ".join(f"{fmt(speeds.tput(v, lv), '.1f')} | {ratio_cell(speeds, v, plan.reference, lv)}"
                            for lv in plan.concurrency)
         if v == plan.reference:
-            verdict, why = "reference", "BF16 weights served by vLLM"
+            verdict, why = "reference", "; ".join(["BF16 weights served by vLLM", *r.notes.get(v, [])])
         elif o is None:
             verdict, why = "failed", "; ".join(r.notes.get(v, ["not measured"]))
         else:

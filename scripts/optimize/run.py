@@ -15,7 +15,7 @@ Phases, each step the make target a person would run (its log under .cache/optim
   reliability  before a certified candidate is named a concurrency's winner (BUDGET=normal|full): the bounded soak
             (make soak) and the body fuzz (make fuzz) on its server; one that fails either (a 5xx, a hang, a broken
             stream, a server left busy or unhealthy, memory growing past the soak's limit) is not certified and the
-            next candidate is tried
+            next candidate is tried; the reference too where it is named a level's winner (a failure said beside it)
   topology  on a machine with two GPUs or more: the winner at the highest concurrency on one GPU, as replicas behind
             vllm-router, and as vLLM's data and tensor parallel children, one ladder in alternating rounds (make
             scale; scripts/optimize/topology.py); the best topology per concurrency is the fastest whose interval

@@ -137,6 +137,26 @@ def test_a_tie_with_the_reference_never_wins(world):
     assert "eval-parity:x-tie" in r.steps and "eval-parity:x-slow" not in r.steps
 
 
+def test_the_reference_named_the_winner_is_soaked_too(world):
+    """Where nothing certified beats the reference at a level, BUDGET=normal soaks and fuzzes the reference's server
+    (what a user would deploy); a failure is noted beside it, it stays the winner. Under tiny: no soak at all."""
+    tie = [Candidate("x-tie", "tie", "vllm", "parity"), Candidate("x-slow", "slow", "vllm", "parity")]
+    r = FakeRunner(Plan("x", "x-bf16", "normal", [1, 8], None, "cpu", tie, []))
+    evidence.certify(r, tie, FakeSpeeds())
+    assert {"soak:x-bf16", "fuzz:x-bf16"} <= set(r.steps)
+    assert r.notes["x-bf16"][0].startswith("reliability: soak passed (120 requests")
+    world["unreliable"].add(("x-bf16", "fuzz"))
+    r = FakeRunner(Plan("x", "x-bf16", "normal", [1, 8], None, "cpu", tie, []))
+    evidence.certify(r, tie, FakeSpeeds())
+    assert r.notes["x-bf16"] == ["reliability: its server failed: fuzz: criteria not met: hangs=8, outside_kind=8"]
+    r = FakeRunner(Plan("x", "x-bf16", "tiny", [1, 8], None, "cpu", tie, []))
+    evidence.certify(r, tie, FakeSpeeds())
+    assert "soak:x-bf16" not in r.steps
+    r = FakeRunner(plan("normal"))  # a certified candidate won both levels: the reference is not soaked
+    evidence.certify(r, candidates(), FakeSpeeds())
+    assert "soak:x-bf16" not in r.steps
+
+
 def test_a_shape_proxy_buys_no_evidence_and_certifies_nothing(world, monkeypatch):
     monkeypatch.setattr(evidence, "load_variant", lambda v: type("V", (), {"resolved": {"SHAPE_PROXY": "1"}})())
     r = FakeRunner(plan("normal"))
