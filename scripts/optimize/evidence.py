@@ -187,11 +187,11 @@ def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
                 won[level] = sr.ratio
                 out.setdefault(c.variant, Outcome("certified", "", judged[c.variant])).winner_at.append(level)
                 break
-    if budget.soak is not None and any(lv not in won for lv in plan.concurrency):
-        # the reference is named the winner where nothing beats it: what a user deploys gets the same soak and fuzz;
-        # it stays the winner (nothing certified is faster) and a failure is said beside it
-        if why := reliability(r, plan.reference):
-            r.note(plan.reference, f"reliability: its server failed: {why}")
+    # the reference is named the winner where nothing beats it: what a user deploys gets the same soak and fuzz; it
+    # stays the winner (nothing certified is faster) and a failure is said beside it
+    if budget.soak is not None and any(lv not in won for lv in plan.concurrency) and \
+            (why := reliability(r, plan.reference)):
+        r.note(plan.reference, f"reliability: its server failed: {why}")
     for c in measured:
         j = judged[c.variant]
         if c.variant in out:
