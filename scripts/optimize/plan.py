@@ -245,6 +245,10 @@ def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float |
     if not (model_dir / "config.json").is_file():
         raise PlanError(f"{ref['MODEL']} does not exist: run `make weights VARIANT={ref_name}`")
     config = json.loads((model_dir / "config.json").read_text())
+    if not gpu and ref.get("SERVE_LOAD_FORMAT") == "dummy":
+        raise PlanError(f"{ref_name} is config-only (no weights on disk: vLLM makes random ones on the GPU, "
+                        "SERVE_LOAD_FORMAT=dummy); the CPU plan converts and calibrates weights, so a config-only base "
+                        "has a GPU speed ladder only: run make optimize on a GPU machine (VLLM_TARGET=cuda)")
     left_out: list[dict[str, str]] = []
     if err := vllm_refusal(config):
         raise PlanError(f"{ref_name}: vLLM cannot serve it, so there is no BF16 reference to judge against: {err}")

@@ -130,6 +130,19 @@ def test_a_name_taken_by_another_source_is_refused(tmp_path, monkeypatch, capsys
     assert rc == 2 and "base mine is taken" in err and "\n" not in err
 
 
+def test_a_config_only_base_has_no_cpu_plan(tmp_path, monkeypatch):
+    """A config-only base (no weights on disk, SERVE_LOAD_FORMAT=dummy) on a CPU: one line naming the GPU, never a
+    GGUF export or calibration of the sparse header's zeros (a 4B one ran both for minutes before)."""
+    monkeypatch.setattr(paths, "EXPERIMENTS", tmp_path / "experiments")
+    (tmp_path / "experiments" / "d-bf16").mkdir(parents=True)
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (tmp_path / "experiments" / "d-bf16" / "config.env").write_text(
+        f"MODEL={tmp_path / 'w'}\nSOURCE=config-only:qwen35-4b\nSHAPE_PROXY=1\nBASE=d\nSERVE_LOAD_FORMAT=dummy\n")
+    with pytest.raises(PlanError, match=r"d-bf16 is config-only .* run make optimize on a GPU machine"):
+        plan_mod.propose("d", "normal", [1, 8], None, "test", cpu_flags=["avx2"])
+
+
 def test_an_unknown_base_is_one_line_and_exit_2(capsys):
     rc = run_mod.main(["no-such-base"])
     err = capsys.readouterr().err.strip()
