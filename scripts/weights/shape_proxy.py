@@ -213,9 +213,11 @@ STATIC_INPUT = {"input_scale": ("BF16", lambda n, k, g: (1,))}
 
 def config_only_format(recipe: dict) -> str | None:
     """The compressed-tensors format a config-only checkpoint of this calibrate recipe is written in, None where it
-    cannot be written config-only (4-bit with quantized activations, INT8)."""
+    cannot be written config-only (INT8, static 4-bit activations). 4-bit weights with dynamic FP8 activations (W4A8)
+    store the same packed tensors as W4A16 (vLLM's CompressedTensorsW4A8Fp8 registers weight_packed, weight_scale and
+    weight_shape); the activations' scheme is the config's only."""
     weights, acts = recipe["weights"], recipe.get("input_activations")
-    if weights.get("num_bits") == 4 and not acts:
+    if weights.get("num_bits") == 4 and (not acts or (acts.get("type"), acts.get("dynamic")) == ("float", True)):
         return "pack-quantized"
     if (weights.get("num_bits"), weights.get("type"), weights.get("strategy")) == (8, "float", "channel"):
         return "float-quantized"
@@ -225,10 +227,11 @@ def config_only_format(recipe: dict) -> str | None:
 def quantized_tensors(cfg, recipe_name: str, shapes: dict[str, tuple[int, ...]]) -> tuple[dict, dict]:
     """(quantization_config, {tensor: (dtype, shape)}) of the checkpoint the calibrate lever would write with this
     recipe (its own scope, ignore rules and group sizes: scripts/levers/quantize/calibrate.py). Two kinds: 4-bit
-    weight-only recipes, whose targeted Linear weights become weight_packed (eight 4-bit values an int32), weight_scale
-    (one BF16 scale per group) and weight_shape, as compressed-tensors' pack-quantized format stores them; and 8-bit
-    float recipes with channel-wise weights (fp8-w8a8, fp8-w8a8-static), whose weights become E4M3 with one scale a
-    channel, plus one input_scale a layer where the activation scales are static (float-quantized)."""
+    recipes (weight-only, or with dynamic FP8 activations), whose targeted Linear weights become weight_packed (eight
+    4-bit values an int32), weight_scale (one BF16 scale per group) and weight_shape, as compressed-tensors'
+    pack-quantized format stores them; and 8-bit float recipes with channel-wise weights (fp8-w8a8, fp8-w8a8-static),
+    whose weights become E4M3 with one scale a channel, plus one input_scale a layer where the activation scales are
+    static (float-quantized)."""
     import torch
     import transformers
 
@@ -237,8 +240,8 @@ def quantized_tensors(cfg, recipe_name: str, shapes: dict[str, tuple[int, ...]])
     recipe, _ = load_recipe(recipe_name)
     weights = recipe["weights"]
     if (fmt := config_only_format(recipe)) is None:
-        raise SystemExit(f"error: config-only checkpoints take 4-bit weight-only and channel-wise FP8 recipes; "
-                         f"{recipe_name} is neither")
+        raise SystemExit(f"error: config-only checkpoints take 4-bit (weight-only or with dynamic FP8 activations) "
+                         f"and channel-wise FP8 recipes; {recipe_name} is neither")
     acts = recipe.get("input_activations")
     stored = PACKED if fmt == "pack-quantized" else {**FLOAT8, **(STATIC_INPUT if acts and acts.get("dynamic") is False
                                                                   else {})}

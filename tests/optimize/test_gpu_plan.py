@@ -147,7 +147,7 @@ def test_w4a8_is_left_out_where_its_recipe_would_refuse_the_build():
 def test_a_shape_proxy_gets_config_only_forms_and_no_speculation(tmp_path, device):
     """A shape proxy (random weights: a speed ladder only): its 4-bit and FP8 forms are written config-only from the
     named shape (no calibration of random weights) and served with vLLM's random weights; speculation, whose speed is
-    its acceptance, is left out with that reason; W4A8, which cannot be written config-only, is still calibrated."""
+    its acceptance, is left out with that reason."""
     device(90)
     folder, config = checkpoint(tmp_path, 256, mtp=True)
     ref = {**REF, "SOURCE": "shape-proxy:qwen35-4b", "SHAPE_PROXY": "1"}
@@ -161,7 +161,7 @@ def test_a_shape_proxy_gets_config_only_forms_and_no_speculation(tmp_path, devic
     marlin = out["w4a16-marlin"]
     assert marlin[3] == [] and marlin[2]["SOURCE"] == w4["SOURCE"] and marlin[2]["SERVE_LINEAR_BACKEND"] == "marlin"
     assert out["fp8-static"][2]["SOURCE"] == "config-only:qwen35-4b:fp8-w8a8-static"
-    assert out["w4a8"][2]["CALIBRATE_RECIPE"] == "rtn-w4a8-fp8" and "SERVE_LOAD_FORMAT" not in out["w4a8"][2]
+    assert out["w4a8"][2]["SOURCE"] == "config-only:qwen35-4b:rtn-w4a8-fp8"
     assert gpu.proxy_shape({"SOURCE": "config-only:qwen35-27b", "SHAPE_PROXY": "1"}) == "qwen35-27b"
     assert gpu.proxy_shape({"SOURCE": "local:/x", "SHAPE_PROXY": "1"}) is None  # a proxy of unknown shape: calibrated
     assert gpu.proxy_shape({"SOURCE": "shape-proxy:qwen35-4b"}) is None

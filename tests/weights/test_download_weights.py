@@ -113,8 +113,15 @@ def test_config_only_checkpoint_writes_no_weights_and_describes_them(tmp_path):
     assert sorted(CompressedTensorsConfig.from_config(qc).target_scheme_map) == sorted(targets)
     assert make_shape_proxy.write_config_only("qwen35-tiny", tmp_path / "b")["recipe"] is None
     assert "quantization_config" not in read_checkpoint(tmp_path / "b").config
-    with pytest.raises(SystemExit, match="4-bit weight-only and channel-wise FP8 recipes; int8-w8a8 is neither"):
+    with pytest.raises(SystemExit, match=r"dynamic FP8 activations\) and channel-wise FP8 recipes; int8-w8a8 is neither"):
         make_shape_proxy.write_config_only("qwen35-tiny:int8-w8a8", tmp_path / "f")
+    # W4A8: the same packed tensors, FP8 activations in the config only (vLLM's W4A8 scheme registers those three)
+    make_shape_proxy.write_config_only("qwen35-tiny:rtn-w4a8-fp8", tmp_path / "w4a8")
+    w4a8 = read_checkpoint(tmp_path / "w4a8")
+    assert w4a8.tensors[lm + "0.mlp.down_proj.weight_packed"].dtype == "I32"
+    acts = [g["input_activations"] for g in w4a8.config["quantization_config"]["config_groups"].values()]
+    assert acts and all(a["type"] == "float" and a["dynamic"] is True for a in acts)
+    assert CompressedTensorsConfig.from_config(w4a8.config["quantization_config"]).target_scheme_map
 
 
 def test_config_only_fp8_static_describes_e4m3_weights_and_static_scales(tmp_path):
