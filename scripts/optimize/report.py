@@ -95,6 +95,18 @@ def ratio_cell(speeds: Speeds, variant: str, reference: str, level: int) -> str:
     return sr.text() if sr else "—"
 
 
+def speed_alone_lines(plan, speeds: Speeds) -> list[str]:
+    """A shape proxy's report: per level, its fastest candidate whose interval over the reference lies above 1.00."""
+    lines = ["", "By speed alone (what a model of these shapes would gain if its quality held, which only real weights "
+             "can show):"]
+    for lv in plan.concurrency:
+        fast = sorted(((sr.ratio, v) for v in (c.variant for c in plan.candidates)
+                       if (sr := speeds.versus(v, plan.reference, lv)) and sr.faster), reverse=True)
+        lines.append(f"- c={lv}: " + (f"{fast[0][1]}, {ratio_cell(speeds, fast[0][1], plan.reference, lv)} × "
+                                      f"{plan.reference}" if fast else "no candidate's interval lies above 1.00"))
+    return lines
+
+
 def serve_line(t: dict, winner: str) -> str:
     """How to serve one topology of the topology rung."""
     if t["variant"] == winner:  # the replicas: the winner itself, one per GPU behind the router
@@ -179,6 +191,8 @@ def write(r, speeds: Speeds, outcomes: dict, wall_s: float, topo: dict | None = 
                      f"{fmt(speeds.tput(v, lv), '.1f')} | {ratio_cell(speeds, v, plan.reference, lv)} | "
                      f"{ratio_cell(speeds, v, f, lv)} ({f}) | {fmt(speeds.tpot_p50(v, lv), '.1f')} | "
                      f"{evidence_line(outcomes[v]) if w else '; '.join(['the reference', *r.notes.get(v, [])])} |")
+    if proxy:
+        lines += speed_alone_lines(plan, speeds)
     if plan.slo_tpot_ms:
         lines += ["", f"Under SLO_TPOT_MS={plan.slo_tpot_ms:g} (TPOT p50):"]
         for lv in plan.concurrency:

@@ -182,3 +182,15 @@ def test_a_winner_whose_server_fails_the_soak_is_not_certified_and_the_next_is_t
     tiny = FakeRunner(plan("tiny"))
     evidence.certify(tiny, candidates(), FakeSpeeds())
     assert not [s for s in tiny.steps if s.split(":")[0] in ("soak", "fuzz")]
+
+
+def test_a_shape_proxys_report_names_the_fastest_by_speed_alone():
+    from scripts.optimize.report import speed_alone_lines
+
+    lines = speed_alone_lines(plan("normal"), FakeSpeeds())
+    # by FakeSpeeds x-bad is the fastest at both levels (30 / 10 and 90 / 40, intervals over two rounds)
+    assert lines[2].startswith("- c=1: x-bad, 3.00 [") and lines[2].endswith("× x-bf16")
+    assert lines[3].startswith("- c=8: x-bad, 2.25 [")
+    one = plan("normal")
+    one.candidates = [Candidate("x-slow", "slow", "vllm", "parity")]
+    assert speed_alone_lines(one, FakeSpeeds())[2] == "- c=1: no candidate's interval lies above 1.00"
