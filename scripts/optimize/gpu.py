@@ -16,6 +16,8 @@ n-gram speculation, the checkpoint's own MTP head where it carries one; W4A16 (G
 on each other kernel it admits; FP8 W8A8 with static activation scales where the scheme's capability allows, else FP8
 weights served weight-only and W8A8 INT8; W4A8 where its scheme and kernel allow; SGLang serving the BF16 weights
 where SGLang is installed. The plan module adds the pruned output layer and committed EAGLE-3 heads on every machine.
+A shape proxy (random weights) gets its quantized forms written config-only (served with vLLM's random weights) and
+no speculation; on Qwen3.5's Gated-DeltaNet layers W4A16 takes their projections too (gptq-w4a16-gdn).
 """
 
 from __future__ import annotations
