@@ -350,6 +350,12 @@ class Variant:
                        think_budget=self.resolved.get("THINK_BUDGET"))
 
 
+def is_config_only(settings: dict[str, str]) -> bool:
+    """MODEL holds no weights (SOURCE=config-only:…, scripts/weights/shape_proxy.py write_config_only): vLLM makes
+    random ones on the GPU (SERVE_LOAD_FORMAT=dummy), and nothing can be converted or calibrated from it."""
+    return settings.get("SOURCE", "").startswith("config-only:")
+
+
 def build_target(settings: dict[str, str]) -> str:
     """The make target that builds a lever variant's MODEL from its PARENT."""
     if settings.get("PRUNE_KEEP"):

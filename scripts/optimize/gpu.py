@@ -34,6 +34,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import layer_family, read_safetensors_header
 from scripts.common.records import one_line
+from scripts.common.variants import is_config_only
 from scripts.levers.quantize.calibrate import (
     MLP_TARGET,
     CalibrateError,
@@ -290,7 +291,7 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
         out["w4a8"] = ("W4A8: 4-bit group-128 weights, dynamic FP8 activations (on "
                        + ", ".join(b for b, why in w4a8.items() if why is None) + ")", "vllm",
                        quantized(base, "w4a8", "rtn-w4a8-fp8", quant, shape), [])
-    if ref.get("SOURCE", "").startswith("config-only:"):  # no weights to calibrate: only config-only forms remain
+    if is_config_only(ref):  # no weights to calibrate: only config-only forms remain
         for suffix in [k for k, t in out.items() if "CALIBRATE_RECIPE" in t[2]]:
             lever, _, cfg, _ = out.pop(suffix)
             left.append({"lever": lever, "why": f"its recipe ({cfg['CALIBRATE_RECIPE']}) cannot be written config-only, "

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from scripts.common import paths
-from scripts.common.variants import VariantError, list_variants, load_variant
+from scripts.common.variants import VariantError, is_config_only, list_variants, load_variant
 from scripts.optimize.keys import IDENTITY, LOSSY_GATE, NGRAM_SPEC
 
 PLANS = paths.EVAL / "optimize"
@@ -245,7 +245,7 @@ def propose(base: str, budget: str, concurrency: list[int], slo_tpot_ms: float |
     if not (model_dir / "config.json").is_file():
         raise PlanError(f"{ref['MODEL']} does not exist: run `make weights VARIANT={ref_name}`")
     config = json.loads((model_dir / "config.json").read_text())
-    if not gpu and ref.get("SERVE_LOAD_FORMAT") == "dummy":
+    if not gpu and is_config_only(ref):
         raise PlanError(f"{ref_name} is config-only (no weights on disk: vLLM makes random ones on the GPU, "
                         "SERVE_LOAD_FORMAT=dummy); the CPU plan converts and calibrates weights, so a config-only base "
                         "has a GPU speed ladder only: run make optimize on a GPU machine (VLLM_TARGET=cuda)")
