@@ -193,6 +193,11 @@ def faster(row: dict, level: str) -> bool:
     return bool(sr and sr.faster)
 
 
+def by_speed(rows, level: str) -> list[dict]:
+    """Rows fastest first by their ratio to BF16 at this level (ties by name: a deterministic table)."""
+    return sorted(rows, key=lambda r: (-r["vs_base"][level], r["variant"]))
+
+
 def ci_text(row: dict, level: str) -> str:
     sr = row.get("vs_base_ci", {}).get(level)
     return sr.text() if sr else "—"
@@ -385,8 +390,7 @@ def winners_table(rows: list[dict], judged: dict[str, Judged], configs: dict[str
         where = f"{hw.replace('(R)', '').replace(' Processor', '')} | {group[0]['prompt_set']}"
         picks: dict[str, list[str]] = {}
         for level in LEVELS:
-            ranked = sorted((r for r in group if faster(r, level) and judged[r["variant"]].certified),
-                            key=lambda r: (-r["vs_base"][level], r["variant"]))
+            ranked = by_speed((r for r in group if faster(r, level) and judged[r["variant"]].certified), level)
             picks.setdefault(ranked[0]["variant"] if ranked else "", []).append(f"c={level}")
         for variant, levels in picks.items():
             at = ", ".join(levels)
@@ -413,8 +417,8 @@ def unproven(group: list[dict], judged: dict[str, Judged], levels: list[str]) ->
         return f" (shape proxies only: random weights, speed only, nothing can be certified{speed})"
     for at in levels:
         level = at.removeprefix("c=")
-        above = sorted((r for r in group if (r["vs_base"].get(level) or 0) > 1.0 and judged[r["variant"]].certified),
-                       key=lambda r: (-r["vs_base"][level], r["variant"]))
+        above = by_speed((r for r in group if (r["vs_base"].get(level) or 0) > 1.0
+                          and judged[r["variant"]].certified), level)
         if above:
             r = above[0]
             sr = r["vs_base_ci"].get(level)
@@ -428,8 +432,7 @@ def proxy_speed(group: list[dict], levels: list[str]) -> str:
     interval over its BF16 reference lies above 1.00 at the first such level, else ''."""
     for at in levels:
         level = at.removeprefix("c=")
-        ranked = sorted((r for r in group if r.get("shape_proxy") and faster(r, level)),
-                        key=lambda r: (-r["vs_base"][level], r["variant"]))
+        ranked = by_speed((r for r in group if r.get("shape_proxy") and faster(r, level)), level)
         if ranked:
             return f"; shape proxy, speed only: {ranked[0]['variant']} {ci_text(ranked[0], level)} at {at}"
     return ""
