@@ -272,9 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="times a replica that exits is started again (RESTARTS; 0: never; a crash loop stops there)")
     p.add_argument("--topology", type=Path, help="write the topology here (default .cache/replicas/<variant>.json)")
     p.add_argument("--log-dir", type=Path, help="the servers' logs (default .cache/replicas/)")
-    p.add_argument("--front", action="store_true", default=os.environ.get("FRONT") == "1",
-                   help="the lab's streaming front before the router (FRONT=1): a stream a dying replica cuts ends "
-                        "with an error event")
+    p.add_argument("--front", action="store_true",
+                   help="the lab's streaming front before the router (make serve-replicas FRONT=1): a stream a dying "
+                        "replica cuts ends with an error event")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     return p
 
