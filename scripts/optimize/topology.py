@@ -24,7 +24,7 @@ from scripts.common.metrics import SpeedRatio
 # GPUs of one host without NVLink multicast (the lent machines' rule); vLLM 0.26's FlashInfer all-reduce + RMSNorm
 # fusion failed tensor parallel starts there (results/scale-gpu-20261127/README.md): the children turn it off
 PARALLEL_ENV = {"ENV_NCCL_NVLS_ENABLE": "0"}
-TP_PASS_OFF = {"pass_config": {"fuse_allreduce_rms": False}}
+TP_PASS_OFF = {"fuse_allreduce_rms": False}  # pass_config keys of the compilation config
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def propose(winner: str, settings: dict[str, str], gpus: int, heads: tuple[int, 
     else:
         tp = f"{winner}-tp{gpus}"
         compile_cfg = json.loads(settings.get("SERVE_COMPILATION_CONFIG") or "{}")
-        compile_cfg.setdefault("pass_config", {}).update(TP_PASS_OFF["pass_config"])
+        compile_cfg.setdefault("pass_config", {}).update(TP_PASS_OFF)
         children[tp] = base | {"SERVE_TENSOR_PARALLEL_SIZE": str(gpus),
                                "SERVE_COMPILATION_CONFIG": json.dumps(compile_cfg)} | PARALLEL_ENV
         out.append(Topology("tp", gpus, tp))
