@@ -65,6 +65,9 @@ def tasks(split: str | None = None, data: Path | None = None) -> list[str]:
         raise bigbench.BigBenchError(f"unknown split {split!r}: {' | '.join(SPLITS)}")
     root = (data or bigbench.DATA) / "tasks"
     bigbench.manifest(data)
+    if not root.is_dir():  # the suite alone travelled (a GPU machine's payload): the task JSON is not there
+        raise bigbench.BigBenchError(f"{paths.shown(root)} is missing: the task JSON was not extracted here; run "
+                                     f"`{bigbench.FETCH_COMMAND}`")
     lite = set(bigbench.lite_tasks(data))
     return [t for t in sorted(p.name for p in root.iterdir() if p.is_dir())
             if t not in lite and (split is None or split_of(t) == split)]
