@@ -163,27 +163,40 @@ class Runner:
     gpu: bool = False  # vLLM's target is CUDA here: the GPU plan and the GPU's number of ladder rounds
     pool_rungs: list[str] | None = None  # POOL: these variants' servers start together before the first measuring step
     pool: Pool | None = None
+    pending: set[str] | None = None  # the rungs with a ladder step still to run (None: not known yet, all of them)
 
     def pooled(self, phase: str, variant: str) -> str | None:
-        """With POOL on, start every rung's server at once before the first step that measures (not a build, not a
-        reused step); returns why the variant's server is not running when its start failed, else None."""
+        """With POOL on, start the servers still needed at once before the first step that measures (not a build, not
+        a reused step): every rung with a ladder step to run, the variant itself, and the reference where the step
+        compares against it (a run resumed after its ladder starts two servers, not the whole ladder's). A variant
+        asked for later joins the running pool. Returns why the variant's server is not running when its start
+        failed, else None."""
         if self.pool_rungs is None or phase in ("build", "topology"):  # the topology ladder starts its own servers
             return None
         if self.pool is None:
-            print(f"[pool] starting {len(self.pool_rungs)} servers side by side: {', '.join(self.pool_rungs)}", flush=True)
-            t0 = time.monotonic()
-            missing = {}
-            for v in self.pool_rungs:  # what `make serve` would fetch first: a committed draft head into weights/
-                if why := make_weights(v, self.log_dir / f"weights_{v}.log"):
-                    missing[v] = why
             self.pool = Pool(self.log_dir.parent / "pool")  # named before its start: an interrupted start is stopped
-            self.pool.start([load_variant(v) for v in self.pool_rungs if v not in missing])
-            self.pool.failed.update(missing)
-            self.phase_s["pool"] = round(time.monotonic() - t0, 1)
-            os.environ[POOL_ENV] = str(self.pool.file)
-            for v, why in self.pool.failed.items():
-                self.note(v, f"its server failed to start beside the others: {why}")
+        wanted = {variant} | (self.pending if self.pending is not None else set(self.pool_rungs))
+        if phase != "ladder":
+            wanted.add(self.plan.reference)
+        new = [v for v in self.pool_rungs if v in wanted and v not in self.pool.servers and v not in self.pool.failed]
+        if new:
+            self.start_in_pool(new)
         return self.pool.failed.get(variant)
+
+    def start_in_pool(self, rungs: list[str]) -> None:
+        print(f"[pool] starting {len(rungs)} servers side by side: {', '.join(rungs)}", flush=True)
+        t0 = time.monotonic()
+        missing = {}
+        for v in rungs:  # what `make serve` would fetch first: a committed draft head into weights/
+            if why := make_weights(v, self.log_dir / f"weights_{v}.log"):
+                missing[v] = why
+        self.pool.start([load_variant(v) for v in rungs if v not in missing])
+        self.pool.failed.update(missing)
+        self.phase_s["pool"] += round(time.monotonic() - t0, 1)
+        os.environ[POOL_ENV] = str(self.pool.file)
+        for v in rungs:
+            if v in self.pool.failed:
+                self.note(v, f"its server failed to start beside the others: {self.pool.failed[v]}")
 
     def stop_pool(self) -> None:
         if self.pool is not None:
@@ -199,21 +212,33 @@ class Runner:
         if text not in self.notes.setdefault(variant, []):
             self.notes[variant].append(text)
 
+    def step_key(self, phase: str, target: str, variant: str, args: tuple[str, ...] = (), extra_key: str = "",
+                 tag: str = "") -> tuple[str, str]:
+        """(the step's id in the state, the digest of its inputs)."""
+        # a measuring step names how its server ran: beside the others of a pool (and their shared memory settings) or
+        # alone; nothing is added for a lone server, so the states of earlier runs keep their keys
+        serving = [] if phase == "build" or self.pool_rungs is None else ["pool", os.environ.get(SHARED_SET_ENV, "")]
+        key = digest(lineage(variant), code_hash(STEP_CODE[target]), self.hw, " ".join(args), extra_key, *serving)
+        return f"{target}:{variant}{tag}", key
+
+    def reusable(self, phase: str, sid: str, key: str, variant: str) -> dict | None:
+        """The state's entry of the step when it holds it done with these inputs (and its weights and record are
+        here), else None. A failed step is tried again (a package installed since, a server that had no memory
+        beside another run)."""
+        old = self.state.steps.get(sid)
+        built = phase != "build" or (paths.ROOT / load_variant(variant).settings["MODEL"]).exists()  # another machine's
+        if (old and old["key"] == key and old["status"] == "ok" and built
+                and (old.get("record") is None or (paths.ROOT / old["record"]).is_file())):
+            return old
+        return None
+
     def step(self, phase: str, target: str, variant: str, args: tuple[str, ...] = (), extra_key: str = "",
              records: str | None = None, tag: str = "") -> dict:
         """Run `make <target> VARIANT=<variant>` (args through the target's *_ARGS variable) unless the state holds
         it with the same inputs. Returns its state entry: status ok | failed, record (the new record's path), error.
         `tag` tells apart steps of one target and variant (a ladder's rounds: "#r2")."""
-        sid = f"{target}:{variant}{tag}"
-        # a measuring step names how its server ran: beside the others of a pool (and their shared memory settings) or
-        # alone; nothing is added for a lone server, so the states of earlier runs keep their keys
-        serving = [] if phase == "build" or self.pool_rungs is None else ["pool", os.environ.get(SHARED_SET_ENV, "")]
-        key = digest(lineage(variant), code_hash(STEP_CODE[target]), self.hw, " ".join(args), extra_key, *serving)
-        old = self.state.steps.get(sid)
-        built = phase != "build" or (paths.ROOT / load_variant(variant).settings["MODEL"]).exists()  # another machine's
-        # a failed step is tried again (a package installed since, a server that had no memory beside another run)
-        if (old and old["key"] == key and old["status"] == "ok" and built
-                and (old.get("record") is None or (paths.ROOT / old["record"]).is_file())):
+        sid, key = self.step_key(phase, target, variant, args, extra_key, tag)
+        if (old := self.reusable(phase, sid, key, variant)) is not None:
             self.reused += 1
             print(f"[{phase}] {sid}: reused ({old['status']}{', ' + old['record'] if old.get('record') else ''})")
             return old
@@ -335,13 +360,16 @@ def ladder(r: Runner, rungs: list[str]) -> Speeds:
             sid.startswith("eval-latency:") for sid in r.state.steps):
         r.state.ladder_id = f"{r.plan.base}-optimize-{now_utc():%Y%m%d-%H%M%S}"
     r.state.ladder_args, r.state.ladder_hardware = list(args), r.hw
-    for k, order in enumerate(round_orders(rungs, rounds), start=1):
-        for v in order:
-            e = r.step("ladder", "eval-latency", v, (*args, "--ladder-id", r.state.ladder_id, "--round", str(k)),
-                       records="latency", tag=f"#r{k}")
-            out.rounds[v][k - 1] = e["record"] if e["status"] == "ok" else None
-            if e["status"] != "ok":
-                r.note(v, f"latency run failed (round {k}): {e.get('error')}")
+    steps = [(k, v, (*args, "--ladder-id", r.state.ladder_id, "--round", str(k)))
+             for k, order in enumerate(round_orders(rungs, rounds), start=1) for v in order]
+    if r.pool_rungs is not None:  # the servers the pool starts: the rungs with a round still to measure
+        r.pending = {v for k, v, a in steps
+                     if r.reusable("ladder", *r.step_key("ladder", "eval-latency", v, a, tag=f"#r{k}"), v) is None}
+    for k, v, a in steps:
+        e = r.step("ladder", "eval-latency", v, a, records="latency", tag=f"#r{k}")
+        out.rounds[v][k - 1] = e["record"] if e["status"] == "ok" else None
+        if e["status"] != "ok":
+            r.note(v, f"latency run failed (round {k}): {e.get('error')}")
     return out
 
 

@@ -41,14 +41,16 @@ class Pool:
     folder: Path
     servers: dict[str, Server] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # variant -> why its server is not running
+    variants: dict[str, Variant] = field(default_factory=dict)  # every variant asked for, over all starts
 
     @property
     def file(self) -> Path:
         return self.folder / "pool.json"
 
     def start(self, variants: list[Variant], timeout_s: float = START_TIMEOUT_S) -> Pool:
-        """Start every variant's server at once and wait until each is healthy or gone; write the pool file. Interrupted
-        (Ctrl-C, SIGTERM), it stops what it started: each server runs in a session of its own, out of the signal's reach."""
+        """Start every variant's server at once and wait until each is healthy or gone; write the pool file (with the
+        servers of earlier starts, which keep running). Interrupted (Ctrl-C, SIGTERM), it stops the whole pool: each
+        server runs in a session of its own, out of the signal's reach."""
         try:
             return self._start(variants, timeout_s)
         except BaseException:
@@ -78,7 +80,8 @@ class Pool:
                 errors[name] = f"server did not start: {last_error(server.log_path)}"
                 server.stop()
 
-        threads = [threading.Thread(target=wait, args=item, daemon=True) for item in self.servers.items()]
+        started = [(v.name, self.servers[v.name]) for v in variants if v.name in self.servers]
+        threads = [threading.Thread(target=wait, args=item, daemon=True) for item in started]
         for t in threads:
             t.start()
         for t in threads:
@@ -87,9 +90,12 @@ class Pool:
         for name, why in errors.items():
             self.failed[name] = why
             self.servers.pop(name, None)
-        self.write({v.name: v for v in variants})
-        print(f"[pool] {len(self.servers)} of {len(variants)} servers healthy after {time.monotonic() - t0:.0f} s"
-              + (f"; failed: {', '.join(sorted(self.failed))}" if self.failed else ""), flush=True)
+        self.variants.update({v.name: v for v in variants})
+        self.write(self.variants)
+        healthy = sum(v.name in self.servers for v in variants)
+        failed = sorted(v.name for v in variants if v.name in self.failed)
+        print(f"[pool] {healthy} of {len(variants)} servers healthy after {time.monotonic() - t0:.0f} s"
+              + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
         return self
 
     def write(self, variants: dict[str, Variant]) -> None:
