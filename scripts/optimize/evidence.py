@@ -140,9 +140,7 @@ def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
                 for c in measured}
     worth = contenders(plan, measured, speeds)
     for c in measured:
-        if c.variant not in worth:
-            out[c.variant] = Outcome("not pursued", "not faster than the BF16 reference at any level measured: no "
-                                     "quality evidence bought")
+        if c.variant not in worth:  # judged below on what exists (a sibling on the same weights may have bought it)
             continue
         if c.evidence == "parity":
             e = r.step("parity", "eval-parity", c.quality_of or c.variant, budget.parity, records="quality")
@@ -208,7 +206,9 @@ def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
         elif j.certified:
             out[c.variant] = Outcome("certified", "a faster certified variant won every level", j)
         elif not faster:
-            out[c.variant] = Outcome("not pursued", "not faster than the BF16 reference at any level measured", j)
+            none = all(x.status == "missing" for x in j.criteria)
+            out[c.variant] = Outcome("not pursued", "not faster than the BF16 reference at any level measured"
+                                     + (": no quality evidence bought" if none else ""), j)
         elif all(lv in won and (speeds.point(c.variant, plan.reference, lv) or 0) <= won[lv] for lv in faster):
             out[c.variant] = Outcome("not pursued", "slower than the certified winner wherever it beats BF16: its "
                                      "remaining evidence was not bought", j)

@@ -119,6 +119,31 @@ def test_evidence_is_bought_for_contenders_only_parents_first(world):
     assert {"eval-parity:x-q8", "eval-identity:x-q8-ngram", "eval-parity:x-bad"} <= set(r.steps)
 
 
+def test_a_slow_candidate_is_judged_on_evidence_its_sibling_bought(world, monkeypatch):
+    """x-slow buys nothing (slower everywhere), but a faster kernel rung on the same weights had their parity measured:
+    the failing record rejects x-slow too, and its row never says no evidence was bought."""
+    real = evidence.judge_plan
+
+    def judge_plan(variants):
+        out = real(variants)
+        out["x-slow"] = judged({"GATE_MAX_MEAN_KLD": "fail", SUITE: "missing"})
+        return out
+
+    monkeypatch.setattr(evidence, "judge_plan", judge_plan)
+    r = FakeRunner(plan("normal"))
+    out = evidence.certify(r, candidates(), FakeSpeeds())
+    assert out["x-slow"].status == "rejected" and "GATE_MAX_MEAN_KLD fail" in out["x-slow"].why
+    assert "eval-parity:x-slow" not in r.steps
+
+
+def test_a_slow_candidate_without_evidence_says_none_was_bought(world, monkeypatch):
+    real = evidence.judge_plan
+    monkeypatch.setattr(evidence, "judge_plan", lambda variants: {
+        **real(variants), "x-slow": judged({"GATE_MAX_MEAN_KLD": "missing", SUITE: "missing"})})
+    out = evidence.certify(FakeRunner(plan("normal")), candidates(), FakeSpeeds())
+    assert out["x-slow"].status == "not pursued" and out["x-slow"].why.endswith("no quality evidence bought")
+
+
 def test_tiny_cuts_the_suite_and_names_what_waited(world):
     r = FakeRunner(plan("tiny"))
     out = evidence.certify(r, candidates(), FakeSpeeds())
