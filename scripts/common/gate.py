@@ -392,8 +392,23 @@ def task_criteria(limit: float, var_rec: dict | None, ref_recs: list[dict], vari
     return out
 
 
+# serving settings by which the engine computes differently from the same weights: a variant that differs from its
+# reference only there is scored by the engine itself (scripts/measure/parity.py)
+ENGINE_NUMERICS = ("SERVE_KV_CACHE_DTYPE", "SERVE_QUANTIZATION")
+
+
+def self_compared(record: dict) -> bool:
+    """A parity record that transformers scored on the reference's own weights for a variant whose engine applies a
+    numerics setting (an FP8 KV cache): the checkpoint compared with itself (KL 0), not evidence."""
+    config, inputs = record.get("config", {}), record["inputs"]
+    return (inputs.get("backend") == "transformers" and config.get("MODEL") == inputs.get("reference_model")
+            and any(config.get(k) for k in ENGINE_NUMERICS))
+
+
 def parity_record(records: list[dict], reference: str) -> dict | None:
-    """The newest parity record against the reference, full-distribution KL preferred over vLLM's top-K approximation."""
+    """The newest parity record against the reference, full-distribution KL preferred over vLLM's top-K approximation;
+    a record that compared a checkpoint with itself is passed over."""
+    records = [r for r in records if not (r["inputs"].get("kind") == "parity" and self_compared(r))]
     return newest(records, kind="parity", reference=reference, backend="transformers") or newest(
         records, kind="parity", reference=reference)
 

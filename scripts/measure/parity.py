@@ -14,7 +14,10 @@ Backends: `transformers` (full distributions; BF16 and any checkpoint transforme
 included) and `vllm` (each model's server returns its top-K prompt logprobs; KL is then computed over the reference's
 top-K tokens plus one bucket for the rest of the mass, an approximation the record names) and `llamacpp` (a GGUF
 variant's full distributions from llama.cpp itself, against the reference's from transformers; the default for an
-ENGINE=llamacpp variant, whose export checked that its tokenizer's ids are the parent's). The reference is the
+ENGINE=llamacpp variant, whose export checked that its tokenizer's ids are the parent's). A variant that differs from
+its reference only in what vLLM applies to the same weights (an FP8 KV cache, online quantization) is scored by vLLM:
+transformers would compare the checkpoint with itself (KL 0, what make optimize on the H200 recorded for the FP8 KV
+rungs before 2026-11-29). The reference is the
 variant's GATE_REFERENCE, else its PARENT. Writes experiments/<variant>/quality_<YYYYMMDD-HHMMSS>.json.
 """
 
@@ -32,6 +35,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.checkpoint import tokenizer_fingerprint as vocab_fingerprint
 from scripts.common.engines import EngineError, engine_of
+from scripts.common.gate import ENGINE_NUMERICS
 from scripts.common.loadgen import openai_client
 from scripts.common.metrics import parity_stats
 from scripts.common.records import envelope, save_record
@@ -49,6 +53,16 @@ TOP_K = 20  # vLLM's default max_logprobs
 
 class ParityError(RuntimeError):
     pass
+
+
+def engine_only_numerics(var: Variant, ref: Variant) -> list[str]:
+    """The numerics settings (gate.ENGINE_NUMERICS) the variant's engine applies to the reference's own weights (FP8
+    KV cache, online quantization), which transformers applies none of: [] where the weights differ (transformers then
+    compares the checkpoints) or nothing differs."""
+    if Path(var.model).resolve() != Path(ref.model).resolve():
+        return []
+    return [f"{k}={var.resolved[k]}" for k in ENGINE_NUMERICS
+            if var.resolved.get(k) and var.resolved.get(k) != ref.resolved.get(k)]
 
 
 def reference_of(variant: Variant) -> str:
@@ -264,7 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="tokens to score (default %(default)s)")
     p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context per chunk (default %(default)s)")
     p.add_argument("--backend", choices=["auto", "transformers", "vllm", "llamacpp"], default="auto",
-                   help="auto: llamacpp for a variant served by llama.cpp (ENGINE=llamacpp), else transformers")
+                   help="auto: llamacpp for a variant served by llama.cpp (ENGINE=llamacpp); vllm for one that differs "
+                        "from its reference only in what the engine applies (FP8 KV cache, online quantization: "
+                        "ENGINE_NUMERICS); else transformers")
     p.add_argument("--ref-url", help="vllm backend: the reference's running server")
     p.add_argument("--var-url", help="vllm backend: the variant's running server")
     p.add_argument("--port", type=int, help="port of the server this script starts (default: a free one, checked to be its own after the start)")
@@ -287,10 +303,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise ParityError(missing_model(v))
         engine = engine_of(var).name
         gguf = engine_of(var).gguf  # llama-cpp-python's server or llama-server: the GGUF file, scored by llama.cpp
+        numerics = [] if gguf else engine_only_numerics(var, ref)
         if args.backend == "auto":
-            args.backend = "llamacpp" if gguf else "transformers"
+            args.backend = "llamacpp" if gguf else "vllm" if numerics else "transformers"
         if (args.backend == "llamacpp") != gguf:
             raise ParityError(f"--backend {args.backend} does not run {var.name} (ENGINE={engine})")
+        if args.backend == "transformers" and numerics:
+            raise ParityError(f"{var.name} differs from {ref.name} only in what vLLM applies ({', '.join(numerics)}): "
+                              f"transformers would score the same weights twice; use --backend vllm")
         if args.backend != "llamacpp":
             check_same_tokenizer(var, ref)
         corpus = load_corpus(args.corpus)
@@ -334,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                       server_command=None)
     record["duration_s"] = round(time.monotonic() - t0, 1)
     record["inputs"] = {"kind": "parity", "reference": ref.name, "reference_model": ref.resolved["MODEL"],
-                        "backend": args.backend, "kl_method": "full distribution" if args.backend != "vllm"
+                        "backend": args.backend, **({"engine_numerics": numerics} if numerics else {}),
+                        "kl_method": "full distribution" if args.backend != "vllm"
                         else f"top-{TOP_K} + tail bucket (approximation)", **corpus.describe(),
                         "ctx": args.ctx, "chunks": len(chunks), "scored": "second half of each chunk"}
     prov = Path(var.model) / "PROVENANCE.json"

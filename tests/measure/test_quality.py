@@ -293,3 +293,38 @@ def test_identity_against_llama_cpp_pythons_server_is_one_line_before_any_server
     assert identity.main(["smollm2-gguf-q8-0-server", "--reference", "smollm2-gguf-q8-0"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: smollm2-gguf-q8-0 is served by llama-cpp-python") and "\n" not in err, err
+
+
+def test_an_engine_only_lever_is_scored_by_the_engine(embedded_weights, capsys):
+    """An FP8 KV cache leaves the checkpoint as it is: transformers would compare the weights with themselves (KL 0),
+    so auto picks vLLM and an explicit transformers backend is refused, naming the setting."""
+    from pathlib import Path
+
+    from scripts.common.variants import Variant
+
+    ref = Variant("a-bf16", Path("/b"), {}, {"MODEL": str(embedded_weights), "BASE": "a"})
+    kv = Variant("a-kv", Path("/a"), {}, {"MODEL": str(embedded_weights), "BASE": "a", "SERVE_KV_CACHE_DTYPE": "fp8"})
+    w4 = Variant("a-w4", Path("/c"), {}, {"MODEL": "weights/other", "BASE": "a", "SERVE_KV_CACHE_DTYPE": "fp8"})
+    assert eval_parity.engine_only_numerics(kv, ref) == ["SERVE_KV_CACHE_DTYPE=fp8"]
+    assert eval_parity.engine_only_numerics(w4, ref) == []  # other weights: transformers compares the checkpoints
+    assert eval_parity.engine_only_numerics(ref, ref) == []
+    assert eval_parity.main(["smollm2-fp8kv", "--backend", "transformers"]) == 1
+    err = capsys.readouterr().err
+    assert "SERVE_KV_CACHE_DTYPE=fp8" in err and "--backend vllm" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_gate_passes_over_a_checkpoint_compared_with_itself():
+    """The FP8 KV rungs' parity as make optimize recorded it on the H200 before engine-only levers were scored by vLLM:
+    transformers on the reference's own weights (KL 0). The gate reads the next record instead, or none."""
+    def parity(backend, kv, model="weights/m", when="2026-11-29T02:55:45+00:00"):
+        return {"status": "ok",
+                "inputs": {"kind": "parity", "reference": "a-bf16", "reference_model": "weights/m", "backend": backend},
+                "config": {"MODEL": model, **({"SERVE_KV_CACHE_DTYPE": "fp8"} if kv else {})}, "started_at": when,
+                "summary": {"parity": {}}}
+
+    vacuous, engine = parity("transformers", True), parity("vllm", True, when="2026-11-28T02:55:45+00:00")
+    assert gate_lib.self_compared(vacuous) and not gate_lib.self_compared(engine)
+    assert not gate_lib.self_compared(parity("transformers", True, model="weights/w4"))  # its own weights
+    assert not gate_lib.self_compared(parity("transformers", False))
+    assert gate_lib.parity_record([vacuous, engine], "a-bf16") is engine
+    assert gate_lib.parity_record([vacuous], "a-bf16") is None
