@@ -53,7 +53,7 @@ ENGINE ?=
 ENGINE_SET = $(if $(ENGINE),--set ENGINE=$(ENGINE))
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak fuzz failover scale eval-think profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep optimize gate datasets datasets-hub compare list check test test-served test-fast lint clean build build-import verify-image test-image
+.PHONY: help install install-quant install-suffix install-llamacpp install-llama-server export-gguf lock lock-quant lock-cuda hash-locks calibrate redistill draft analyze-vocab prune-vocab train-lora merge-lora bake-cache download weights serve verify shape-proxy eval-latency eval-latency-ladder soak fuzz guard-cost failover scale eval-think profile eval-quality eval-quality-full eval-smoke eval-parity eval-identity sweep optimize gate datasets datasets-hub compare list check test test-served test-fast lint clean build build-import verify-image test-image
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -233,6 +233,9 @@ failover: weights ## a replica lost under load: REPLICAS=2 of VARIANT behind vll
 
 scale: weights ## VARIANT's scale ladder on shared-prefix-v1: one server, REPLICAS (2) behind vllm-router per policy, other topologies of it beside (SCALE_ARGS, e.g. --with V-dp2 --rounds 3 --single replica; scripts/measure/scale.py) -> experiments/*/latency_*.json and the comparison
 	$(PY) -m scripts.measure.scale $(VARIANT) --replicas $(or $(REPLICAS),2) $(ENGINE_SET) $(SCALE_ARGS)
+
+guard-cost: weights ## what the request front costs a llama-server VARIANT: one engine reached through its front and directly, alternating rounds at c=1,8, TPOT/TTFT/tok/s ratios with 95% intervals (GUARD_ARGS) -> experiments/VARIANT/guard_*.json
+	$(PY) -m scripts.measure.guard_cost $(VARIANT) $(GUARD_ARGS)
 
 fuzz: weights ## fuzzed OpenAI bodies against VARIANT's server (250 by default; FUZZ_ARGS): 2xx or 4xx only, healthy after each -> experiments/VARIANT/fuzz_*.json
 	$(PY) -m scripts.measure.fuzz $(VARIANT) $(ENGINE_SET) $(FUZZ_ARGS)

@@ -204,3 +204,30 @@ def test_the_storm_against_llama_server_as_the_lab_serves_it(guarded, tmp_path):
     refused = rec["summary"]["rejected_by_cause"]
     assert refused["max_tokens_huge"] == {"400": 1} and refused["max_tokens_over_context"] == {"400": 1}
     assert rec["summary"]["by_outcome"].get("cancelled", 0) >= 1
+
+
+@pytest.mark.slow
+def test_the_fronts_cost_is_paired_on_one_engine(guarded, tmp_path):
+    """scripts.measure.guard_cost against the module's real llama-server: each round one wave through the front and
+    one straight to the engine, in ABBA order, every request answered; ratios with intervals per level; the target
+    judged at c=1. A variant without the front is refused in one line."""
+    from scripts.measure import guard_cost
+    from scripts.report import schemas as check_schemas
+
+    inner = guarded.argv[guarded.argv.index("--engine-port") + 1]
+    rc = guard_cost.main(["smollm2-gguf-bf16-server", "--base-url", guarded.base_url, "--engine-url",
+                          f"http://127.0.0.1:{inner}", "--rounds", "3", "--requests", "2", "--max-tokens", "8",
+                          "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("guard_*.json")
+    rec = json.loads(path.read_text())
+    assert check_schemas.check_file(path) == []
+    assert rc == (0 if rec["summary"]["pass"] else 1) and rec["status"] == ("ok" if rec["summary"]["pass"] else "failed")
+    for level in ("1", "8"):
+        rounds = rec["levels"][level]["rounds"]
+        assert [r["order"][0] for r in rounds] == ["front", "direct", "front"]
+        assert all(r[p]["tok_s"] > 0 and r[p]["tpot_ms"] > 0 for r in rounds for p in ("front", "direct"))
+        tpot = rec["levels"][level]["front_over_direct"]["tpot_ms"]
+        assert tpot["rounds"] == 3 and tpot["lo"] <= tpot["ratio"] <= tpot["hi"]
+    crit = rec["summary"]["criteria"]["tpot_c1_upper"]
+    assert crit["value"] == rec["levels"]["1"]["front_over_direct"]["tpot_ms"]["hi"] and crit["target"] == 1.02
+    assert guard_cost.main(["smollm2-bf16", "--out-dir", str(tmp_path)]) == 1  # vLLM: no front to measure
