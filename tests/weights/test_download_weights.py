@@ -300,3 +300,16 @@ def test_thinking_fixture_is_dense_untied_and_its_template_opens_the_span():
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
     assert template.render(messages=chat, add_generation_prompt=True, enable_thinking=False) == \
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def test_a_tokenizer_the_conversion_broke_is_refused(embedded_weights, tmp_path):
+    """The check every embedded conversion ends with: the saved tokenizer, loaded back, covers the model's vocabulary and
+    splits a probe as the converted one did. transformers 5.17 lost an id of Gemma 3's and split text one character at
+    a time once saved; here a tokenizer saved whole passes, and the same one judged against one more row fails."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_weights)
+    tok.save_pretrained(tmp_path)
+    download_weights.check_tokenizer(tok, tmp_path, len(tok), tmp_path / "m.gguf")
+    with pytest.raises(download_weights.DownloadError, match=r"converts its tokenizer wrongly \(1 of 49153 ids missing"):
+        download_weights.check_tokenizer(tok, tmp_path, len(tok) + 1, tmp_path / "m.gguf")
