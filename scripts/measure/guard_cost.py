@@ -5,24 +5,27 @@ front (scripts/serve/front.py) and directly on the engine's loopback port, in al
     python -m scripts.measure.guard_cost smollm2-gguf-q8-0-server --rounds 16 --concurrency 1,8 --max-tokens 64
 
 A ladder of two variants (guarded, REQUEST_GUARD=0) compares two servers started apart, so their own spread (the
-process, its memory, the machine's moment) sits in the ratio; here both paths reach one engine process, and a round is
-one wave of --requests requests at the level through each path in ABBA order (front first in odd rounds), so what differs within a round is
-the front alone. Per level: the ratio front / direct of TPOT (p50 of the wave), TTFT (p50) and output tok/s, each the
-geometric mean over the rounds with its 95% interval (Student's t on the log ratios: scripts/common/metrics.speed_ratio).
-Writes experiments/<variant>/guard_<YYYYMMDD-HHMMSS>.json; the front's target (TPOT at c=1 <= 1.02, its interval's
-upper end) is judged in its summary.
+process, its memory, the machine's moment) sits in the ratio; here both paths reach one engine process, and each round
+is one wave of --requests requests at the level, half through the front and half direct, the paths taking turns
+request by request (the first request's path alternating over the rounds). At c=1 the two paths alternate in time;
+above it they share the engine's batches: either way both sample the same moment of the machine, and what differs is
+the front alone. Per level: the ratio front / direct of TPOT, TTFT and end-to-end latency (the medians of each path's
+requests in a round), the geometric mean over the rounds with its 95% interval (Student's t on the log ratios:
+scripts/common/metrics.speed_ratio). Writes experiments/<variant>/guard_<YYYYMMDD-HHMMSS>.json; the front's target
+(TPOT at c=1 <= 1.02, its interval's upper end) is judged in its summary.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import sys
 import time
 from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.engines import engine_of, fixed_body_for
-from scripts.common.loadgen import PromptSetError, load_prompts, openai_client, parse_levels, run_level
+from scripts.common.loadgen import PromptSetError, load_prompts, openai_client, parse_levels, stream_one
 from scripts.common.metrics import speed_ratio, summarize
 from scripts.common.records import envelope, exit_status, mark_unmet, save_record
 from scripts.common.server import ServerError
@@ -30,6 +33,7 @@ from scripts.common.variants import VariantError, load_variant
 from scripts.serve.launch import variant_server
 
 PROMPTS = paths.ROOT / "eval" / "prompts" / "latency-v1.jsonl"
+METRICS = ("tpot_ms", "ttft_ms", "e2el_ms")
 TARGET_TPOT_C1 = 1.02  # the front's cost at c=1: the upper end of the TPOT ratio's 95% interval
 
 
@@ -44,18 +48,31 @@ def engine_url(argv: list[str]) -> str:
     return f"http://127.0.0.1:{argv[argv.index('--engine-port') + 1]}"
 
 
-def wave(url: str, model: str, rows: list[dict], concurrency: int, max_tokens: int, body: dict) -> dict:
-    samples, duration = run_level(openai_client(url), model, rows, "fixed", concurrency, max_tokens, body)
-    if failed := [s for s in samples if not s.ok]:
-        raise GuardCostError(f"{len(failed)} of {len(samples)} requests to {url} failed: {failed[0].error}")
-    s = summarize(samples, duration)
-    return {"tpot_ms": s["median_tpot_ms"], "ttft_ms": s["median_ttft_ms"], "tok_s": s["output_throughput"]}
+def wave(urls: dict[str, str], model: str, rows: list[dict], concurrency: int, max_tokens: int, body: dict,
+         first: str) -> dict:
+    """One round: the rows at `concurrency`, paths taking turns from `first`; each path's medians (ms)."""
+    clients = {path: openai_client(url) for path, url in urls.items()}
+    order = [first, next(p for p in urls if p != first)]
+    paths = [order[i % 2] for i in range(len(rows))]
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(concurrency) as ex:
+        samples = list(ex.map(lambda ir: stream_one(clients[paths[ir[0]]], model, ir[1], "fixed", t0, max_tokens, body),
+                              enumerate(rows)))
+    if failed := [(p, s) for p, s in zip(paths, samples, strict=True) if not s.ok]:
+        raise GuardCostError(f"{len(failed)} of {len(samples)} requests failed ({failed[0][0]}: {failed[0][1].error})")
+    out = {}
+    for path in urls:
+        mine = [s for p, s in zip(paths, samples, strict=True) if p == path]
+        got = summarize(mine)
+        out[path] = {"tpot_ms": got["median_tpot_ms"], "ttft_ms": got["median_ttft_ms"], "e2el_ms": got["median_e2el_ms"],
+                     "requests": len(mine)}
+    return out
 
 
 def ratios(rounds: list[dict]) -> dict:
-    """front / direct per metric over the rounds (TPOT and TTFT: lower is better, so the ratio is a cost)."""
+    """front / direct per metric over the rounds (latencies: a ratio above 1 is the front's cost)."""
     out = {}
-    for key in ("tpot_ms", "ttft_ms", "tok_s"):
+    for key in METRICS:
         sr = speed_ratio([(r["front"][key], r["direct"][key]) for r in rounds])
         out[key] = sr.to_json() if sr else None
     return out
@@ -68,14 +85,15 @@ def measure(variant, args) -> dict:
     with variant_server(variant, base_url=args.base_url, port=None, purpose="guard-cost") as (front, server):
         direct = args.engine_url or engine_url(server.argv)
         for c in args.concurrency:
-            n = -(-max(args.requests, c) // c) * c  # whole batches of c
+            n = max(args.requests, 2 * c)  # both paths in every batch of c
+            n += n % 2
             wave_rows = (rows * (n // len(rows) + 1))[:n]
             rounds = []
             for k in range(1, args.rounds + 1):
-                order = ("front", "direct") if k % 2 else ("direct", "front")
-                got = {path: wave(front if path == "front" else direct, variant.served_name, wave_rows, c,
-                                  args.max_tokens, body) for path in order}
-                rounds.append({"round": k, "order": list(order), **got})
+                first = "front" if k % 2 else "direct"
+                got = wave({"front": front, "direct": direct}, variant.served_name, wave_rows, c, args.max_tokens,
+                           body, first)
+                rounds.append({"round": k, "first": first, **got})
             levels[str(c)] = {"rounds": rounds, "front_over_direct": ratios(rounds)}
             tp = levels[str(c)]["front_over_direct"]["tpot_ms"]
             print(f"c={c}: TPOT front / direct {tp['ratio']:.3f} [{tp['lo']:.3f}, {tp['hi']:.3f}] over {tp['rounds']} "
@@ -86,10 +104,10 @@ def measure(variant, args) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variant", help="a llama-server variant served behind the front (REQUEST_GUARD=1, the default)")
-    p.add_argument("--rounds", type=int, default=16, help="alternating rounds per level (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=32, help="alternating rounds per level (default %(default)s)")
     p.add_argument("--concurrency", type=parse_levels, default=[1, 8], help="levels, e.g. 1,8 (default 1,8)")
     p.add_argument("--requests", type=int, default=8,
-                   help="requests a wave, at least the level, in whole batches of it (default %(default)s)")
+                   help="requests a round, half through each path (at least twice the level; default %(default)s)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens each request generates (default %(default)s)")
     p.add_argument("--prompts", type=Path, default=PROMPTS, help="prompt set (default %(default)s)")
     p.add_argument("--base-url", help="a running server of the variant (its front); with --engine-url")
