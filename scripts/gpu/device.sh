@@ -85,7 +85,7 @@ step=${1:?step}; shift
 export PYTHONUNBUFFERED=1 VLLM_TARGET=cuda TRITON_CACHE_AUTOTUNING=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -x /root/sgl-python ] && export LAB_SGLANG_PYTHON=/root/sgl-python  # written by `setup` when SGLang's wheels came
-SITE=/root/site EXTRA=/root/extra QUANT=/root/quant STAGE=/root/stage RUN=/root/run KERNELS=/root/kernels LAB=/root/lab
+SITE=/root/site EXTRA=/root/extra FIRST=/root/first QUANT=/root/quant STAGE=/root/stage RUN=/root/run KERNELS=/root/kernels LAB=/root/lab
 EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|SpecDecoding|draft|mtp|runner|KV cache|memory|Asynchronous scheduling|CUDA graphs"
 sets=(); for kv in ${SET:-}; do sets+=(--set "$kv"); done
 # SET's keys are vLLM's (SERVE_*): a variant served by another engine (ENGINE=sglang) gets none of them
@@ -136,7 +136,7 @@ shims() {
 # (2026-11-28: a plan's new variants vanished under a running `make optimize`)
 into_lab() {
   mkdir -p $LAB && tar cf - --exclude=./.gpu . | (cd $LAB && tar xf -) && cd $LAB || return 1
-  export PYTHONPATH=$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims
+  export PYTHONPATH=$FIRST:$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims
 }
 running() { [ -s $RUN/$1.pid ] && kill -0 "$(cat $RUN/$1.pid)" 2>/dev/null; }
 # the command line $2 under setsid (it outlives the call): its output, process group, start and end marks in
@@ -202,6 +202,11 @@ case $step in
     # a payload without the vLLM bundle (training from carried answers) skips it
     mkdir -p $SITE && { ! ls $STAGE/part? >/dev/null 2>&1 || cat $STAGE/part? | xz -dc -T16 | (cd $SITE && tar xf -); } || exit 1
     mkdir -p $EXTRA && python3 -m pip install -q --no-index --no-deps --no-compile --target $EXTRA $STAGE/whl/*.whl || exit 1
+    # packages that replace the bundle's, first on PYTHONPATH (transformers 5.24.0 and huggingface_hub 2.4.0, the pins
+    # of requirements/cuda.txt beside vLLM 0.26.0: the bundle's transformers 5.17.0 converts Gemma 3's GGUF tokenizer
+    # wrongly, 2026-11-29)
+    mkdir -p $FIRST && { ! ls $STAGE/first/*.whl >/dev/null 2>&1 || \
+      python3 -m pip install -q --no-index --no-deps --no-compile --target $FIRST $STAGE/first/*.whl; } || exit 1
     if ls $STAGE/quant/*.whl >/dev/null 2>&1; then  # llm-compressor pins compressed-tensors 0.19, vLLM 0.17: own folder
       mkdir -p $QUANT && python3 -m pip install -q --no-index --no-deps --no-compile --target $QUANT $STAGE/quant/*.whl || exit 1
     fi
@@ -225,16 +230,16 @@ d.mkdir(parents=True, exist_ok=True)
                                             for g, eps in proj.get("entry-points", {}).items()))
 print("entry points:", (d / "entry_points.txt").read_text().strip().replace("\n", "; "))
 PY
-    [ -d $SITE/vllm ] && PYTHONPATH=$SITE:$EXTRA:$PWD python3 -c "import vllm, importlib.metadata as m; print('vllm', \
+    [ -d $SITE/vllm ] && PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD python3 -c "import vllm, importlib.metadata as m; print('vllm', \
       vllm.__version__, [e.value for e in m.entry_points(group='vllm.general_plugins')])"
     echo "setup $(( $(date +%s) - t0 )) s" ;;
   build)
-    export PYTHONPATH=$SITE:$EXTRA:$PWD; embedded_gguf; t0=$(date +%s); since=$RUN/build-$t0; mkdir -p $RUN && touch $since
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD; embedded_gguf; t0=$(date +%s); since=$RUN/build-$t0; mkdir -p $RUN && touch $since
     for v in "$@"; do build "$v"; done
     find experiments -name 'prune_*.json' -newer $since | tar cf $OUT/build.tar -T - && tar tf $OUT/build.tar
     df -h . | tail -1; echo "build $(( $(date +%s) - t0 )) s" ;;
   bench)
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
     embedded_gguf
     for v in "$@"; do
       echo "== $v $(date +%T)"
@@ -258,7 +263,7 @@ PY
         echo "--- tail"; tail -${LOG_TAIL:-40} $log; } > "$OUT/$v/server.log"
     done ;;
   start)
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
     embedded_gguf
     mkdir -p $RUN; t0=$(date +%s)
     for spec in "$@"; do build "${spec%%+*}"; done  # variants that share a checkpoint build it once
@@ -282,7 +287,7 @@ PY
   wait)
     t0=$(date +%s); wait_servers $t0; echo "waited $(( $(date +%s) - t0 )) s" ;;
   measure)
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
     res=$RUN/res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
     # one ladder id for every bench of this call and each record's round: make compare pairs them round by round for
     # each ratio's 95% interval (ROUNDS >= 2: start order in odd rounds, reversed in even ones)
@@ -316,7 +321,7 @@ PY
     tar cf $OUT/${TAR:-results}.tar -C $res . && ls -lR $res | head -40
     nvidia-smi --query-gpu=memory.used --format=csv,noheader; echo "measure $(( $(date +%s) - t0 )) s" ;;
   redistill)
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
     v=$1; mkdir -p $RUN /root/heads .cache/prompts; rm -f /root/heads/DONE
     for f in $STAGE/prompts/*.jsonl.gz; do [ -f "$f" ] && gunzip -c "$f" > .cache/prompts/$(basename "$f" .gz); done
     build "$(cfg $v PARENT)" || exit 1
@@ -360,7 +365,7 @@ PY
     # [SETS="K=V …"] bash scripts/gpu/device.sh probe: training speed without generating: smollm2-bf16-eagle4's
     # head trained for 60 steps on the carried tiny answers ($STAGE/ans/tiny.npz), once per SETS entry
     # ("A=1,B=2 C=3": two runs), while a `redistill` generation may already run
-    export PYTHONPATH=$SITE:$EXTRA:$PWD; embedded_gguf
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD; embedded_gguf
     build smollm2-bf16 || exit 1
     for e in ${SETS:-REDISTILL_PACK_TOKENS=8192}; do xs=(); for kv in ${e//,/ }; do xs+=(--set "$kv"); done
       echo "== probe $e"; timeout 300 python3 -m scripts.levers.speculate.redistill smollm2-bf16-eagle4 --budget tiny \
@@ -386,7 +391,7 @@ PY
     # server, replicas behind vllm-router per policy, the router's c=1 overhead); vllm-router, orjson and setproctitle
     # travel as wheels in the payload's whl/ (setup installs them; vllm-router's command lands in /root/extra/bin).
     # Records, summary and log tails: $OUT/scale.tar
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PATH=$EXTRA/bin:$PATH
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PATH=$EXTRA/bin:$PATH
     python3 -c "import vllm_router" || { echo "vllm-router missing: add its wheels to the payload's whl/"; exit 1; }
     build "$1" || exit 1
     d=$RUN/scale-$1; mkdir -p $d
@@ -401,7 +406,7 @@ PY
     # The servers `start` left running, profiled one after another (scripts/measure/profile_matrix.sh, scripts.measure.profile
     # at c=1,8); records + markdown tables come back as $OUT/${TAR:-profile}.tar, raw traces stay in the profiler's
     # folder here. The servers keep running: `measure` afterwards benches and stops them.
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
     res=$RUN/prof-res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
     while read -r tag v port pid extra; do
       for _ in $(seq ${WAIT:-120}); do ready $tag || gone $pid && break; sleep 1; done
@@ -413,7 +418,7 @@ PY
     tar cf $OUT/${TAR:-profile}.tar -C $res . && ls -lR $res | head -40
     du -sh /root/run/prof* 2>/dev/null; echo "profile $(( $(date +%s) - t0 )) s" ;;
   bake)
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
     embedded_gguf
     mkdir -p /root/bake/results; t0=$(date +%s)
     for v in "$@"; do
@@ -425,7 +430,7 @@ PY
     done
     ls -la /root/bake; tar cf $OUT/bake.tar -C /root/bake results 2>/dev/null; echo "bake $(( $(date +%s) - t0 )) s" ;;
   startc)
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
     mkdir -p /root/bake/results; build "$1" || exit 1
     python3 - "$1" "$2" <<'PY'
 import datetime as dt, json, os, subprocess, sys
@@ -482,7 +487,7 @@ PY
     ls $KERNELS | grep dist-info | tr '\n' ' '; echo
     [ -n "${NORUN:-}" ] && exit 0
     [ -d $SITE/vllm ] || echo "no vLLM bundle in $SITE (recv + setup first): the vllm-* rows will say unavailable"
-    export PYTHONPATH=$SITE:$EXTRA:$KERNELS:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$KERNELS:$PWD PYTHONFAULTHANDLER=1
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv,noheader
     timeout -s TERM ${GEMM_LIMIT:-560} python3 -m scripts.measure.gemm_bench --out $OUT ${GEMM_ARGS:-}; rc=$?
     ls -la $OUT; exit $rc ;;
@@ -490,7 +495,7 @@ PY
     # bash scripts/gpu/device.sh make TARGET [VAR=…]: any make target in the shimmed environment, in the foreground
     # (≤ 10 min a call), e.g. `make failover VARIANT=… REPLICAS=2`; its records land in experiments/ of this tree:
     # `find experiments -newer …` them into $OUT as the step's last line does
-    export PYTHONPATH=$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims || exit 1
+    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims || exit 1
     touch $RUN/make.start; make --no-print-directory "$@"; rc=$?
     find experiments results -newer $RUN/make.start -type f | tar cf $OUT/make.tar -T - && tar tf $OUT/make.tar; exit $rc ;;
   wheels)
