@@ -383,7 +383,8 @@ def missing_model(variant: Variant) -> str:
 def lever_of(settings: dict[str, str]) -> str:
     """The lever that makes a variant what it is, from its config.env keys (the last one applied, for a stack: a
     speculative head on an INT8 parent is `speculate`)."""
-    if any(k in settings for k in ("SERVE_SPECULATIVE_CONFIG", "LLAMASERVER_SPEC_TYPE", "LLAMASERVER_SPEC_DRAFT_MODEL")):
+    if any(k in settings for k in ("SERVE_SPECULATIVE_CONFIG", "LLAMASERVER_SPEC_TYPE", "LLAMASERVER_SPEC_DRAFT_MODEL",
+                                   "SGLANG_SPECULATIVE_ALGORITHM")):
         return "speculate"
     if settings.get("PRUNE_KEEP"):
         return "vocab"
