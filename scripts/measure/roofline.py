@@ -79,19 +79,22 @@ def dtype_bytes(setting: str | None, model_bytes: int) -> int:
 
 def cache_bytes(text: dict, *, kv_dtype: str | None = None, mamba_dtype: str | None = None,
                 ssm_dtype: str | None = None) -> dict:
-    """KV cache bytes per token (all full-attention layers, K and V) and recurrent-state bytes per sequence
-    (Gated-DeltaNet layers: conv state (kernel-1) x conv_dim, temporal state v_heads x v_dim x k_dim) from a text
-    config."""
+    """KV cache bytes per token (all full-attention layers, K and V), the same for sliding-window layers (a step reads
+    at most `sliding_window` tokens of theirs) and recurrent-state bytes per sequence (Gated-DeltaNet layers: conv
+    state (kernel-1) x conv_dim, temporal state v_heads x v_dim x k_dim) from a text config."""
     model = DTYPE_BYTES.get({"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(
         str(text.get("dtype") or text.get("torch_dtype") or "bfloat16"), "BF16"), 2)
     layers = text.get("layer_types") or ["full_attention"] * int(text["num_hidden_layers"])
     full = sum(t == "full_attention" for t in layers)
     linear = sum(t == "linear_attention" for t in layers)
-    if full + linear != len(layers):
-        raise RooflineError(f"layer_types: only full_attention / linear_attention are known, got {sorted(set(layers))}")
+    sliding = sum(t == "sliding_attention" for t in layers)
+    if full + linear + sliding != len(layers):
+        raise RooflineError(f"layer_types: only full_attention / sliding_attention / linear_attention are known, got "
+                            f"{sorted(set(layers))}")
     head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
     kv_heads = text.get("num_key_value_heads") or text["num_attention_heads"]
-    kv = full * 2 * kv_heads * head_dim * dtype_bytes(kv_dtype, model)
+    per_layer = 2 * kv_heads * head_dim * dtype_bytes(kv_dtype, model)
+    kv = full * per_layer
     state = 0
     if linear:
         kh, vh = text["linear_num_key_heads"], text["linear_num_value_heads"]
@@ -100,13 +103,17 @@ def cache_bytes(text: dict, *, kv_dtype: str | None = None, mamba_dtype: str | N
         ssm_b = dtype_bytes(ssm_dtype, conv_b)
         conv = (text["linear_conv_kernel_dim"] - 1) * (2 * kh * kd + vh * vd) * conv_b
         state = linear * (conv + vh * vd * kd * ssm_b)
+    window = {"window_kv_bytes_per_token": sliding * per_layer, "sliding_window": int(text["sliding_window"]),
+              "sliding_attention_layers": sliding} if sliding else {}
     return {"kv_bytes_per_token": kv, "state_bytes_per_sequence": state, "full_attention_layers": full,
-            "linear_attention_layers": linear}
+            "linear_attention_layers": linear, **window}
 
 
-def step_bytes(weights: int, kv_per_token: int, state_per_seq: int, context: float, concurrency: int) -> float:
-    """Bytes one decode step of `concurrency` sequences, each `context` tokens long, reads."""
-    return weights + concurrency * (kv_per_token * context + state_per_seq)
+def step_bytes(weights: int, kv_per_token: int, state_per_seq: int, context: float, concurrency: int,
+               window_kv_per_token: int = 0, window: float = 0) -> float:
+    """Bytes one decode step of `concurrency` sequences, each `context` tokens long, reads (a sliding-window layer's
+    KV: its last `window` tokens at most)."""
+    return weights + concurrency * (kv_per_token * context + window_kv_per_token * min(context, window) + state_per_seq)
 
 
 def roofline(step: float, bandwidth: float | None, tpot_ms: float | None) -> dict:
@@ -178,10 +185,11 @@ def level_roofline(facts: dict, bandwidth: float | None, context: float, concurr
     online quantization). step_bytes is one GPU's share under the topology (module docstring)."""
     engines, gpus = engines_and_gpus(topology)
     w = facts["weights"]["total"]
-    kv = concurrency * facts["kv_bytes_per_token"] * context
+    windowed = (facts.get("window_kv_bytes_per_token", 0), facts.get("sliding_window", 0))
+    kv = concurrency * (facts["kv_bytes_per_token"] * context + windowed[0] * min(context, windowed[1]))
     state = concurrency * facts["state_bytes_per_sequence"]
     step = step_bytes(engines * w, facts["kv_bytes_per_token"], facts["state_bytes_per_sequence"], context,
-                      concurrency) / gpus
+                      concurrency, *windowed) / gpus
     out = {"context_tokens": context, "concurrency": concurrency, "weight_bytes": w, "kv_bytes": kv,
            "state_bytes": state, "step_bytes": step}
     if (engines, gpus) != (1, 1):
@@ -205,7 +213,7 @@ def for_bench(model_dir: Path | None, settings: dict[str, str], gpu: bool) -> di
     if model_dir is not None and model_dir.is_dir():
         try:
             out["bytes"] = checkpoint_bytes(model_dir, settings)
-        except (RooflineError, CheckpointError, KeyError) as e:  # e.g. sliding-window layers: not modelled here
+        except (RooflineError, CheckpointError, KeyError) as e:  # e.g. a layer type not modelled here
             out["bytes_note"] = f"not counted: {type(e).__name__}: {e}"
     else:
         out["bytes_note"] = "not counted: the model is not a checkpoint directory"

@@ -110,13 +110,13 @@ def test_for_bench_on_a_cpu_names_what_it_could_not_count(tmp_path):
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"model_type": "gemma3_text", "num_hidden_layers": 2, "hidden_size": 8,
                                                  "num_attention_heads": 2,
-                                                 "layer_types": ["sliding_attention", "full_attention"]}))
+                                                 "layer_types": ["chunked_attention", "full_attention"]}))
     import torch
     from safetensors.torch import save_file
 
     save_file({"model.norm.weight": torch.zeros(8, dtype=torch.bfloat16)}, d / "model.safetensors")
     out = rl.for_bench(d, {}, gpu=False)
-    assert out["bytes"] is None and "sliding_attention" in out["bytes_note"]
+    assert out["bytes"] is None and "chunked_attention" in out["bytes_note"]
 
 
 def test_several_gpus_bound_one_gpus_share():
@@ -152,3 +152,19 @@ def test_refresh_recomputes_a_records_levels_from_its_samples(tmp_path, capsys):
     bad = tmp_path / "latency_y.json"
     bad.write_text(json.dumps({**rec, "roofline": {"bytes": None, "bandwidth": None}}))
     assert rl.main(["--refresh", str(path), str(bad)]) == 2 and "no bytes counted" in capsys.readouterr().err
+
+
+def test_sliding_window_layers_read_at_most_their_window():
+    """Gemma 3 270M's text config (18 layers, 5 of 6 sliding over 512 tokens, 1 KV head of 256): by hand, 2 x 1 x 256 x
+    2 bytes = 1,024 bytes a token a layer; at 2,000 tokens of context the 15 sliding layers read 512 tokens each."""
+    types = (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    text = {"num_hidden_layers": 18, "hidden_size": 640, "num_attention_heads": 4, "num_key_value_heads": 1,
+            "head_dim": 256, "layer_types": types, "sliding_window": 512}
+    c = rl.cache_bytes(text)
+    assert (c["kv_bytes_per_token"], c["window_kv_bytes_per_token"], c["sliding_window"]) == (3 * 1024, 15 * 1024, 512)
+    assert rl.step_bytes(1000, c["kv_bytes_per_token"], 0, 2000, 1, c["window_kv_bytes_per_token"], 512) == \
+        1000 + 3 * 1024 * 2000 + 15 * 1024 * 512
+    lv = rl.level_roofline({"weights": {"total": 1000}, **c}, None, 100, 2, None)  # context below the window
+    assert lv["kv_bytes"] == 2 * 18 * 1024 * 100
+    with pytest.raises(rl.RooflineError, match="sliding_attention"):
+        rl.cache_bytes({**text, "layer_types": ["chunked_attention"] * 18})
