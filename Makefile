@@ -234,7 +234,7 @@ failover: weights ## a replica lost under load: REPLICAS=2 of VARIANT behind vll
 scale: weights ## VARIANT's scale ladder on shared-prefix-v1: one server, REPLICAS (2) behind vllm-router per policy, other topologies of it beside (SCALE_ARGS, e.g. --with V-dp2 --rounds 3 --single replica; scripts/measure/scale.py) -> experiments/*/latency_*.json and the comparison
 	$(PY) -m scripts.measure.scale $(VARIANT) --replicas $(or $(REPLICAS),2) $(ENGINE_SET) $(SCALE_ARGS)
 
-guard-cost: weights ## what the request front costs a llama-server VARIANT: one engine reached through its front and directly, alternating rounds at c=1,8, TPOT/TTFT/tok/s ratios with 95% intervals (GUARD_ARGS) -> experiments/VARIANT/guard_*.json
+guard-cost: weights ## what the request front costs a llama-server VARIANT: one engine reached through its front and directly, alternating rounds at c=1,8, TPOT/TTFT/end-to-end ratios with 95% intervals (GUARD_ARGS) -> experiments/VARIANT/guard_*.json
 	$(PY) -m scripts.measure.guard_cost $(VARIANT) $(GUARD_ARGS)
 
 fuzz: weights ## fuzzed OpenAI bodies against VARIANT's server (250 by default; FUZZ_ARGS): 2xx or 4xx only, healthy after each -> experiments/VARIANT/fuzz_*.json

@@ -397,18 +397,29 @@ def task_criteria(limit: float, var_rec: dict | None, ref_recs: list[dict], vari
 ENGINE_NUMERICS = ("SERVE_KV_CACHE_DTYPE", "SERVE_QUANTIZATION")
 
 
-def self_compared(record: dict) -> bool:
+def engine_only(settings: dict[str, str], reference: dict[str, str]) -> list[str]:
+    """The numerics settings a variant's engine applies that its reference's does not (FP8 KV cache, online
+    quantization): what transformers, scoring the weights alone, cannot see."""
+    return [f"{k}={settings[k]}" for k in ENGINE_NUMERICS if settings.get(k) and settings.get(k) != reference.get(k)]
+
+
+def self_compared(record: dict, reference: dict[str, str]) -> bool:
     """A parity record that transformers scored on the reference's own weights for a variant whose engine applies a
-    numerics setting (an FP8 KV cache): the checkpoint compared with itself (KL 0), not evidence."""
+    numerics setting its reference's does not (an FP8 KV cache): the checkpoint compared with itself (KL 0), not
+    evidence. `reference`: the reference's settings."""
     config, inputs = record.get("config", {}), record["inputs"]
     return (inputs.get("backend") == "transformers" and config.get("MODEL") == inputs.get("reference_model")
-            and any(config.get(k) for k in ENGINE_NUMERICS))
+            and bool(engine_only(config, reference)))
 
 
 def parity_record(records: list[dict], reference: str) -> dict | None:
     """The newest parity record against the reference, full-distribution KL preferred over vLLM's top-K approximation;
     a record that compared a checkpoint with itself is passed over."""
-    records = [r for r in records if not (r["inputs"].get("kind") == "parity" and self_compared(r))]
+    try:
+        ref = load_variant(reference).resolved
+    except VariantError:  # a reference since removed: its records are read as they are
+        ref = {}
+    records = [r for r in records if not (r["inputs"].get("kind") == "parity" and self_compared(r, ref))]
     return newest(records, kind="parity", reference=reference, backend="transformers") or newest(
         records, kind="parity", reference=reference)
 

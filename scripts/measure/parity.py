@@ -35,7 +35,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
 from scripts.common.checkpoint import tokenizer_fingerprint as vocab_fingerprint
 from scripts.common.engines import EngineError, engine_of
-from scripts.common.gate import ENGINE_NUMERICS
+from scripts.common.gate import engine_only
 from scripts.common.loadgen import openai_client
 from scripts.common.metrics import parity_stats
 from scripts.common.records import envelope, save_record
@@ -56,13 +56,12 @@ class ParityError(RuntimeError):
 
 
 def engine_only_numerics(var: Variant, ref: Variant) -> list[str]:
-    """The numerics settings (gate.ENGINE_NUMERICS) the variant's engine applies to the reference's own weights (FP8
-    KV cache, online quantization), which transformers applies none of: [] where the weights differ (transformers then
-    compares the checkpoints) or nothing differs."""
+    """The numerics settings the variant's engine applies to the reference's own weights that the reference's does not
+    (gate.engine_only: FP8 KV cache, online quantization), which transformers applies none of: [] where the weights
+    differ (transformers then compares the checkpoints) or nothing differs."""
     if Path(var.model).resolve() != Path(ref.model).resolve():
         return []
-    return [f"{k}={var.resolved[k]}" for k in ENGINE_NUMERICS
-            if var.resolved.get(k) and var.resolved.get(k) != ref.resolved.get(k)]
+    return engine_only(var.resolved, ref.resolved)
 
 
 def reference_of(variant: Variant) -> str:

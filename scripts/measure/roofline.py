@@ -5,7 +5,8 @@ those bytes take at that bandwidth.
     python -m scripts.measure.roofline qwen35-4b-proxy-bf16 --bandwidth                       # + a copy on this GPU
 
 A decode step of a batch of c sequences reads every weight the forward pass uses once (shared by the batch), and per
-sequence its KV cache (full-attention layers, at its current length) and its recurrent state (Qwen3.5's
+sequence its KV cache (full-attention layers at its current length, sliding-window layers at most their window) and
+its recurrent state (Qwen3.5's
 Gated-DeltaNet layers: the conv state and the temporal state, read and written every step; only the reads are
 counted). Weights come from the checkpoint's safetensors headers, grouped by dtype (packed int4 is I32, FP8 F8_E4M3);
 tensors a text-only decode step never reads are left out and named: the vision tower, the MTP head (read only when it
@@ -13,7 +14,8 @@ drafts), and an input embedding that is not also the output layer (a step reads 
 read whole, as the output layer. KV bytes per token and the state come from config.json and the serving dtypes
 (SERVE_KV_CACHE_DTYPE, SERVE_MAMBA_CACHE_DTYPE / SERVE_MAMBA_SSM_CACHE_DTYPE; "auto": the model dtype, as vLLM 0.26).
 
-roofline_s(c) = (weight bytes + c x (KV bytes per token x context + state bytes)) / copy bandwidth, where the copy
+roofline_s(c) = (weight bytes + c x (KV bytes per token x context + windowed KV bytes per token x min(context, window)
++ state bytes)) / copy bandwidth, where the copy
 bandwidth is (bytes read + bytes written) / second of a device-to-device torch copy measured on that device in the
 same run (`copy_bandwidth`): never an assumed figure. TPOT / roofline_s is how many times the step takes longer than
 its bytes need; a record without a bandwidth measurement says so and has no ratio.
@@ -103,7 +105,9 @@ def cache_bytes(text: dict, *, kv_dtype: str | None = None, mamba_dtype: str | N
         ssm_b = dtype_bytes(ssm_dtype, conv_b)
         conv = (text["linear_conv_kernel_dim"] - 1) * (2 * kh * kd + vh * vd) * conv_b
         state = linear * (conv + vh * vd * kd * ssm_b)
-    window = {"window_kv_bytes_per_token": sliding * per_layer, "sliding_window": int(text["sliding_window"]),
+    if sliding and not isinstance(text.get("sliding_window"), int):
+        raise RooflineError(f"{sliding} sliding_attention layers but sliding_window is {text.get('sliding_window')!r}")
+    window = {"window_kv_bytes_per_token": sliding * per_layer, "sliding_window": text["sliding_window"],
               "sliding_attention_layers": sliding} if sliding else {}
     return {"kv_bytes_per_token": kv, "state_bytes_per_sequence": state, "full_attention_layers": full,
             "linear_attention_layers": linear, **window}

@@ -199,6 +199,10 @@ def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
         faster = [lv for lv in plan.concurrency if above(speeds, c.variant, plan.reference, lv)]
         if failed:
             out[c.variant] = Outcome("rejected", "; ".join(criterion_text(x) for x in failed), j)
+        elif c.variant not in worth:  # judged on a sibling's evidence at most: never a tie or a winner
+            none = all(x.status == "missing" for x in j.criteria)
+            out[c.variant] = Outcome("not pursued", "not faster than the BF16 reference at any level measured"
+                                     + (": no quality evidence bought" if none else ""), j)
         elif j.certified and not any((sr := speeds.versus(c.variant, plan.reference, lv)) and sr.faster
                                      for lv in plan.concurrency):
             out[c.variant] = Outcome("tie", "at parity, but not faster with 95% confidence at any level: "
@@ -206,9 +210,7 @@ def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
         elif j.certified:
             out[c.variant] = Outcome("certified", "a faster certified variant won every level", j)
         elif not faster:
-            none = all(x.status == "missing" for x in j.criteria)
-            out[c.variant] = Outcome("not pursued", "not faster than the BF16 reference at any level measured"
-                                     + (": no quality evidence bought" if none else ""), j)
+            out[c.variant] = Outcome("not pursued", "not faster than the BF16 reference at any level measured", j)
         elif all(lv in won and (speeds.point(c.variant, plan.reference, lv) or 0) <= won[lv] for lv in faster):
             out[c.variant] = Outcome("not pursued", "slower than the certified winner wherever it beats BF16: its "
                                      "remaining evidence was not bought", j)

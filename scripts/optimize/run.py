@@ -167,17 +167,17 @@ class Runner:
 
     def pooled(self, phase: str, variant: str) -> str | None:
         """With POOL on, start the servers still needed at once before the first step that measures (not a build, not
-        a reused step): every rung with a ladder step to run, the variant itself, and the reference where the step
-        compares against it (a run resumed after its ladder starts two servers, not the whole ladder's). A variant
-        asked for later joins the running pool. Returns why the variant's server is not running when its start
-        failed, else None."""
+        a reused step): every rung with a ladder step to run, the variant itself, and for parity and identity its
+        reference (GATE_REFERENCE, else PARENT) that it is scored against (a run resumed after its ladder starts two
+        servers, not the whole ladder's). A variant asked for later joins the running pool. Returns why the variant's
+        server is not running when its start failed, else None."""
         if self.pool_rungs is None or phase in ("build", "topology"):  # the topology ladder starts its own servers
             return None
         if self.pool is None:
             self.pool = Pool(self.log_dir.parent / "pool")  # named before its start: an interrupted start is stopped
         wanted = {variant} | (self.pending if self.pending is not None else set(self.pool_rungs))
-        if phase != "ladder":
-            wanted.add(self.plan.reference)
+        if phase in ("parity", "identity"):  # scored against its reference's server
+            wanted.add(reference_name(load_variant(variant).resolved) or self.plan.reference)
         new = [v for v in self.pool_rungs if v in wanted and v not in self.pool.servers and v not in self.pool.failed]
         if new:
             self.start_in_pool(new)

@@ -313,7 +313,7 @@ def test_an_engine_only_lever_is_scored_by_the_engine(embedded_weights, capsys):
     assert "SERVE_KV_CACHE_DTYPE=fp8" in err and "--backend vllm" in err and len(err.strip().splitlines()) == 1
 
 
-def test_the_gate_passes_over_a_checkpoint_compared_with_itself():
+def test_the_gate_passes_over_a_checkpoint_compared_with_itself(monkeypatch):
     """The FP8 KV rungs' parity as make optimize recorded it on the H200 before engine-only levers were scored by vLLM:
     transformers on the reference's own weights (KL 0). The gate reads the next record instead, or none."""
     def parity(backend, kv, model="weights/m", when="2026-11-29T02:55:45+00:00"):
@@ -323,8 +323,11 @@ def test_the_gate_passes_over_a_checkpoint_compared_with_itself():
                 "summary": {"parity": {}}}
 
     vacuous, engine = parity("transformers", True), parity("vllm", True, when="2026-11-28T02:55:45+00:00")
-    assert gate_lib.self_compared(vacuous) and not gate_lib.self_compared(engine)
-    assert not gate_lib.self_compared(parity("transformers", True, model="weights/w4"))  # its own weights
-    assert not gate_lib.self_compared(parity("transformers", False))
+    assert gate_lib.self_compared(vacuous, {}) and not gate_lib.self_compared(engine, {})
+    assert not gate_lib.self_compared(parity("transformers", True, model="weights/w4"), {})  # its own weights
+    assert not gate_lib.self_compared(parity("transformers", False), {})
+    # a reference with the same FP8 KV cache: the variant differs elsewhere, and transformers' record is evidence
+    assert not gate_lib.self_compared(vacuous, {"SERVE_KV_CACHE_DTYPE": "fp8"})
+    monkeypatch.setattr(gate_lib, "load_variant", lambda name: type("V", (), {"resolved": {}})())
     assert gate_lib.parity_record([vacuous, engine], "a-bf16") is engine
     assert gate_lib.parity_record([vacuous], "a-bf16") is None

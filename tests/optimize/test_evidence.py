@@ -136,6 +136,14 @@ def test_a_slow_candidate_is_judged_on_evidence_its_sibling_bought(world, monkey
     assert "eval-parity:x-slow" not in r.steps
 
 
+def test_a_slow_candidate_certified_on_a_siblings_evidence_is_not_a_tie(world, monkeypatch):
+    real = evidence.judge_plan
+    monkeypatch.setattr(evidence, "judge_plan", lambda variants: {
+        **real(variants), "x-slow": judged({"GATE_MAX_MEAN_KLD": "pass", SUITE: "pass"})})
+    out = evidence.certify(FakeRunner(plan("normal")), candidates(), FakeSpeeds())
+    assert out["x-slow"].status == "not pursued" and not out["x-slow"].winner_at
+
+
 def test_a_slow_candidate_without_evidence_says_none_was_bought(world, monkeypatch):
     real = evidence.judge_plan
     monkeypatch.setattr(evidence, "judge_plan", lambda variants: {

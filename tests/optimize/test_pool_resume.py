@@ -19,8 +19,9 @@ class FakePool:
         self.servers, self.failed, self.file = {}, {}, folder / "pool.json"
 
     def start(self, variants):
-        FakePool.starts.append(list(variants))
-        self.servers.update(dict.fromkeys(variants))
+        names = [v.name for v in variants]
+        FakePool.starts.append(names)
+        self.servers.update(dict.fromkeys(names))
         return self
 
 
@@ -29,7 +30,9 @@ def runner(monkeypatch, tmp_path):
     FakePool.starts = []
     monkeypatch.setattr(run, "Pool", FakePool)
     monkeypatch.setattr(run, "make_weights", lambda v, log: None)
-    monkeypatch.setattr(run, "load_variant", lambda v: v)
+    # every rung's reference is the BF16 one but x-c's, which stacks on x-b
+    monkeypatch.setattr(run, "load_variant", lambda v: type("V", (), {
+        "name": v, "resolved": {"PARENT": "x-b" if v == "x-c" else "x-bf16"}})())
     monkeypatch.setattr(run.Runner, "step_key", lambda self, phase, target, v, args=(), extra_key="", tag="":
                         (f"{target}:{v}{tag}", "same-inputs"))
     # x-bf16 and x-a measured in all three rounds before the machine was taken back, x-b in the first round only
@@ -59,12 +62,13 @@ def test_the_ladder_pools_only_the_rungs_with_a_round_to_measure(runner, monkeyp
     assert sorted(measured) == ["x-b#r2", "x-b#r3", "x-c#r1", "x-c#r2", "x-c#r3"]
 
 
-def test_a_later_step_adds_its_variant_and_the_reference_to_the_running_pool(runner):
-    runner.pending = {"x-c"}
-    assert runner.pooled("ladder", "x-c") is None
-    runner.pooled("parity", "x-a")  # parity reads the reference's server too
-    runner.pooled("identity", "x-a")  # both already running: nothing started
-    assert FakePool.starts == [["x-c"], ["x-bf16", "x-a"]]
+def test_a_later_step_adds_its_variant_and_its_reference_to_the_running_pool(runner):
+    runner.pending = {"x-a"}
+    assert runner.pooled("ladder", "x-a") is None
+    runner.pooled("parity", "x-a")  # parity reads its reference's server too
+    runner.pooled("identity", "x-c")  # scored against its parent x-b, not the BF16 reference
+    runner.pooled("reliability", "x-a")  # the soak reads its own server only: nothing started
+    assert FakePool.starts == [["x-a"], ["x-bf16"], ["x-b", "x-c"]]
 
 
 def test_a_first_run_starts_every_rung_at_once(runner):

@@ -229,6 +229,8 @@ def test_the_fronts_cost_is_paired_on_one_engine(guarded, tmp_path):
                    for r in rounds for p in ("front", "direct"))
         tpot = rec["levels"][level]["front_over_direct"]["tpot_ms"]
         assert tpot["rounds"] == 3 and tpot["lo"] <= tpot["ratio"] <= tpot["hi"]
+        assert tpot["verdict"] == ("costlier" if tpot["lo"] > 1 else "cheaper" if tpot["hi"] < 1 else "tie")
     crit = rec["summary"]["criteria"]["tpot_c1_upper"]
     assert crit["value"] == rec["levels"]["1"]["front_over_direct"]["tpot_ms"]["hi"] and crit["target"] == 1.02
     assert guard_cost.main(["smollm2-bf16", "--out-dir", str(tmp_path)]) == 1  # vLLM: no front to measure
+    assert guard_cost.main(["smollm2-gguf-bf16-server", "--max-tokens", "1"]) == 2  # no TPOT in one token
