@@ -202,9 +202,9 @@ case $step in
     # a payload without the vLLM bundle (training from carried answers) skips it
     mkdir -p $SITE && { ! ls $STAGE/part? >/dev/null 2>&1 || cat $STAGE/part? | xz -dc -T16 | (cd $SITE && tar xf -); } || exit 1
     mkdir -p $EXTRA && python3 -m pip install -q --no-index --no-deps --no-compile --target $EXTRA $STAGE/whl/*.whl || exit 1
-    # packages that replace the bundle's, first on PYTHONPATH (transformers 5.24.0 and huggingface_hub 2.4.0, the pins
-    # of requirements/cuda.txt beside vLLM 0.26.0: the bundle's transformers 5.17.0 converts Gemma 3's GGUF tokenizer
-    # wrongly, 2026-11-29)
+    # packages that replace the image's or the bundle's, first on PYTHONPATH (transformers 5.24.0, requirements/cuda.txt's
+    # pin beside vLLM 0.26.0, which the image's huggingface_hub 1.33.0 serves: the image's transformers 5.17.0 converts
+    # Gemma 3's GGUF tokenizer wrongly, 2026-11-29)
     mkdir -p $FIRST && { ! ls $STAGE/first/*.whl >/dev/null 2>&1 || \
       python3 -m pip install -q --no-index --no-deps --no-compile --target $FIRST $STAGE/first/*.whl; } || exit 1
     if ls $STAGE/quant/*.whl >/dev/null 2>&1; then  # llm-compressor pins compressed-tensors 0.19, vLLM 0.17: own folder
