@@ -415,11 +415,14 @@ def self_compared(record: dict, reference: dict[str, str]) -> bool:
 def parity_record(records: list[dict], reference: str) -> dict | None:
     """The newest parity record against the reference, full-distribution KL preferred over vLLM's top-K approximation;
     a record that compared a checkpoint with itself is passed over."""
-    try:
-        ref = load_variant(reference).resolved
-    except VariantError:  # a reference since removed: its records are read as they are
-        ref = {}
-    records = [r for r in records if not (r["inputs"].get("kind") == "parity" and self_compared(r, ref))]
+    suspects = [r for r in records if r["inputs"].get("kind") == "parity" and self_compared(r, {})]
+    if suspects:  # the reference's settings read only where a record may have compared a checkpoint with itself
+        try:
+            ref = load_variant(reference).resolved
+        except VariantError:  # a reference since removed: its records are read as they are
+            ref = {}
+        drop = {id(r) for r in suspects if self_compared(r, ref)}
+        records = [r for r in records if id(r) not in drop]
     return newest(records, kind="parity", reference=reference, backend="transformers") or newest(
         records, kind="parity", reference=reference)
 
