@@ -91,17 +91,17 @@ class Pool:
             self.failed[name] = why
             self.servers.pop(name, None)
         self.variants.update({v.name: v for v in variants})
-        self.write(self.variants)
+        self.write()
         healthy = sum(v.name in self.servers for v in variants)
         failed = sorted(v.name for v in variants if v.name in self.failed)
         print(f"[pool] {healthy} of {len(variants)} servers healthy after {time.monotonic() - t0:.0f} s"
               + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
         return self
 
-    def write(self, variants: dict[str, Variant]) -> None:
+    def write(self) -> None:
         entries = {name: {"base_url": s.base_url, "pid": s.pid, "argv": s.argv, "env": s.env,
                           "log": str(s.log_path), "health_path": s.health_path,
-                          "settings_digest": settings_digest(variants[name]), "startup_s": s.startup_s}
+                          "settings_digest": settings_digest(self.variants[name]), "startup_s": s.startup_s}
                    for name, s in self.servers.items()}
         paths.write_text_atomic(self.file, json.dumps({"servers": entries, "failed": self.failed}, indent=1) + "\n")
 
