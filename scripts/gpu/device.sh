@@ -86,6 +86,8 @@ export PYTHONUNBUFFERED=1 VLLM_TARGET=cuda TRITON_CACHE_AUTOTUNING=1 HF_HUB_OFFL
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -x /root/sgl-python ] && export LAB_SGLANG_PYTHON=/root/sgl-python  # written by `setup` when SGLang's wheels came
 SITE=/root/site EXTRA=/root/extra FIRST=/root/first QUANT=/root/quant STAGE=/root/stage RUN=/root/run KERNELS=/root/kernels LAB=/root/lab
+# every step's packages but calibration's: those replacing the image's or the bundle's first, the bundle, the payload's
+PKGS=$FIRST:$SITE:$EXTRA
 EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|SpecDecoding|draft|mtp|runner|KV cache|memory|Asynchronous scheduling|CUDA graphs"
 sets=(); for kv in ${SET:-}; do sets+=(--set "$kv"); done
 # SET's keys are vLLM's (SERVE_*): a variant served by another engine (ENGINE=sglang) gets none of them
@@ -136,7 +138,7 @@ shims() {
 # (2026-11-28: a plan's new variants vanished under a running `make optimize`)
 into_lab() {
   mkdir -p $LAB && tar cf - --exclude=./.gpu . | (cd $LAB && tar xf -) && cd $LAB || return 1
-  export PYTHONPATH=$FIRST:$SITE:$EXTRA:$LAB PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims
+  export PYTHONPATH=$PKGS:$LAB PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims
 }
 running() { [ -s $RUN/$1.pid ] && kill -0 "$(cat $RUN/$1.pid)" 2>/dev/null; }
 # the command line $2 under setsid (it outlives the call): its output, process group, start and end marks in
@@ -230,16 +232,16 @@ d.mkdir(parents=True, exist_ok=True)
                                             for g, eps in proj.get("entry-points", {}).items()))
 print("entry points:", (d / "entry_points.txt").read_text().strip().replace("\n", "; "))
 PY
-    [ -d $SITE/vllm ] && PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD python3 -c "import vllm, importlib.metadata as m; print('vllm', \
+    [ -d $SITE/vllm ] && PYTHONPATH=$PKGS:$PWD python3 -c "import vllm, importlib.metadata as m; print('vllm', \
       vllm.__version__, [e.value for e in m.entry_points(group='vllm.general_plugins')])"
     echo "setup $(( $(date +%s) - t0 )) s" ;;
   build)
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD; embedded_gguf; t0=$(date +%s); since=$RUN/build-$t0; mkdir -p $RUN && touch $since
+    export PYTHONPATH=$PKGS:$PWD; embedded_gguf; t0=$(date +%s); since=$RUN/build-$t0; mkdir -p $RUN && touch $since
     for v in "$@"; do build "$v"; done
     find experiments -name 'prune_*.json' -newer $since | tar cf $OUT/build.tar -T - && tar tf $OUT/build.tar
     df -h . | tail -1; echo "build $(( $(date +%s) - t0 )) s" ;;
   bench)
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
     embedded_gguf
     for v in "$@"; do
       echo "== $v $(date +%T)"
@@ -263,7 +265,7 @@ PY
         echo "--- tail"; tail -${LOG_TAIL:-40} $log; } > "$OUT/$v/server.log"
     done ;;
   start)
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
     embedded_gguf
     mkdir -p $RUN; t0=$(date +%s)
     for spec in "$@"; do build "${spec%%+*}"; done  # variants that share a checkpoint build it once
@@ -287,7 +289,7 @@ PY
   wait)
     t0=$(date +%s); wait_servers $t0; echo "waited $(( $(date +%s) - t0 )) s" ;;
   measure)
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
     res=$RUN/res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
     # one ladder id for every bench of this call and each record's round: make compare pairs them round by round for
     # each ratio's 95% interval (ROUNDS >= 2: start order in odd rounds, reversed in even ones)
@@ -321,7 +323,7 @@ PY
     tar cf $OUT/${TAR:-results}.tar -C $res . && ls -lR $res | head -40
     nvidia-smi --query-gpu=memory.used --format=csv,noheader; echo "measure $(( $(date +%s) - t0 )) s" ;;
   redistill)
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
+    export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
     v=$1; mkdir -p $RUN /root/heads .cache/prompts; rm -f /root/heads/DONE
     for f in $STAGE/prompts/*.jsonl.gz; do [ -f "$f" ] && gunzip -c "$f" > .cache/prompts/$(basename "$f" .gz); done
     build "$(cfg $v PARENT)" || exit 1
@@ -365,7 +367,7 @@ PY
     # [SETS="K=V …"] bash scripts/gpu/device.sh probe: training speed without generating: smollm2-bf16-eagle4's
     # head trained for 60 steps on the carried tiny answers ($STAGE/ans/tiny.npz), once per SETS entry
     # ("A=1,B=2 C=3": two runs), while a `redistill` generation may already run
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD; embedded_gguf
+    export PYTHONPATH=$PKGS:$PWD; embedded_gguf
     build smollm2-bf16 || exit 1
     for e in ${SETS:-REDISTILL_PACK_TOKENS=8192}; do xs=(); for kv in ${e//,/ }; do xs+=(--set "$kv"); done
       echo "== probe $e"; timeout 300 python3 -m scripts.levers.speculate.redistill smollm2-bf16-eagle4 --budget tiny \
@@ -391,7 +393,7 @@ PY
     # server, replicas behind vllm-router per policy, the router's c=1 overhead); vllm-router, orjson and setproctitle
     # travel as wheels in the payload's whl/ (setup installs them; vllm-router's command lands in /root/extra/bin).
     # Records, summary and log tails: $OUT/scale.tar
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PATH=$EXTRA/bin:$PATH
+    export PYTHONPATH=$PKGS:$PWD PATH=$EXTRA/bin:$PATH
     python3 -c "import vllm_router" || { echo "vllm-router missing: add its wheels to the payload's whl/"; exit 1; }
     build "$1" || exit 1
     d=$RUN/scale-$1; mkdir -p $d
@@ -406,7 +408,7 @@ PY
     # The servers `start` left running, profiled one after another (scripts/measure/profile_matrix.sh, scripts.measure.profile
     # at c=1,8); records + markdown tables come back as $OUT/${TAR:-profile}.tar, raw traces stay in the profiler's
     # folder here. The servers keep running: `measure` afterwards benches and stops them.
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
     res=$RUN/prof-res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
     while read -r tag v port pid extra; do
       for _ in $(seq ${WAIT:-120}); do ready $tag || gone $pid && break; sleep 1; done
@@ -418,7 +420,7 @@ PY
     tar cf $OUT/${TAR:-profile}.tar -C $res . && ls -lR $res | head -40
     du -sh /root/run/prof* 2>/dev/null; echo "profile $(( $(date +%s) - t0 )) s" ;;
   bake)
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
     embedded_gguf
     mkdir -p /root/bake/results; t0=$(date +%s)
     for v in "$@"; do
@@ -430,7 +432,7 @@ PY
     done
     ls -la /root/bake; tar cf $OUT/bake.tar -C /root/bake results 2>/dev/null; echo "bake $(( $(date +%s) - t0 )) s" ;;
   startc)
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
+    export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
     mkdir -p /root/bake/results; build "$1" || exit 1
     python3 - "$1" "$2" <<'PY'
 import datetime as dt, json, os, subprocess, sys
@@ -487,7 +489,7 @@ PY
     ls $KERNELS | grep dist-info | tr '\n' ' '; echo
     [ -n "${NORUN:-}" ] && exit 0
     [ -d $SITE/vllm ] || echo "no vLLM bundle in $SITE (recv + setup first): the vllm-* rows will say unavailable"
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$KERNELS:$PWD PYTHONFAULTHANDLER=1
+    export PYTHONPATH=$PKGS:$KERNELS:$PWD PYTHONFAULTHANDLER=1
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv,noheader
     timeout -s TERM ${GEMM_LIMIT:-560} python3 -m scripts.measure.gemm_bench --out $OUT ${GEMM_ARGS:-}; rc=$?
     ls -la $OUT; exit $rc ;;
@@ -495,7 +497,7 @@ PY
     # bash scripts/gpu/device.sh make TARGET [VAR=…]: any make target in the shimmed environment, in the foreground
     # (≤ 10 min a call), e.g. `make failover VARIANT=… REPLICAS=2`; its records land in experiments/ of this tree:
     # `find experiments -newer …` them into $OUT as the step's last line does
-    export PYTHONPATH=$FIRST:$SITE:$EXTRA:$PWD PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims || exit 1
+    export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1 PATH=$EXTRA/bin:$PATH; embedded_gguf; shims || exit 1
     touch $RUN/make.start; make --no-print-directory "$@"; rc=$?
     find experiments results -newer $RUN/make.start -type f | tar cf $OUT/make.tar -T - && tar tf $OUT/make.tar; exit $rc ;;
   wheels)
