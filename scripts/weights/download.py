@@ -117,13 +117,13 @@ def check_tokenizer(tok, out: Path, vocab_size: int, gguf: Path) -> None:
     import transformers
 
     back = transformers.AutoTokenizer.from_pretrained(out)
-    ids = set(back.get_vocab().values())
-    if ids != set(range(vocab_size)) or back.encode(TOKENIZER_PROBE) != tok.encode(TOKENIZER_PROBE):
-        missing = len(set(range(vocab_size)) - ids)
+    want, ids = set(range(vocab_size)), set(back.get_vocab().values())
+    after, before = back.encode(TOKENIZER_PROBE), tok.encode(TOKENIZER_PROBE)
+    if ids != want or after != before:
         raise DownloadError(f"{gguf.name}: transformers {transformers.__version__} converts its tokenizer wrongly "
-                            f"({missing} of {vocab_size} ids missing; a probe text split "
-                            f"{len(back.encode(TOKENIZER_PROBE))} ways after saving, {len(tok.encode(TOKENIZER_PROBE))} "
-                            f"before): convert where transformers >= 5.19 runs (requirements/cpu.txt), then carry the folder")
+                            f"({len(want - ids)} of {vocab_size} ids missing; a probe text split {len(after)} ways after "
+                            f"saving, {len(before)} before): convert where transformers >= 5.19 runs "
+                            f"(requirements/cpu.txt), then carry the folder")
 
 
 def convert_gguf(gguf: Path, out: Path, family: str = "smollm2") -> dict:
