@@ -294,7 +294,10 @@ def copy_side_files(src: Path, dest: Path) -> None:
 
 
 def tokenizer_fingerprint(tok) -> str:
-    return hashlib.sha256(repr(sorted(tok.get_vocab().items())).encode()).hexdigest()
+    """SHA-256 of the vocabulary (token -> id) as JSON with every non-ASCII character escaped: the same under every
+    Python. (repr() escapes the characters its Unicode database calls unprintable, and that database grows with Python:
+    Gemma 3's vocabulary, holding Unicode 15 emoji, hashed differently under Python 3.11 and 3.12.)"""
+    return hashlib.sha256(json.dumps(sorted(tok.get_vocab().items()), ensure_ascii=True).encode()).hexdigest()
 
 
 CHATML_TEMPLATE = (

@@ -3,6 +3,7 @@ vLLM server through the project's model plugin (slow)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import signal
@@ -318,3 +319,13 @@ def test_a_tail_build_without_the_held_out_data_is_one_line_before_any_work(embe
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "make datasets" in err and "\n" not in err, err
     assert (dest.stat().st_mtime if dest.exists() else None) == before
+
+
+def test_fingerprint_is_the_same_under_every_python():
+    """A keep list made under one Python is accepted under another: no character is hashed as this Python's repr()
+    writes it (U+1FA76, an emoji of Unicode 15, is escaped by Python 3.11's repr() and printed by 3.12's)."""
+    class Tok:
+        def get_vocab(self):
+            return {"\U0001FA76": 1, "a": 0}
+    want = hashlib.sha256(b'[["a", 0], ["\\ud83e\\ude76", 1]]').hexdigest()
+    assert vocab.tokenizer_fingerprint(Tok()) == want
