@@ -69,8 +69,12 @@ def tasks(split: str | None = None, data: Path | None = None) -> list[str]:
         raise bigbench.BigBenchError(f"{paths.shown(root)} is missing: the task JSON was not extracted here; run "
                                      f"`{bigbench.FETCH_COMMAND}`")
     lite = set(bigbench.lite_tasks(data))
-    return [t for t in sorted(p.name for p in root.iterdir() if p.is_dir())
-            if t not in lite and (split is None or split_of(t) == split)]
+    folders = {p.name for p in root.iterdir() if p.is_dir()}
+    if lite - folders:  # every example read is checked against every Lite input (lite_inputs): refused before any work
+        raise bigbench.BigBenchError(f"{paths.shown(root)} lacks {len(lite - folders)} of the {len(lite)} BIG-bench Lite "
+                                     f"task folders ({min(lite - folders)}, …) that the leak check reads: run "
+                                     f"`{bigbench.FETCH_COMMAND}`")
+    return [t for t in sorted(folders) if t not in lite and (split is None or split_of(t) == split)]
 
 
 def examples(task: str, data: Path | None = None) -> Iterator[tuple[str, dict, dict]]:

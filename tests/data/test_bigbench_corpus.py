@@ -4,6 +4,7 @@ other task, the split by task, and prompt rows in the project's prompt-set forma
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -68,3 +69,11 @@ def test_character_budget_per_task(data, monkeypatch):
     monkeypatch.setattr(bbc, "split_of", lambda task: "calibration")
     pairs, info = bbc.texts("calibration", 1, data)  # one example per task
     assert [t for t, _ in pairs] == ["other_gen", "other_mc"] and info["chars_per_task"] == 1
+
+
+def test_missing_lite_task_folders_are_refused_at_listing(data):
+    """The held-out text is checked against every Lite input: a data folder holding only some tasks (a GPU machine's
+    payload) is refused when the tasks are listed, before a build loads any model."""
+    shutil.rmtree(data / "tasks" / "lite_task")
+    with pytest.raises(bigbench.BigBenchError, match=r"lacks 1 of the 1 BIG-bench Lite task folders \(lite_task"):
+        bbc.tasks("held_out", data)
