@@ -1,0 +1,154 @@
+"""A PROJECTION, not a measurement: speculative decoding's speedup at a published acceptance, from step costs measured
+with random weights.
+
+    python -m scripts.report.mtp_projection --plain qwen35-4b-proxy-fp8-static \\
+        --spec qwen35-4b-proxy-fp8-static-mtp1 --spec qwen35-4b-proxy-fp8-static-mtp3 --stamp 20261128-01 \\
+        --tokens-per-step 4=3.4 --tokens-per-step 4=3.75 --source "the reference project's results/RESULTS.md"
+
+Random weights accept no draft, so a speculative rung's TPOT is the cost of one speculative step with its K drafts
+(each record's mean acceptance length is checked: a rung that accepted drafts is refused). For a head that emits tau
+tokens a step (1 + its accepted drafts, 1 <= tau <= K + 1):
+
+    cost ratio   r_K = TPOT_K / TPOT_plain     (c=1, TPOT p50, the median over the rounds of each)
+    speedup      S   = tau / r_K
+    break-even   tau* = r_K                    (a head pays only while it emits more than r_K tokens a step)
+
+It assumes a speculative step costs the same whether its drafts are accepted or not (chain drafts: the verify pass
+scores all K either way) and nothing about batching. The rounds are one ladder (--ladder) or the records whose file
+stamp begins with a --stamp (rounds measured before ladder ids). Writes results/projection_mtp_<plain>_<stamp>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from scripts.common import paths
+from scripts.common.records import all_records, git_state, now_utc
+from scripts.report.projection import ProjectionError
+
+ACCEPTED_AT_MOST = 1.05  # mean tokens a step above which a rung accepted drafts: not a step-cost measurement
+
+
+def speculation(variant: str, config: dict) -> tuple[str, int]:
+    """(engine, K drafts a step) of a speculative rung from its record's config."""
+    if config.get("SGLANG_SPECULATIVE_NUM_STEPS"):
+        return "SGLang", int(config["SGLANG_SPECULATIVE_NUM_STEPS"])
+    spec = json.loads(config.get("SERVE_SPECULATIVE_CONFIG") or "{}")
+    if not spec.get("num_speculative_tokens"):
+        raise ProjectionError(f"{variant}: its records name no speculation (SERVE_SPECULATIVE_CONFIG or "
+                              f"SGLANG_SPECULATIVE_NUM_STEPS)")
+    return "vLLM", int(spec["num_speculative_tokens"])
+
+
+def step_point(records, variant: str, ladder: str | None, stamps: list[str] | None) -> dict:
+    """A rung's c=1 step: the median TPOT p50 over its rounds, the records, its config and the mean tokens a step."""
+    rows = [(p, r) for p, r in records if r["variant"] == variant and (
+        r.get("inputs", {}).get("ladder_id") == ladder if ladder else p.stem.split("_", 1)[1].startswith(tuple(stamps)))]
+    rows = [(p, r) for p, r in rows if (r["summary"].get("fixed", {}).get("1") or {}).get("p50_tpot_ms")]
+    if not rows:
+        where = f"ladder {ladder}" if ladder else "stamps " + ", ".join(f"{s}*" for s in stamps)
+        raise ProjectionError(f"no latency record of {variant} at c=1 in {where}")
+    lengths = [m for _, r in rows if (m := (r.get("server_metrics") or {}).get("spec_decode_mean_acceptance_length"))]
+    return {"tpot_ms": statistics.median(r["summary"]["fixed"]["1"]["p50_tpot_ms"] for _, r in rows),
+            "records": [paths.shown(p) for p, _ in rows], "config": rows[-1][1].get("config") or {},
+            "gpu": ((rows[-1][1].get("hardware") or {}).get("gpu") or {}).get("name") or "a CPU",
+            "tokens_per_step": max(lengths) if lengths else None}
+
+
+def project_mtp(tpot_plain_ms: float, tpot_spec_ms: float, taus: list[float]) -> dict:
+    """The cost ratio, its break-even and the speedup at each tau. Pure: numbers in, numbers out."""
+    if tpot_plain_ms <= 0 or tpot_spec_ms <= 0:
+        raise ProjectionError(f"a step of {tpot_plain_ms} / {tpot_spec_ms} ms: not a measurement")
+    r = tpot_spec_ms / tpot_plain_ms
+    return {"cost_ratio": r, "break_even_tokens": r, "speedup": {tau: tau / r for tau in taus}}
+
+
+def parse_taus(items: list[str]) -> dict[int, list[float]]:
+    """--tokens-per-step K=tau entries: tau per K, 1 <= tau <= K + 1."""
+    out: dict[int, list[float]] = {}
+    for item in items:
+        k, sep, tau = item.partition("=")
+        try:
+            k_, tau_ = int(k), float(tau)
+        except ValueError:
+            raise ProjectionError(f"--tokens-per-step {item!r}: give K=tau, e.g. 4=3.4") from None
+        if not sep or k_ < 1 or not 1 <= tau_ <= k_ + 1:
+            raise ProjectionError(f"--tokens-per-step {item!r}: tau is 1 + the accepted drafts, 1 <= tau <= K + 1")
+        out.setdefault(k_, []).append(tau_)
+    return out
+
+
+def rows_for(records, args, taus: dict[int, list[float]]) -> tuple[dict, list[dict]]:
+    plain = step_point(records, args.plain, args.ladder, args.stamp)
+    rows = []
+    for variant in args.spec:
+        point = step_point(records, variant, args.ladder, args.stamp)
+        if point["tokens_per_step"] is not None and point["tokens_per_step"] > ACCEPTED_AT_MOST:
+            raise ProjectionError(f"{variant} accepted drafts ({point['tokens_per_step']:.2f} tokens a step): its TPOT "
+                                  f"is not the cost of a step (random weights accept none)")
+        engine, k = speculation(variant, point["config"])
+        rows.append({"variant": variant, "engine": engine, "k": k, **point,
+                     **project_mtp(plain["tpot_ms"], point["tpot_ms"], taus.get(k, []))})
+    return plain, sorted(rows, key=lambda r: (r["engine"], r["k"]))
+
+
+def markdown(args, plain: dict, rows: list[dict]) -> str:
+    lines = [f"# PROJECTION (not a measurement): speculative decoding over {args.plain} at a published acceptance", "",
+             f"Written by `python -m scripts.report.mtp_projection` on {now_utc():%Y-%m-%d}, git "
+             f"{git_state()['commit'][:12]}. The formula is the module's docstring (scripts/report/mtp_projection.py). "
+             f"Tokens a step (tau) from: {args.source}.", "",
+             f"Measured on {plain['gpu']}. Plain step: {args.plain}, TPOT p50 c=1 {plain['tpot_ms']:.3f} ms (median of {len(plain['records'])}): "
+             f"{', '.join(plain['records'])}", "",
+             "| rung | engine | K | TPOT c=1 (ms) | step cost × plain (r_K, measured) | tokens a step to break even | "
+             "projected speedup at tau | records |", "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+    for r in rows:
+        at = ", ".join(f"{s:.2f}× at tau {tau:g}" for tau, s in r["speedup"].items()) or "no published tau for this K"
+        lines.append(f"| {r['variant']} | {r['engine']} | {r['k']} | {r['tpot_ms']:.3f} | {r['cost_ratio']:.2f} | "
+                     f"{r['break_even_tokens']:.2f} | {at} | {', '.join(r['records'])} |")
+    lines += ["", "Measured with random weights (`--load-format dummy` or a shape proxy): the drafts are never accepted, "
+              "so each rung's TPOT is its step's cost; the speedups are projections.", ""]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--plain", required=True, help="the rung without speculation (the same weights and settings)")
+    p.add_argument("--spec", action="append", required=True, help="a speculative rung (repeat)")
+    rounds = p.add_mutually_exclusive_group(required=True)
+    rounds.add_argument("--ladder", help="the ladder id of the rounds")
+    rounds.add_argument("--stamp", action="append", help="the records whose file stamp begins so (e.g. 20261128-01; "
+                        "repeat for more)")
+    p.add_argument("--tokens-per-step", action="append", default=[], metavar="K=TAU",
+                   help="a published tokens-a-step at K drafts (repeat)")
+    p.add_argument("--source", default="none given", help="where the tokens-a-step figures are published")
+    p.add_argument("--out", type=Path, help="the markdown (default results/projection_mtp_<plain>_<stamp>.md)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.tokens_per_step and args.source == "none given":
+        print("error: --tokens-per-step needs --source: where the figure is published", file=sys.stderr)
+        return 2
+    try:
+        taus = parse_taus(args.tokens_per_step)
+        records = [(p, r) for p, r in all_records("latency") if r["variant"] in {args.plain, *args.spec}]
+        plain, rows = rows_for(records, args, taus)
+    except ProjectionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = args.out or paths.RESULTS / f"projection_mtp_{args.plain}_{now_utc():%Y%m%d-%H%M%S}.md"
+    paths.write_text_atomic(path, markdown(args, plain, rows))
+    for r in rows:
+        print(f"{r['variant']} ({r['engine']}, K={r['k']}): step {r['cost_ratio']:.2f}× plain; " + (", ".join(
+            f"PROJECTION {s:.2f}× at tau {tau:g}" for tau, s in r["speedup"].items()) or "no tau given"))
+    print(f"wrote {paths.shown(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The speculative-decoding projection (scripts/report/mtp_projection.py): the formula against hand-computed numbers,
+its refusals, and the page written from the committed H200 step costs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scripts.report import mtp_projection as mp
+from scripts.report.projection import ProjectionError
+
+
+def test_cost_ratio_break_even_and_speedup_by_hand():
+    # a 2 ms plain step, a 5 ms step with its drafts: 2.5x the cost; a head emitting 3.5 tokens a step gives 3.5 / 2.5
+    out = mp.project_mtp(2.0, 5.0, [3.5, 2.0])
+    assert out["cost_ratio"] == pytest.approx(2.5) and out["break_even_tokens"] == pytest.approx(2.5)
+    assert out["speedup"] == {3.5: pytest.approx(1.4), 2.0: pytest.approx(0.8)}
+
+
+@pytest.mark.parametrize("items,message", [(["4"], "give K=tau"), (["x=2"], "give K=tau"), (["3=4.5"], "1 <= tau <= K"),
+                                           (["2=0.5"], "1 <= tau <= K")])
+def test_tokens_per_step_out_of_range_are_refused(items, message):
+    with pytest.raises(ProjectionError, match=message):
+        mp.parse_taus(items)
+
+
+def test_engine_and_k_from_the_config():
+    assert mp.speculation("v", {"SERVE_SPECULATIVE_CONFIG": '{"method": "mtp", "num_speculative_tokens": 3}'}) == ("vLLM", 3)
+    assert mp.speculation("v", {"SGLANG_SPECULATIVE_NUM_STEPS": "2"}) == ("SGLang", 2)
+    with pytest.raises(ProjectionError, match="name no speculation"):
+        mp.speculation("v", {})
+
+
+def test_a_rung_that_accepted_drafts_is_refused():
+    records = [(Path(f"experiments/{v}/latency_20261128-010000.json"),
+                {"variant": v, "summary": {"fixed": {"1": {"p50_tpot_ms": t}}}, "config": c,
+                 "server_metrics": {"spec_decode_mean_acceptance_length": a}})
+               for v, t, c, a in [("p", 2.0, {}, None),
+                                  ("s", 4.0, {"SERVE_SPECULATIVE_CONFIG": '{"num_speculative_tokens": 2}'}, 2.4)]]
+    args = mp.build_parser().parse_args(["--plain", "p", "--spec", "s", "--stamp", "20261128"])
+    with pytest.raises(ProjectionError, match="accepted drafts"):
+        mp.rows_for(records, args, {})
+
+
+def test_the_page_from_the_committed_records(tmp_path):
+    out = tmp_path / "p.md"
+    base = ["--plain", "qwen35-4b-proxy-fp8-static", "--spec", "qwen35-4b-proxy-fp8-static-mtp3", "--out", str(out)]
+    assert mp.main([*base, "--stamp", "20261128-01", "--tokens-per-step", "3=3", "--source", "a test"]) == 0
+    text = out.read_text()
+    assert text.startswith("# PROJECTION (not a measurement)") and "| qwen35-4b-proxy-fp8-static-mtp3 | vLLM | 3 |" in text
+    assert "experiments/qwen35-4b-proxy-fp8-static-mtp3/latency_20261128-013211.json" in text
+    assert mp.main([*base, "--stamp", "19990101"]) == 2
+    assert mp.main([*base, "--stamp", "20261128-01", "--tokens-per-step", "3=3"]) == 2  # a figure without its source
