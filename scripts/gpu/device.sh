@@ -14,6 +14,7 @@
 #                                               # MEASURE=think: scripts.measure.think_budget, THINK_ARGS passed on)
 #   SET="K=V ..." bash scripts/gpu/device.sh start V[+K=V...] ...   # build weights, start every server AT ONCE (each in
 #                                               # its own session: they outlive the call), wait until all are healthy
+#                                               # (SGL_BUDGET_GB=N: each SGLang server alone, N GB of the GPU each)
 #   [WAIT=540] bash scripts/gpu/device.sh wait  # until every started server is ready or gone (a start that outlasts its call)
 #   SET="K=V ..." [BENCH_ARGS="--prompts …"] bash scripts/gpu/device.sh measure   # bench those servers one after another (c=1,8, --base-url),
 #                                               # stop them; records + log excerpts come back as $OUT/${TAR:-results}.tar
@@ -94,6 +95,7 @@ sets=(); for kv in ${SET:-}; do sets+=(--set "$kv"); done
 sets_for() { vs=(); [ -z "$(cfg "$1" ENGINE)" ] || [ "$(cfg "$1" ENGINE)" = vllm ] && vs=("${sets[@]}"); }
 ready() { grep -q "^ready:" "$RUN/$1.serve" 2>/dev/null; }
 cfg() { sed -n "s/^$2=//p" "experiments/$1/config.env"; }
+sgl_alone() { [ -n "${SGL_BUDGET_GB:-}" ] && [ "$(cfg "$1" ENGINE)" = sglang ]; }  # `start`'s SGL_BUDGET_GB (below)
 # MODEL of variant $1 if missing, its PARENT's first: a lever variant is pruned (PRUNE_KEEP) or calibrated; any other
 # is materialized by download_weights (shape proxy). The repo root is on PYTHONPATH: vLLM's processes import the
 # project's model plugin (scripts.levers.vocab.plugin) through the entry point written by `setup`.
@@ -276,6 +278,14 @@ PY
       tag=$(printf %s "$spec" | tr -c 'A-Za-z0-9._-' _); port=$((8200 + n)); n=$((n + 1)); sets_for "$v"
       # a long extra (a JSON setting) would make file names past the file system's limit (2026-11-28): VARIANT_x<hash>
       [ ${#tag} -gt 96 ] && tag="${v}_x$(printf %s "$extra" | sha256sum | cut -c1-8)"
+      # SGLang's static budget is its fraction of the memory free at its start, less what others take while it loads
+      # (results/gpu-mtp-20261129/README.md): with SGL_BUDGET_GB each SGLang server gets that many GB, its fraction
+      # from the memory free now, and starts alone; the fraction joins its extra, so its records name it
+      if sgl_alone "$v"; then
+        free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
+        kv="SGLANG_MEM_FRACTION_STATIC=$(python3 -c "print(round(min(0.9, $SGL_BUDGET_GB * 1024 / $free), 3))")"
+        xs+=(--set "$kv"); extra=$([ -n "$extra" ] && echo "$extra+$kv" || echo "$kv"); echo "$tag: $kv ($free MiB free)"
+      fi
       # the server's own session leader writes its pid (setsid forks when its caller leads a process group); files of an
       # earlier start of the same tag go first (a stale pid read as "gone" marked a starting server failed, 2026-11-23)
       rm -f $RUN/$tag.pid $RUN/$tag.serve
@@ -284,6 +294,10 @@ PY
       for _ in $(seq 50); do [ -s $RUN/$tag.pid ] && break; sleep 0.1; done
       echo "$tag $v $port $(cat $RUN/$tag.pid) ${extra:--}" >> $RUN/servers
       echo "started $tag on :$port (pid $(cat $RUN/$tag.pid)) at $(date +%T)"
+      if sgl_alone "$v"; then  # the next server starts once this one is ready (or gone)
+        pid=$(cat $RUN/$tag.pid); for _ in $(seq 600); do ready $tag || gone $pid && break; sleep 1; done
+        echo "$tag: $(ready $tag && echo ready || echo 'not ready') at $(date +%T)"
+      fi
     done
     wait_servers $t0; echo "start $(( $(date +%s) - t0 )) s" ;;
   wait)
