@@ -279,12 +279,18 @@ PY
       # a long extra (a JSON setting) would make file names past the file system's limit (2026-11-28): VARIANT_x<hash>
       [ ${#tag} -gt 96 ] && tag="${v}_x$(printf %s "$extra" | sha256sum | cut -c1-8)"
       # SGLang's static budget is its fraction of the memory free at its start, less what others take while it loads
-      # (results/gpu-mtp-20261129/README.md): with SGL_BUDGET_GB each SGLang server gets that many GB, its fraction
-      # from the memory free now, and starts alone; the fraction joins its extra, so its records name it
+      # (results/gpu-mtp-20261129/README.md): with SGL_BUDGET_GB each SGLang server starts once every server before it
+      # is ready, with the fraction of the memory free then that makes SGL_BUDGET_GB GiB (unless its extra sets one);
+      # the fraction joins its extra, so its records name it
       if sgl_alone "$v"; then
-        free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
-        kv="SGLANG_MEM_FRACTION_STATIC=$(python3 -c "print(round(min(0.9, $SGL_BUDGET_GB * 1024 / $free), 3))")"
-        xs+=(--set "$kv"); extra=$([ -n "$extra" ] && echo "$extra+$kv" || echo "$kv"); echo "$tag: $kv ($free MiB free)"
+        t1=$(date +%s); [ -s $RUN/servers ] && (WAIT=$(( ${WAIT:-540} - (t1 - t0) )) wait_servers $t1 >/dev/null)
+        if [[ "$extra" != *SGLANG_MEM_FRACTION_STATIC=* ]]; then
+          free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
+          frac=$(python3 -c "print(round($SGL_BUDGET_GB * 1024 / $free, 3))" 2>/dev/null) && [[ "$frac" =~ ^0\.[0-9]+$ ]] || {
+            echo "SGL_BUDGET_GB=$SGL_BUDGET_GB GiB is not a share of the $free MiB free: $tag not started"; continue; }
+          kv=SGLANG_MEM_FRACTION_STATIC=$frac; xs+=(--set "$kv"); extra=${extra:+$extra+}$kv
+          echo "$tag: $kv ($free MiB free)"
+        fi
       fi
       # the server's own session leader writes its pid (setsid forks when its caller leads a process group); files of an
       # earlier start of the same tag go first (a stale pid read as "gone" marked a starting server failed, 2026-11-23)
@@ -294,9 +300,10 @@ PY
       for _ in $(seq 50); do [ -s $RUN/$tag.pid ] && break; sleep 0.1; done
       echo "$tag $v $port $(cat $RUN/$tag.pid) ${extra:--}" >> $RUN/servers
       echo "started $tag on :$port (pid $(cat $RUN/$tag.pid)) at $(date +%T)"
-      if sgl_alone "$v"; then  # the next server starts once this one is ready (or gone)
-        pid=$(cat $RUN/$tag.pid); for _ in $(seq 600); do ready $tag || gone $pid && break; sleep 1; done
-        echo "$tag: $(ready $tag && echo ready || echo 'not ready') at $(date +%T)"
+      if sgl_alone "$v"; then  # the next server starts once this one is ready (or gone), within WAIT of the call
+        pid=$(cat $RUN/$tag.pid)
+        while ! ready $tag && ! gone $pid && [ $(( $(date +%s) - t0 )) -lt ${WAIT:-540} ]; do sleep 1; done
+        ready $tag || { echo "$tag: not ready after $(( $(date +%s) - t0 )) s; not started: the specs after it"; break; }
       fi
     done
     wait_servers $t0; echo "start $(( $(date +%s) - t0 )) s" ;;

@@ -1,12 +1,13 @@
 """A PROJECTION, not a measurement: speculative decoding's speedup at a published acceptance, from step costs measured
 with random weights.
 
-    python -m scripts.report.mtp_projection --plain qwen35-4b-proxy-fp8-static \\
-        --spec qwen35-4b-proxy-fp8-static-mtp1 --spec qwen35-4b-proxy-fp8-static-mtp3 --stamp 20261128-01 \\
+    python -m scripts.report.mtp_projection --plain qwen35-4b-proxy-bf16 --spec qwen35-4b-proxy-mtp3 \\
+        --spec qwen35-4b-proxy-mtp4 --stamp 20261122-02 --stamp 20261122-03 \\
         --tokens-per-step 4=3.4 --tokens-per-step 4=3.75 --source "the reference project's results/RESULTS.md"
 
 Random weights accept no draft, so a speculative rung's TPOT is the cost of one speculative step with its K drafts
-(each record's mean acceptance length is checked: a rung that accepted drafts is refused). For a head that emits tau
+(each record's mean acceptance length is checked where the engine reports it, vLLM: a rung that accepted drafts is
+refused; the page says where it went unchecked). For a head that emits tau
 tokens a step (1 + its accepted drafts, 1 <= tau <= K + 1):
 
     cost ratio   r_K = TPOT_K / TPOT_plain     (c=1, TPOT p50, the median over the rounds of each)
@@ -15,7 +16,8 @@ tokens a step (1 + its accepted drafts, 1 <= tau <= K + 1):
 
 It assumes a speculative step costs the same whether its drafts are accepted or not (chain drafts: the verify pass
 scores all K either way) and nothing about batching. The rounds are one ladder (--ladder) or the records whose file
-stamp begins with a --stamp (rounds measured before ladder ids). Writes results/projection_mtp_<plain>_<stamp>.md.
+stamp begins with a --stamp (rounds measured before ladder ids), all on one GPU. Writes
+results/projection_mtp_<plain>_<time written>.md.
 """
 
 from __future__ import annotations
@@ -33,21 +35,24 @@ from scripts.report.projection import ProjectionError
 ACCEPTED_AT_MOST = 1.05  # mean tokens a step above which a rung accepted drafts: not a step-cost measurement
 
 
-def speculation(variant: str, config: dict) -> tuple[str, int]:
-    """(engine, K drafts a step) of a speculative rung from its record's config."""
-    if config.get("SGLANG_SPECULATIVE_NUM_STEPS"):
-        return "SGLang", int(config["SGLANG_SPECULATIVE_NUM_STEPS"])
-    spec = json.loads(config.get("SERVE_SPECULATIVE_CONFIG") or "{}")
-    if not spec.get("num_speculative_tokens"):
-        raise ProjectionError(f"{variant}: its records name no speculation (SERVE_SPECULATIVE_CONFIG or "
-                              f"SGLANG_SPECULATIVE_NUM_STEPS)")
-    return "vLLM", int(spec["num_speculative_tokens"])
+def speculation(variant: str, config: dict) -> tuple[str, int] | None:
+    """(engine, K drafts a step) of a speculative rung from its record's config; None for a plain one. A chain of
+    drafts only: SGLang's tree drafts (top-k above 1) verify more tokens than K."""
+    try:
+        if config.get("SGLANG_SPECULATIVE_NUM_STEPS"):
+            if int(config.get("SGLANG_SPECULATIVE_EAGLE_TOPK") or 1) != 1:
+                raise ProjectionError(f"{variant}: SGLANG_SPECULATIVE_EAGLE_TOPK above 1 drafts a tree, not a chain of K")
+            return "SGLang", int(config["SGLANG_SPECULATIVE_NUM_STEPS"])
+        k = json.loads(config.get("SERVE_SPECULATIVE_CONFIG") or "{}").get("num_speculative_tokens")
+        return ("vLLM", int(k)) if k else None
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ProjectionError(f"{variant}: its records' speculation settings do not parse ({e})") from None
 
 
 def step_point(records, variant: str, ladder: str | None, stamps: list[str] | None) -> dict:
     """A rung's c=1 step: the median TPOT p50 over its rounds, the records, its config and the mean tokens a step."""
     rows = [(p, r) for p, r in records if r["variant"] == variant and (
-        r.get("inputs", {}).get("ladder_id") == ladder if ladder else p.stem.split("_", 1)[1].startswith(tuple(stamps)))]
+        (r.get("inputs") or {}).get("ladder_id") == ladder if ladder else p.stem.split("_", 1)[1].startswith(tuple(stamps)))]
     rows = [(p, r) for p, r in rows if (r["summary"].get("fixed", {}).get("1") or {}).get("p50_tpot_ms")]
     if not rows:
         where = f"ladder {ladder}" if ladder else "stamps " + ", ".join(f"{s}*" for s in stamps)
@@ -55,7 +60,7 @@ def step_point(records, variant: str, ladder: str | None, stamps: list[str] | No
     lengths = [m for _, r in rows if (m := (r.get("server_metrics") or {}).get("spec_decode_mean_acceptance_length"))]
     return {"tpot_ms": statistics.median(r["summary"]["fixed"]["1"]["p50_tpot_ms"] for _, r in rows),
             "records": [paths.shown(p) for p, _ in rows], "config": rows[-1][1].get("config") or {},
-            "gpu": ((rows[-1][1].get("hardware") or {}).get("gpu") or {}).get("name") or "a CPU",
+            "gpus": {((r.get("hardware") or {}).get("gpu") or {}).get("name") or "a CPU" for _, r in rows},
             "tokens_per_step": max(lengths) if lengths else None}
 
 
@@ -84,15 +89,27 @@ def parse_taus(items: list[str]) -> dict[int, list[float]]:
 
 def rows_for(records, args, taus: dict[int, list[float]]) -> tuple[dict, list[dict]]:
     plain = step_point(records, args.plain, args.ladder, args.stamp)
+    if args.plain in args.spec or speculation(args.plain, plain["config"]):
+        raise ProjectionError(f"--plain {args.plain} speculates: give the rung without speculation")
     rows = []
     for variant in args.spec:
         point = step_point(records, variant, args.ladder, args.stamp)
         if point["tokens_per_step"] is not None and point["tokens_per_step"] > ACCEPTED_AT_MOST:
             raise ProjectionError(f"{variant} accepted drafts ({point['tokens_per_step']:.2f} tokens a step): its TPOT "
                                   f"is not the cost of a step (random weights accept none)")
-        engine, k = speculation(variant, point["config"])
+        if (spec := speculation(variant, point["config"])) is None:
+            raise ProjectionError(f"{variant}: its records name no speculation (SERVE_SPECULATIVE_CONFIG or "
+                                  f"SGLANG_SPECULATIVE_NUM_STEPS)")
+        engine, k = spec
         rows.append({"variant": variant, "engine": engine, "k": k, **point,
                      **project_mtp(plain["tpot_ms"], point["tpot_ms"], taus.get(k, []))})
+    gpus = set().union(plain["gpus"], *(r["gpus"] for r in rows))
+    if len(gpus) > 1:
+        raise ProjectionError(f"the rounds ran on {' and '.join(sorted(gpus))}: a step's cost compares on one GPU only "
+                              f"(narrow --stamp, or give --ladder)")
+    if unused := sorted(set(taus) - {r["k"] for r in rows}):
+        raise ProjectionError(f"--tokens-per-step for K = {', '.join(map(str, unused))}: no --spec rung drafts so many")
+    plain["gpu"] = gpus.pop()
     return plain, sorted(rows, key=lambda r: (r["engine"], r["k"]))
 
 
@@ -107,7 +124,8 @@ def markdown(args, plain: dict, rows: list[dict]) -> str:
              "projected speedup at tau | records |", "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in rows:
         at = ", ".join(f"{s:.2f}× at tau {tau:g}" for tau, s in r["speedup"].items()) or "no published tau for this K"
-        lines.append(f"| {r['variant']} | {r['engine']} | {r['k']} | {r['tpot_ms']:.3f} | {r['cost_ratio']:.2f} | "
+        checked = "" if r["tokens_per_step"] is not None else " (acceptance not reported by the engine: unchecked)"
+        lines.append(f"| {r['variant']}{checked} | {r['engine']} | {r['k']} | {r['tpot_ms']:.3f} | {r['cost_ratio']:.2f} | "
                      f"{r['break_even_tokens']:.2f} | {at} | {', '.join(r['records'])} |")
     lines += ["", "Measured with random weights (`--load-format dummy` or a shape proxy): the drafts are never accepted, "
               "so each rung's TPOT is its step's cost; the speedups are projections.", ""]
@@ -125,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-step", action="append", default=[], metavar="K=TAU",
                    help="a published tokens-a-step at K drafts (repeat)")
     p.add_argument("--source", default="none given", help="where the tokens-a-step figures are published")
-    p.add_argument("--out", type=Path, help="the markdown (default results/projection_mtp_<plain>_<stamp>.md)")
+    p.add_argument("--out", type=Path, help="the markdown (default results/projection_mtp_<plain>_<time written>.md)")
     return p
 
 

@@ -28,19 +28,33 @@ def test_tokens_per_step_out_of_range_are_refused(items, message):
 def test_engine_and_k_from_the_config():
     assert mp.speculation("v", {"SERVE_SPECULATIVE_CONFIG": '{"method": "mtp", "num_speculative_tokens": 3}'}) == ("vLLM", 3)
     assert mp.speculation("v", {"SGLANG_SPECULATIVE_NUM_STEPS": "2"}) == ("SGLang", 2)
-    with pytest.raises(ProjectionError, match="name no speculation"):
-        mp.speculation("v", {})
+    assert mp.speculation("v", {}) is None
+    with pytest.raises(ProjectionError, match="a tree"):
+        mp.speculation("v", {"SGLANG_SPECULATIVE_NUM_STEPS": "2", "SGLANG_SPECULATIVE_EAGLE_TOPK": "4"})
+    with pytest.raises(ProjectionError, match="do not parse"):
+        mp.speculation("v", {"SERVE_SPECULATIVE_CONFIG": "{not json"})
 
 
-def test_a_rung_that_accepted_drafts_is_refused():
-    records = [(Path(f"experiments/{v}/latency_20261128-010000.json"),
-                {"variant": v, "summary": {"fixed": {"1": {"p50_tpot_ms": t}}}, "config": c,
-                 "server_metrics": {"spec_decode_mean_acceptance_length": a}})
-               for v, t, c, a in [("p", 2.0, {}, None),
-                                  ("s", 4.0, {"SERVE_SPECULATIVE_CONFIG": '{"num_speculative_tokens": 2}'}, 2.4)]]
-    args = mp.build_parser().parse_args(["--plain", "p", "--spec", "s", "--stamp", "20261128"])
-    with pytest.raises(ProjectionError, match="accepted drafts"):
-        mp.rows_for(records, args, {})
+def fake(v, tpot, config, accepted=None, gpu="G"):
+    return (Path(f"experiments/{v}/latency_20261128-010000.json"),
+            {"variant": v, "summary": {"fixed": {"1": {"p50_tpot_ms": tpot}}}, "config": config,
+             "hardware": {"gpu": {"name": gpu}}, "server_metrics": {"spec_decode_mean_acceptance_length": accepted}})
+
+
+K2 = {"SERVE_SPECULATIVE_CONFIG": '{"num_speculative_tokens": 2}'}
+
+
+@pytest.mark.parametrize("records,argv,message", [
+    ([fake("p", 2.0, {}), fake("s", 4.0, K2, accepted=2.4)], [], "accepted drafts"),
+    ([fake("p", 2.0, {}), fake("s", 4.0, K2, gpu="H")], [], "a step's cost compares on one GPU"),
+    ([fake("p", 2.0, K2), fake("s", 4.0, K2)], [], "--plain p speculates"),
+    ([fake("p", 2.0, {}), fake("s", 4.0, {})], [], "s: its records name no speculation"),
+    ([fake("p", 2.0, {}), fake("s", 4.0, K2)], ["--tokens-per-step", "4=3"], "K = 4: no --spec rung"),
+])
+def test_rounds_that_cannot_give_a_step_cost_are_refused(records, argv, message):
+    args = mp.build_parser().parse_args(["--plain", "p", "--spec", "s", "--stamp", "20261128", *argv])
+    with pytest.raises(ProjectionError, match=message):
+        mp.rows_for(records, args, mp.parse_taus(args.tokens_per_step))
 
 
 def test_the_page_from_the_committed_records(tmp_path):
