@@ -169,6 +169,7 @@ follow_run() {
 # until every server `start` left is ready or gone (at most WAIT s from $1), then each one's state: a server that
 # is not ready shows its last lines and errors (a kernel that refuses a layer says so here)
 wait_servers() {
+  [ -s $RUN/servers ] || { echo "no server started"; return; }
   while :; do
     left=0; while read -r tag v port pid extra; do ready $tag || gone $pid || left=$((left + 1)); done < $RUN/servers
     [ $left = 0 ] && break
