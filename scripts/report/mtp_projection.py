@@ -89,7 +89,9 @@ def parse_taus(items: list[str]) -> dict[int, list[float]]:
 
 def rows_for(records, args, taus: dict[int, list[float]]) -> tuple[dict, list[dict]]:
     plain = step_point(records, args.plain, args.ladder, args.stamp)
-    if args.plain in args.spec or speculation(args.plain, plain["config"]):
+    if args.plain in args.spec:
+        raise ProjectionError(f"--plain {args.plain} is a --spec too: the plain rung is the one without speculation")
+    if speculation(args.plain, plain["config"]):
         raise ProjectionError(f"--plain {args.plain} speculates: give the rung without speculation")
     rows = []
     for variant in args.spec:
