@@ -224,7 +224,8 @@ def write(r, speeds: Speeds, outcomes: dict, wall_s: float, topo: dict | None = 
             verdict = o.status + (f" (winner at c={','.join(map(str, o.winner_at))})" if o.winner_at else "")
             why = "; ".join(dict.fromkeys([evidence_line(o) if o.status in ("certified", "not certified") else o.why,
                                            *r.notes.get(v, [])])).replace("|", "/")
-        lines.append(f"| {v} | {levers.get(v, 'the reference')} | {cells} | {verdict} | {why} |")
+        lever = levers.get(v, "the reference") + (f" ({n:.2f} tokens a step)" if (n := speeds.tokens_a_step(v)) else "")
+        lines.append(f"| {v} | {lever} | {cells} | {verdict} | {why} |")
     lines += ["", "## Left out of the plan", ""] + [f"- {x['lever']}: {x['why']}" for x in plan.left_out]
     total = sum(r.phase_s.values())
     spent = kept_seconds(r.state.steps, r.phase_s)

@@ -61,6 +61,13 @@ class Speeds:
     def tpot_p50(self, variant: str, level: int) -> float | None:
         return self.stat(variant, level, "p50_tpot_ms")
 
+    def tokens_a_step(self, variant: str) -> float | None:
+        """A speculative rung's tokens a step (1 + accepted drafts), the mean over its rounds of the engine's own count
+        (vLLM's mean acceptance length over each run); None where the engine reported none (no speculation)."""
+        vals = [m for r in self.records(variant)
+                if (m := (read_record(r).get("server_metrics") or {}).get("spec_decode_mean_acceptance_length"))]
+        return sum(vals) / len(vals) if vals else None
+
     def versus(self, variant: str, reference: str, level: int) -> SpeedRatio | None:
         """The variant's output tok/s over the reference's at one level, paired by round (rounds where both ran)."""
         mine, theirs = self.rounds.get(variant) or [], self.rounds.get(reference) or []
