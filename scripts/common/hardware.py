@@ -71,6 +71,23 @@ def visible_gpus(env: dict[str, str] | None = None) -> int | None:
     return len([d for d in mask.split(",") if d.strip() and not d.strip().startswith("-")])
 
 
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) time of all CPUs since boot, in clock ticks, from /proc/stat's first line (user nice system idle
+    iowait irq softirq steal; busy is all but idle and iowait); None where there is no /proc/stat."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of all CPUs' time spent busy between two cpu_jiffies() readings (None without both or time)."""
+    if not before or not after or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 4)
+
+
 def _mem_gib() -> float | None:
     try:
         kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1])

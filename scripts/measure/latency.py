@@ -21,6 +21,7 @@ the file `make serve-replicas` writes, in which case requests go to the router a
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import engine_of, fixed_body_for, vllm_cpu_cores
+from scripts.common.hardware import busy_share, cpu_jiffies
 from scripts.common.loadgen import (
     DEFAULT_PROMPTS,
     SESSION_HEADER,
@@ -229,6 +231,7 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
     for i, row in enumerate(rows[:WARMUP_REQUESTS]):
         stream_one(client, model[i % len(model)], row, "fixed", time.perf_counter(), 8, fixed)
     run_before = [scrape(u) for u in urls]
+    jiffies = cpu_jiffies()
     failure = None
 
     def failed(samples, what: str) -> str | None:
@@ -279,6 +282,9 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
     else:
         record["server_metrics"] = server_counters(run_before[0], scrape(base_url) if healthy else None)
     record["server_rss_mib"] = group_rss_mib(server.pid) if server else None  # after the run: weights, KV, adapters
+    # how busy the whole machine was while the levels ran (this bench, the engine and anything else on it): on a GPU
+    # machine, whether the pool's idle servers or other work took the host the engine schedules from
+    record["host_cpu"] = {"busy_share": busy_share(jiffies, cpu_jiffies()), "cpus": os.cpu_count()}
     record["duration_s"] = round(time.monotonic() - t_run, 2)
     if failure:
         record["status"], record["failure"] = "failed", failure

@@ -66,6 +66,7 @@ def test_short_real_run_writes_valid_record(embedded_server, embedded_weights, t
     assert fixed["2"]["total_output_tokens"] == 4 * 8, "fixed mode must generate exactly max_tokens"
     assert all(r["ttft_s"] > 0 for lvl in rec["samples"] for r in lvl["requests"])
     assert rec["server_metrics"]["kv_cache_tokens"] > 0
+    assert 0 < rec["host_cpu"]["busy_share"] <= 1 and rec["host_cpu"]["cpus"] >= 1  # a server was generating
     assert rec["server_metrics"]["prefix_cache_queries"] is not None
     assert rec["topology"] == {"router": None, "policy": None, "replicas": 1, "tensor_parallel": 1, "data_parallel": 1,
                                "gpus": 0, "shared_gpu": False}
@@ -181,3 +182,12 @@ def test_engine_cores_from_the_vllm_log_and_the_llamacpp_command(tmp_path):
     assert bench_latency.engine_cores(server, gpu=False) == {"compute_threads": 1, "reserved_cpus": [],
                                                              "source": "llama.cpp --threads"}
     assert bench_latency.engine_cores(None, gpu=False) is None
+
+
+def test_busy_share_of_two_cpu_readings():
+    from scripts.common.hardware import busy_share, cpu_jiffies
+
+    assert busy_share((100, 400), (160, 500)) == 0.6
+    assert busy_share(None, (1, 2)) is None and busy_share((5, 10), (5, 10)) is None
+    busy, total = cpu_jiffies()
+    assert 0 <= busy <= total
