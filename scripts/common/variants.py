@@ -4,8 +4,9 @@ config.env is the single source of a variant: `KEY=VALUE` lines and full-line `#
 expansion, no inline comments, because JSON values may hold `#`). Settings are layered, each default defined once:
 
     PLATFORM_DEFAULTS[target]  →  the variant's config.env  →  command-line overrides  →  LAB_SERVE_SET
-    (LAB_SERVE_SET="SERVE_KV_CACHE_MEMORY_BYTES=… …": what every vLLM-served variant of a pool of servers sharing one
-    GPU gets, set by make optimize on a GPU for the steps it runs; each record's config shows it)
+    (LAB_SERVE_SET="SERVE_KV_CACHE_MEMORY_BYTES=… SGLANG_MEM_FRACTION_STATIC=… …": what every variant of a pool of
+    servers sharing one GPU gets, its engine's keys only, set by make optimize on a GPU for the steps it runs; each
+    record's config shows it)
 
     >>> v = load_variant("smollm2-bf16")
     >>> v.settings["MODEL"]
@@ -86,6 +87,7 @@ BUDGET_UNENFORCED_UNDER_SPECULATION: dict[str, str] = {}
 # Defaults per serving target; the one place they are written. A variant's config.env overrides any of them.
 # every vLLM-served variant's SERVE_ settings while servers share one GPU (make optimize's pool): KEY=VALUE ...
 SHARED_SET_ENV = "LAB_SERVE_SET"
+SHARED_SET_PREFIX = {"vllm": "SERVE_", "sglang": "SGLANG_"}  # the keys of LAB_SERVE_SET each engine takes
 PLATFORM_DEFAULTS: dict[str, dict[str, str]] = {
     "cpu": {
         # vLLM's CPU backend refuses to start without an explicit KV-cache budget (GiB) and reads memory per NUMA
@@ -449,11 +451,12 @@ def load_variant(
         if key == "THINK_BUDGET":
             check_budget_value(value, f"override {key}")
         resolved[key] = value
-    if resolved.get("ENGINE", DEFAULT_ENGINE) == DEFAULT_ENGINE:
-        for key, value in parse_overrides(os.environ.get(SHARED_SET_ENV, "").split()).items():
-            if not key.startswith("SERVE_"):
-                raise VariantError(f"{SHARED_SET_ENV}: {key} is not a SERVE_ key (it names vLLM's memory settings of "
-                                   "servers sharing one GPU)")
+    engine = resolved.get("ENGINE", DEFAULT_ENGINE)
+    for key, value in parse_overrides(os.environ.get(SHARED_SET_ENV, "").split()).items():
+        if not key.startswith(tuple(SHARED_SET_PREFIX.values())):
+            raise VariantError(f"{SHARED_SET_ENV}: {key} is not a SERVE_ or SGLANG_ key (it names the memory settings "
+                               "of servers sharing one GPU: vLLM's, SGLang's)")
+        if key.startswith(SHARED_SET_PREFIX.get(engine, "\0")):  # each engine takes its own keys of the set
             resolved[key] = value
     check_think_budget(resolved, path)
     if resolved.get("ENV_LD_PRELOAD") == "auto":

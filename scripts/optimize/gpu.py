@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import re
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import layer_family, read_safetensors_header
+from scripts.common.engines import EngineError, version
 from scripts.common.records import one_line
 from scripts.common.variants import is_config_only
 from scripts.levers.quantize.calibrate import (
@@ -296,9 +296,10 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
             lever, _, cfg, _ = out.pop(suffix)
             left.append({"lever": lever, "why": f"its recipe ({cfg['CALIBRATE_RECIPE']}) cannot be written config-only, "
                          "and a config-only reference has no weights to calibrate"})
-    if importlib.util.find_spec("sglang") is None:
-        left.append({"lever": "SGLang serving the BF16 weights", "why": "SGLang is not installed on this machine "
-                     "(scripts/gpu/sglang-payload.sh carries it to the lent GPU)"})
+    try:  # SGLang's own Python (LAB_SGLANG_PYTHON: its pins apart from vLLM's), not this one
+        version("sglang")
+    except EngineError as e:
+        left.append({"lever": "SGLang serving the BF16 weights", "why": str(e)})
     else:
         out["sglang"] = ("SGLang serving the BF16 weights (a second engine)", "sglang",
                          {"MODEL": ref["MODEL"], "SOURCE": ref.get("SOURCE", "lever"), "PARENT": r, "BASE": base,

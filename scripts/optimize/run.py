@@ -78,8 +78,10 @@ from scripts.serve.pool import Pool
 # the pool's servers share one GPU: each vLLM server a fixed KV cache (2 GiB: ~90k tokens of SmolLM2, ~13k of the 4B
 # proxy's full-attention layers; enough for c=8 x (prompt + answer) of the ladder and the suite) and a small memory
 # share (0.05 x 141 GB = 7 GB: every start's free-memory check passes while the others hold theirs), so no start
-# profiles memory the others are taking at the same moment
-POOL_SET = "SERVE_GPU_MEMORY_UTILIZATION=0.05 SERVE_KV_CACHE_MEMORY_BYTES=2147483648"
+# profiles memory the others are taking at the same moment; an SGLang server a share of the memory free at its start
+# (SGLang's own rule), which the pool gives it first and alone (scripts/serve/pool.py): 0.15 of an H200 is 21 GB, the
+# Qwen3.5-4B shape's weights (8.4 GB) with room for its KV and state caches
+POOL_SET = "SERVE_GPU_MEMORY_UTILIZATION=0.05 SERVE_KV_CACHE_MEMORY_BYTES=2147483648 SGLANG_MEM_FRACTION_STATIC=0.15"
 
 STATE = paths.CACHE / "optimize"
 STOP_GRACE_S = 60  # what an interrupted step gets to stop its servers before SIGKILL

@@ -13,7 +13,8 @@ answers; otherwise it starts its own as always. A server that fails to start is 
 (vLLM's "out of memory" and the like), and the others go on.
 
 Servers that share one GPU need a memory budget each: LAB_SERVE_SET (scripts/common/variants.py) gives every vLLM
-variant the same fixed KV size, so no start profiles memory that the other starts are taking at the same time.
+variant the same fixed KV size, so no start profiles memory that the other starts are taking at the same time, and
+every SGLang variant its share of the memory free at its start, which it takes first and alone.
 """
 
 from __future__ import annotations
@@ -58,8 +59,26 @@ class Pool:
             raise
 
     def _start(self, variants: list[Variant], timeout_s: float) -> Pool:
+        """SGLang's servers first, one at a time, each once the one before is healthy: SGLang sizes its memory as a
+        share of what is free at its start, less what others take while it loads (two 4B servers started side by
+        side left one of them -1 GB: results/gpu-mtp-20261129/README.md); then every other server at once."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        first = free_port(len(variants)) if variants else 0
+        t0 = time.monotonic()
+        alone = [v for v in variants if v.engine == "sglang"]
+        for batch in [*([v] for v in alone), [v for v in variants if v not in alone]]:
+            if batch:
+                self._launch(batch, timeout_s)
+        self.variants.update({v.name: v for v in variants})
+        self.write()
+        healthy = sum(v.name in self.servers for v in variants)
+        failed = sorted(v.name for v in variants if v.name in self.failed)
+        print(f"[pool] {healthy} of {len(variants)} servers healthy after {time.monotonic() - t0:.0f} s"
+              + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
+        return self
+
+    def _launch(self, variants: list[Variant], timeout_s: float) -> None:
+        """Start the variants' servers at once and wait until each is healthy or gone."""
+        first = free_port(len(variants))
         ports = iter(range(first, first + len(variants)))
         for v in variants:
             log = self.folder / f"{v.name}.log"
@@ -69,7 +88,6 @@ class Pool:
                                                    log_path=log).start()
             except (ServerError, VariantError, CheckpointError, OSError) as e:  # a missing head, a busy port
                 self.failed[v.name] = str(e)
-        t0 = time.monotonic()
         errors: dict[str, str] = {}
 
         def wait(name: str, server: Server) -> None:
@@ -90,13 +108,6 @@ class Pool:
         for name, why in errors.items():
             self.failed[name] = why
             self.servers.pop(name, None)
-        self.variants.update({v.name: v for v in variants})
-        self.write()
-        healthy = sum(v.name in self.servers for v in variants)
-        failed = sorted(v.name for v in variants if v.name in self.failed)
-        print(f"[pool] {healthy} of {len(variants)} servers healthy after {time.monotonic() - t0:.0f} s"
-              + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
-        return self
 
     def write(self) -> None:
         entries = {name: {"base_url": s.base_url, "pid": s.pid, "argv": s.argv, "env": s.env,

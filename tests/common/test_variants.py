@@ -50,8 +50,17 @@ def test_shared_gpu_settings_reach_vllm_variants_only(tmp_path, monkeypatch):
     assert v.serve_settings()["kv-cache-memory-bytes"] == "2147483648"
     assert "SERVE_KV_CACHE_MEMORY_BYTES" not in load_variant("x-gguf", root=tmp_path, target="cuda").resolved
     monkeypatch.setenv("LAB_SERVE_SET", "ENV_X=1")
-    with pytest.raises(VariantError, match="LAB_SERVE_SET: ENV_X is not a SERVE_ key"):
+    with pytest.raises(VariantError, match="LAB_SERVE_SET: ENV_X is not a SERVE_ or SGLANG_ key"):
         load_variant("x-bf16", root=tmp_path, target="cuda")
+
+
+def test_shared_gpu_settings_reach_each_engine_by_its_own_keys(tmp_path, monkeypatch):
+    write_variant(tmp_path, "x-bf16", "MODEL=weights/x\nBASE=x\n")
+    write_variant(tmp_path, "x-sglang", "MODEL=weights/x\nBASE=x\nENGINE=sglang\nSGLANG_MEM_FRACTION_STATIC=0.8\n")
+    monkeypatch.setenv("LAB_SERVE_SET", "SERVE_KV_CACHE_MEMORY_BYTES=2147483648 SGLANG_MEM_FRACTION_STATIC=0.15")
+    sgl, vllm = (load_variant(n, root=tmp_path, target="cuda").resolved for n in ("x-sglang", "x-bf16"))
+    assert sgl["SGLANG_MEM_FRACTION_STATIC"] == "0.15" and "SERVE_KV_CACHE_MEMORY_BYTES" not in sgl
+    assert vllm["SERVE_KV_CACHE_MEMORY_BYTES"] == "2147483648" and "SGLANG_MEM_FRACTION_STATIC" not in vllm
 
 
 def test_comments_blank_lines_and_json_values(tmp_path):

@@ -62,3 +62,39 @@ def test_a_pool_server_is_taken_only_with_the_same_settings_alive_and_healthy(tm
     assert pooled_server(v) is None
     monkeypatch.delenv(POOL_ENV)
     assert pooled_server(v) is None
+
+
+def test_sglang_servers_start_first_and_alone(tmp_path, monkeypatch):
+    """SGLang sizes its memory from what is free at its start: each SGLang server is healthy before the next server of
+    the pool starts; the vLLM ones then start together (the servers are fakes: the order is what is tested)."""
+    from scripts.serve import pool
+
+    for name, engine in (("x-bf16", ""), ("x-fp8kv", ""), ("x-sglang", "ENGINE=sglang\n"), ("x-sglang2", "ENGINE=sglang\n")):
+        (tmp_path / "v" / name).mkdir(parents=True)
+        (tmp_path / "v" / name / "config.env").write_text(f"MODEL=weights/x\nBASE=x\n{engine}")
+    events = []
+
+    class FakeServer:
+        def __init__(self, v, port, log_path, **_):
+            self.name, self.base_url, self.log_path = v.name, f"http://127.0.0.1:{port}", log_path
+            self.pid, self.argv, self.env, self.health_path, self.startup_s = 1, [], {}, "/health", 0.0
+
+        def start(self):
+            events.append(("start", self.name))
+            return self
+
+        def wait_healthy(self, timeout_s):
+            events.append(("healthy", self.name))
+
+        def check_own_port(self):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(pool, "make_server", lambda v, host, port, api_key, log_path: FakeServer(v, port, log_path))
+    variants = [load_variant(n, root=tmp_path / "v", target="cuda") for n in ("x-bf16", "x-sglang", "x-fp8kv", "x-sglang2")]
+    p = pool.Pool(tmp_path / "pool").start(variants)
+    assert events[:4] == [("start", "x-sglang"), ("healthy", "x-sglang"), ("start", "x-sglang2"), ("healthy", "x-sglang2")]
+    assert events[4:6] == [("start", "x-bf16"), ("start", "x-fp8kv")]
+    assert sorted(p.servers) == ["x-bf16", "x-fp8kv", "x-sglang", "x-sglang2"]
