@@ -305,7 +305,12 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
                          {"MODEL": ref["MODEL"], "SOURCE": ref.get("SOURCE", "lever"), "PARENT": r, "BASE": base,
                           "ENGINE": "sglang", "SGLANG_DTYPE": "bfloat16",
                           "SGLANG_CONTEXT_LENGTH": ref.get("SERVE_MAX_MODEL_LEN", "8192"),
-                          "SGLANG_MAX_RUNNING_REQUESTS": str(top), **IDENTITY,
+                          "SGLANG_MAX_RUNNING_REQUESTS": str(top),
+                          # as the lab's SGLang rungs run on the lent GPU (experiments/smollm2-sglang): its carried
+                          # kernel wheel has no FlashAttention-3, its FlashInfer sampling is another version than the
+                          # vLLM bundle's, and the bench asks no structured output
+                          "SGLANG_ATTENTION_BACKEND": "triton", "SGLANG_SAMPLING_BACKEND": "pytorch",
+                          "SGLANG_GRAMMAR_BACKEND": "none", **IDENTITY,
                           **{k: v for k, v in ref.items() if k in ("SHAPE_PROXY", "EVAL_TASKS")}}, [])
     return out, left
 
