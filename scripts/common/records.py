@@ -198,6 +198,12 @@ def _write_record(record: dict[str, Any], directory: Path, kind: str, when: dt.d
     return path
 
 
+def tokens_a_step(record: dict) -> float | None:
+    """A latency record's tokens a decode step under speculation (1 + accepted drafts), the engine's own count (vLLM's
+    mean acceptance length over the run); None where the engine reported none (no speculation, another engine)."""
+    return (record.get("server_metrics") or {}).get("spec_decode_mean_acceptance_length")
+
+
 def all_records(kind: str, root: Path | None = None) -> list[tuple[Path, dict]]:
     """Every record of `kind` under root/<variant>/, oldest first per variant (file names sort by time); a trial's
     records only for that trial's reader (of_record)."""

@@ -456,7 +456,7 @@ def load_variant(
         if not key.startswith(tuple(SHARED_SET_PREFIX.values())):
             raise VariantError(f"{SHARED_SET_ENV}: {key} is not a SERVE_ or SGLANG_ key (it names the memory settings "
                                "of servers sharing one GPU: vLLM's, SGLang's)")
-        if key.startswith(SHARED_SET_PREFIX.get(engine, "\0")):  # each engine takes its own keys of the set
+        if (prefix := SHARED_SET_PREFIX.get(engine)) and key.startswith(prefix):  # each engine takes its own keys
             resolved[key] = value
     check_think_budget(resolved, path)
     if resolved.get("ENV_LD_PRELOAD") == "auto":

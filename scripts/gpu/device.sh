@@ -284,7 +284,7 @@ PY
       # is ready, with the fraction of the memory free then that makes SGL_BUDGET_GB GiB (unless its extra sets one);
       # the fraction joins its extra, so its records name it
       if sgl_alone "$v"; then
-        t1=$(date +%s); [ -s $RUN/servers ] && (WAIT=$(( ${WAIT:-540} - (t1 - t0) )) wait_servers $t1 >/dev/null)
+        (wait_servers $t0 >/dev/null 2>&1)  # in a subshell: its loop reads into this loop's variables
         if [[ "$extra" != *SGLANG_MEM_FRACTION_STATIC=* ]]; then
           free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
           frac=$(python3 -c "print(round($SGL_BUDGET_GB * 1024 / $free, 3))" 2>/dev/null) && [[ "$frac" =~ ^0\.[0-9]+$ ]] || {
@@ -302,8 +302,7 @@ PY
       echo "$tag $v $port $(cat $RUN/$tag.pid) ${extra:--}" >> $RUN/servers
       echo "started $tag on :$port (pid $(cat $RUN/$tag.pid)) at $(date +%T)"
       if sgl_alone "$v"; then  # the next server starts once this one is ready (or gone), within WAIT of the call
-        pid=$(cat $RUN/$tag.pid)
-        while ! ready $tag && ! gone $pid && [ $(( $(date +%s) - t0 )) -lt ${WAIT:-540} ]; do sleep 1; done
+        (wait_servers $t0 >/dev/null 2>&1)
         ready $tag || { echo "$tag: not ready after $(( $(date +%s) - t0 )) s; not started: the specs after it"; break; }
       fi
     done

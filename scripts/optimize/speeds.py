@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from scripts.common import paths
 from scripts.common.metrics import SpeedRatio, speed_ratio
+from scripts.common.records import tokens_a_step
 from scripts.report.compare import MODE
 
 
@@ -64,8 +65,7 @@ class Speeds:
     def tokens_a_step(self, variant: str) -> float | None:
         """A speculative rung's tokens a step (1 + accepted drafts), the mean over its rounds of the engine's own count
         (vLLM's mean acceptance length over each run); None where the engine reported none (no speculation)."""
-        vals = [m for r in self.records(variant)
-                if (m := (read_record(r).get("server_metrics") or {}).get("spec_decode_mean_acceptance_length"))]
+        vals = [m for r in self.records(variant) if (m := tokens_a_step(read_record(r)))]
         return sum(vals) / len(vals) if vals else None
 
     def versus(self, variant: str, reference: str, level: int) -> SpeedRatio | None:

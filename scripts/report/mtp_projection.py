@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from scripts.common import paths
-from scripts.common.records import all_records, git_state, now_utc
+from scripts.common.records import all_records, git_state, now_utc, tokens_a_step
 from scripts.report.projection import ProjectionError
 
 ACCEPTED_AT_MOST = 1.05  # mean tokens a step above which a rung accepted drafts: not a step-cost measurement
@@ -57,7 +57,7 @@ def step_point(records, variant: str, ladder: str | None, stamps: list[str] | No
     if not rows:
         where = f"ladder {ladder}" if ladder else "stamps " + ", ".join(f"{s}*" for s in stamps)
         raise ProjectionError(f"no latency record of {variant} at c=1 in {where}")
-    lengths = [m for _, r in rows if (m := (r.get("server_metrics") or {}).get("spec_decode_mean_acceptance_length"))]
+    lengths = [m for _, r in rows if (m := tokens_a_step(r))]
     return {"tpot_ms": statistics.median(r["summary"]["fixed"]["1"]["p50_tpot_ms"] for _, r in rows),
             "records": [paths.shown(p) for p, _ in rows], "config": rows[-1][1].get("config") or {},
             "gpus": {((r.get("hardware") or {}).get("gpu") or {}).get("name") or "a CPU" for _, r in rows},
