@@ -131,6 +131,9 @@ def reliability(r, variant: str) -> str | None:
     return "; ".join(failed) or None
 
 
+NOT_FASTER = "not faster than the BF16 reference at any level measured"
+
+
 def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
     plan, budget = r.plan, BUDGETS[r.plan.budget]
     out: dict[str, Outcome] = {}
@@ -201,8 +204,7 @@ def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
             out[c.variant] = Outcome("rejected", "; ".join(criterion_text(x) for x in failed), j)
         elif c.variant not in worth:  # judged on a sibling's evidence at most: never a tie or a winner
             none = all(x.status == "missing" for x in j.criteria)
-            out[c.variant] = Outcome("not pursued", "not faster than the BF16 reference at any level measured"
-                                     + (": no quality evidence bought" if none else ""), j)
+            out[c.variant] = Outcome("not pursued", NOT_FASTER + (": no quality evidence bought" if none else ""), j)
         elif j.certified and not any((sr := speeds.versus(c.variant, plan.reference, lv)) and sr.faster
                                      for lv in plan.concurrency):
             out[c.variant] = Outcome("tie", "at parity, but not faster with 95% confidence at any level: "
@@ -210,7 +212,7 @@ def certify(r, measured: list[Candidate], speeds: Speeds) -> dict[str, Outcome]:
         elif j.certified:
             out[c.variant] = Outcome("certified", "a faster certified variant won every level", j)
         elif not faster:
-            out[c.variant] = Outcome("not pursued", "not faster than the BF16 reference at any level measured", j)
+            out[c.variant] = Outcome("not pursued", NOT_FASTER, j)
         elif all(lv in won and (speeds.point(c.variant, plan.reference, lv) or 0) <= won[lv] for lv in faster):
             out[c.variant] = Outcome("not pursued", "slower than the certified winner wherever it beats BF16: its "
                                      "remaining evidence was not bought", j)
