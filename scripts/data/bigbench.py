@@ -100,7 +100,8 @@ def download_sdist(dest: Path, pip_python: str | None = None) -> Path:
     if r.returncode != 0 or not path.exists():
         last = next((ln for ln in reversed(r.stderr.strip().splitlines()) if ln.strip()), "no output")
         raise BigBenchError(f"cannot download {SDIST} from the package index ({last.strip()[:160]}); run "
-                            f"`{FETCH_COMMAND}` where PyPI is reachable")
+                            f"`{FETCH_COMMAND}` where PyPI offers it, or `{FETCH_COMMAND} BIGBENCH_SDIST=PATH` with "
+                            f"a copy of {SDIST_FILE} (SHA-256 {SDIST_SHA256[:16]}…)")
     return path
 
 

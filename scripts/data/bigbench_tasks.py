@@ -187,13 +187,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--yaml", action="store_true", help="also rewrite the committed YAMLs under eval/tasks/bigbench_lite")
     p.add_argument("--pip-python", help="the Python whose pip downloads the sdist (make datasets: .venv-datasets)")
+    p.add_argument("--sdist", type=Path, help=f"a local copy of {bigbench.SDIST_FILE} instead of the download "
+                   f"(make datasets BIGBENCH_SDIST=PATH; its SHA-256 is checked)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        source = bigbench.fetch(pip_python=args.pip_python)
+        if args.sdist and not args.sdist.is_file():
+            raise bigbench.BigBenchError(f"{args.sdist}: no such file (BIGBENCH_SDIST names a copy of "
+                                         f"{bigbench.SDIST_FILE})")
+        source = bigbench.fetch(sdist=args.sdist, pip_python=args.pip_python)
         print(f"{source['sdist']}: {source['task_files']} task files (sha256 {source['sdist_sha256'][:12]}…) in "
               f"{paths.shown(bigbench.DATA)}")
         m = build_suite(bigbench.DATA, SUITE_DIR)

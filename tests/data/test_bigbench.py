@@ -369,3 +369,16 @@ def test_llamacpp_loglikelihoods_equal_a_fresh_evaluation(embedded_weights):
     assert all(lp < 0 for lp, _ in together)
     # chain rule: log p(q[4:] | q[:4]) = log p(q[4] | q[:4]) + log p(q[5] | q[:5])
     assert together[2][0] == pytest.approx(together[3][0] + together[4][0], abs=1e-3)
+
+
+def test_make_datasets_takes_a_local_sdist_and_names_a_missing_one(tmp_path, monkeypatch, capsys):
+    sdist = tmp_path / "copy" / "bigbench-1.0.0.tar.gz"
+    sdist.parent.mkdir()
+    monkeypatch.setattr(bigbench, "SDIST_SHA256", make_sdist(sdist))
+    data = tmp_path / "cache" / "bigbench"
+    monkeypatch.setattr(bigbench, "DATA", data)
+    monkeypatch.setattr(mbt, "SUITE_DIR", data / "suite")
+    assert mbt.main(["--sdist", str(tmp_path / "absent.tar.gz")]) == 1
+    assert "absent.tar.gz: no such file" in capsys.readouterr().err and not data.exists()
+    assert mbt.main(["--sdist", str(sdist), "--pip-python", "/nonexistent/python"]) == 0  # no download tried
+    assert bigbench.manifest(data)["task_files"] == 4
