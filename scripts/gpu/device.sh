@@ -161,7 +161,8 @@ follow_run() {
   rm -rf $RUN/$tag.logs && mkdir -p $RUN/$tag.logs
   find .cache -name '*.log' -newer $RUN/$tag.start -type f | while read -r f; do
     tail -c 400000 "$f" > $RUN/$tag.logs/$(echo "${f#.cache/}" | tr / _); done
-  { find experiments results -newer $RUN/$tag.start -type f; echo $RUN/$tag.out; echo $RUN/$tag.logs
+  # eval/ too: a GPU plan file written by the run (2026-12-06: the one named after `follow` did not come back)
+  { find experiments results eval -newer $RUN/$tag.start -type f; echo $RUN/$tag.out; echo $RUN/$tag.logs
     for f in "$@"; do [ -e "$f" ] && echo "$f"; done; } | sort -u > $RUN/$tag.list
   tar cf $OUT/$tag.tar -T $RUN/$tag.list 2>/dev/null; ls -la $OUT/$tag.tar
   [ -f $RUN/$tag.done ] && echo DONE
