@@ -62,10 +62,15 @@ class Judged:
     def kld(self) -> float | None:
         return next((c.value for c in self.criteria if c.name == "GATE_MAX_MEAN_KLD"), None)
 
-    def short(self) -> str:
+    def short(self, hardware: str | None = None) -> str:
+        """The verdict in a table cell; in the table of `hardware`, evidence judged on other hardware is named (a GPU
+        row whose identity or parity records come from a CPU run says so)."""
         if self.verdict in ("pass", "reference") or self.note:
-            return self.verdict + (f": {self.note}" if self.note else "")
-        return f"{self.verdict}: " + ", ".join(c.name for c in self.criteria if c.status != "pass")
+            text = self.verdict + (f": {self.note}" if self.note else "")
+        else:
+            text = f"{self.verdict}: " + ", ".join(c.name for c in self.criteria if c.status != "pass")
+        elsewhere = sorted({c.hardware for c in self.criteria if c.hardware and c.hardware != hardware})
+        return text + (f" (evidence from {'; '.join(elsewhere)})" if hardware and elsewhere else "")
 
     def blocking(self) -> list[Criterion]:
         return [c for c in self.criteria if c.status != "pass"]
@@ -516,7 +521,7 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                          + " | ".join(fmt(t, '.1f') for t in tput) + " | "
                          + " | ".join(fmt(vs_parent.get(str(c))) for c in levels) + " | "
                          + " | ".join(vs_base_ci[c].text() if vs_base_ci.get(c) else "—" for c in LEVELS)
-                         + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof) + f" | {b2b} | {judged[v].short()} |")
+                         + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof) + f" | {b2b} | {judged[v].short(hw)} |")
             row = {"group": (hw, prompts), "prompt_set": r["inputs"].get("prompt_set", prompts), "variant": v,
                    "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
                    "vs_base_ci": vs_base_ci, "shape_proxy": bool(r.get("shape_proxy")),
@@ -575,7 +580,7 @@ def suite_lines(quality: list[tuple[Path, dict]], judged: dict[str, Judged]) -> 
             ref = reference_name(r["config"]) or "—"
             lines.append(f"| {v} | {engine_label(r)} | {ref} | {len(items)} | "
                          f"{100 * sum(items.values()) / len(items):.2f} | {drop} | {crit.status if crit else '—'} | "
-                         f"{judged[v].short() if v in judged else '—'} |")
+                         f"{judged[v].short(hw) if v in judged else '—'} |")
         refs = sorted(v for v, r in members.items() if not reference_name(r["config"]))
         for ref in refs:
             children = sorted(v for v, r in members.items() if reference_name(r["config"]) == ref)

@@ -63,3 +63,16 @@ def test_readme_winners_table_matches_the_committed_records():
     r = subprocess.run([sys.executable, "-m", "scripts.report.compare", "--check-readme"], cwd=paths.ROOT,
                        capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr.strip() or r.stdout[-500:]
+
+
+def test_a_gate_cell_names_evidence_judged_on_other_hardware():
+    from scripts.common.gate import Criterion
+
+    on = {"cpu": Criterion("GATE_GREEDY_IDENTITY", 1.0, "min", status="pass", hardware="AMD EPYC (2 cores, avx2)"),
+          "gpu": Criterion("GATE_GREEDY_IDENTITY", 1.0, "min", status="pass", hardware="NVIDIA H100 80GB HBM3 x1")}
+    cpu_judged = compare.Judged("pass", [on["cpu"]])
+    assert cpu_judged.short("NVIDIA H100 80GB HBM3 x1") == "pass (evidence from AMD EPYC (2 cores, avx2))"
+    assert cpu_judged.short("AMD EPYC (2 cores, avx2)") == "pass"  # its own table
+    assert compare.Judged("pass", [on["gpu"]]).short("NVIDIA H100 80GB HBM3 x1") == "pass"
+    missing = compare.Judged("missing", [Criterion("GATE_MAX_MEAN_KLD", 0.05, "max")])  # no record: no hardware
+    assert missing.short("NVIDIA H100 80GB HBM3 x1") == "missing: GATE_MAX_MEAN_KLD"
