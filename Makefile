@@ -281,8 +281,8 @@ $(DSTAMP): requirements/datasets.txt
 	$(DVENV)/bin/python -m pip install -q --require-hashes --no-deps -r requirements/datasets.txt
 	touch $@
 
-datasets: $(STAMP) $(DSTAMP) ## BIG-bench from its PyPI sdist (pip download, or BIGBENCH_SDIST=PATH; SHA-256 checked, task JSON extracted) and the BIG-bench Lite suite drawn from it
-	$(PY) -m scripts.data.bigbench_tasks --pip-python $(DVENV)/bin/python $(if $(BIGBENCH_SDIST),--sdist $(BIGBENCH_SDIST))
+datasets: $(STAMP) $(if $(BIGBENCH_SDIST),,$(DSTAMP)) ## BIG-bench from its PyPI sdist (pip download, or BIGBENCH_SDIST=PATH; SHA-256 checked, task JSON extracted) and the BIG-bench Lite suite drawn from it
+	$(PY) -m scripts.data.bigbench_tasks --pip-python $(DVENV)/bin/python $(if $(BIGBENCH_SDIST),--sdist '$(BIGBENCH_SDIST)')
 
 datasets-hub: $(STAMP) ## where the Hugging Face hub is reachable: cache MMLU-Pro, IFEval, GPQA-Diamond and Wikitext-2
 	$(PY) -m scripts.measure.quality --download-datasets

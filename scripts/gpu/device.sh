@@ -151,8 +151,8 @@ in_background() {
     echo "== ended: rc=$rc after $(( $(date +%s) - t0 )) s"; touch "$0.done"' "$RUN/$1" "$2" > $RUN/$1.out 2>&1 < /dev/null &)
 }
 # a background run $1 followed until it ends or WAIT s pass: its output so far, and what it wrote since it started
-# under experiments/ and results/, the tails of the servers' logs, its output and the paths after $1 (those present) as
-# $OUT/$1.tar
+# under experiments/, results/ and eval/optimize/, the tails of the servers' logs, its output and the paths after $1
+# (those present) as $OUT/$1.tar
 follow_run() {
   local tag=$1; shift
   for _ in $(seq ${WAIT:-500}); do [ -f $RUN/$tag.done ] && break; sleep 1; done
@@ -161,8 +161,8 @@ follow_run() {
   rm -rf $RUN/$tag.logs && mkdir -p $RUN/$tag.logs
   find .cache -name '*.log' -newer $RUN/$tag.start -type f | while read -r f; do
     tail -c 400000 "$f" > $RUN/$tag.logs/$(echo "${f#.cache/}" | tr / _); done
-  # eval/ too: a GPU plan file written by the run (2026-12-06: the one named after `follow` did not come back)
-  { find experiments results eval -newer $RUN/$tag.start -type f; echo $RUN/$tag.out; echo $RUN/$tag.logs
+  # eval/optimize/ too: a GPU plan file written by the run (2026-12-06: the one named after `follow` did not come back)
+  { find experiments results eval/optimize -newer $RUN/$tag.start -type f; echo $RUN/$tag.out; echo $RUN/$tag.logs
     for f in "$@"; do [ -e "$f" ] && echo "$f"; done; } | sort -u > $RUN/$tag.list
   tar cf $OUT/$tag.tar -T $RUN/$tag.list 2>/dev/null; ls -la $OUT/$tag.tar
   [ -f $RUN/$tag.done ] && echo DONE
@@ -554,8 +554,9 @@ PY
     sleep ${SETTLE:-15}; tail -20 $RUN/$tag.out ;;
   attach)
     # [WAIT=500] bash scripts/gpu/device.sh attach TAG: the detached command's output so far, until it ends or WAIT s
-    # pass; what it wrote under experiments/ and results/, the tails of the servers' logs (.cache/**/*.log) and its
-    # output come back as $OUT/TAG.tar after every call, so a machine taken back loses no finished step
+    # pass; what it wrote under experiments/, results/ and eval/optimize/, the tails of the servers' logs
+    # (.cache/**/*.log) and its output come back as $OUT/TAG.tar after every call, so a machine taken back loses no
+    # finished step
     tag=${1:?TAG}; cd $LAB || exit 1
     follow_run "$tag" ;;
   *) echo "unknown step $step"; exit 2 ;;

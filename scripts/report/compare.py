@@ -11,8 +11,10 @@ A ratio to the BF16 reference is the geometric mean of its per-round ratios wher
 ladder) with its 95% interval (scripts/common/metrics.py: speed_ratio); a variant is named faster only when the lower
 end is above 1.00. One round has no interval and certifies no speedup; an interval holding 1.00 is a tie.
 The gate column is the parity gate's verdict (scripts/common/gate.py) from the variant's quality records: only a
-variant whose every criterion passes is certified; the fastest certified variant is named per group at c=1 and at
-c=8 with the evidence line of each criterion, and inconclusive variants are listed with what would decide them.
+variant whose every criterion passes is certified (a variant's gate is judged on all its records, whatever hardware
+made them: a pass in a table of one hardware whose evidence, or its reference's, was judged on another names it); the
+fastest certified variant is named per group at c=1 and at c=8 with the evidence line of each criterion, and
+inconclusive variants are listed with what would decide them.
 The Pareto plot puts each gated variant's speed over BF16 (x; c=1 and c=8 panels) against its mean KL divergence
 (y, log scale), marker by verdict, with the frontier (no other variant both faster and closer) drawn; lossless
 variants (judged by greedy identity, no KL divergence) and shape proxies have no y value and are not drawn.
@@ -30,7 +32,7 @@ import argparse
 import contextlib
 import functools
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from scripts.common import paths
@@ -53,6 +55,7 @@ class Judged:
     verdict: str
     criteria: list[Criterion] = field(default_factory=list)
     note: str = ""
+    upstream: frozenset[str] = frozenset()  # the hardware its references' passes were judged on (chain())
 
     @property
     def certified(self) -> bool:
@@ -62,15 +65,19 @@ class Judged:
     def kld(self) -> float | None:
         return next((c.value for c in self.criteria if c.name == "GATE_MAX_MEAN_KLD"), None)
 
+    def hardware(self) -> set[str]:
+        """Where the evidence of a pass was judged: its own criteria's records and its references' (chain())."""
+        return {c.hardware for c in self.criteria if c.hardware} | self.upstream
+
     def short(self, hardware: str | None = None) -> str:
-        """The verdict in a table cell; in the table of `hardware`, evidence judged on other hardware is named (a GPU
-        row whose identity or parity records come from a CPU run says so)."""
+        """The verdict in a table cell; in the table of `hardware`, a pass judged on other hardware says where (a GPU
+        row certified by a CPU run's identity record, or by a reference certified there)."""
         if self.verdict in ("pass", "reference") or self.note:
             text = self.verdict + (f": {self.note}" if self.note else "")
         else:
-            text = f"{self.verdict}: " + ", ".join(c.name for c in self.criteria if c.status != "pass")
-        elsewhere = sorted({c.hardware for c in self.criteria if c.hardware and c.hardware != hardware})
-        return text + (f" (evidence from {'; '.join(elsewhere)})" if hardware and elsewhere else "")
+            return f"{self.verdict}: " + ", ".join(c.name for c in self.criteria if c.status != "pass")
+        elsewhere = sorted(h for h in self.hardware() if h != hardware) if self.certified and hardware else []
+        return text + (f" (evidence from {'; '.join(elsewhere)})" if elsewhere else "")
 
     def blocking(self) -> list[Criterion]:
         return [c for c in self.criteria if c.status != "pass"]
@@ -104,6 +111,8 @@ def chain(judged: dict[str, Judged], configs: dict[str, dict[str, str]]) -> dict
         up = settle(ref, (*seen, v))
         if up.verdict not in ("pass", "reference"):
             out[v] = Judged(up.verdict, j.criteria, note=f"its own gate passes; its reference {ref} is {up.verdict}")
+        elif up.certified:
+            out[v] = replace(j, upstream=j.upstream | up.hardware())
         return out[v]
 
     for v in judged:

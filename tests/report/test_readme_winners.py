@@ -76,3 +76,20 @@ def test_a_gate_cell_names_evidence_judged_on_other_hardware():
     assert compare.Judged("pass", [on["gpu"]]).short("NVIDIA H100 80GB HBM3 x1") == "pass"
     missing = compare.Judged("missing", [Criterion("GATE_MAX_MEAN_KLD", 0.05, "max")])  # no record: no hardware
     assert missing.short("NVIDIA H100 80GB HBM3 x1") == "missing: GATE_MAX_MEAN_KLD"
+
+
+def test_a_chained_pass_names_its_references_hardware_and_a_non_pass_names_none():
+    from scripts.common.gate import Criterion
+
+    def crit(hw, status="pass"):
+        return Criterion("GATE_GREEDY_IDENTITY", 1.0, "min", status=status, hardware=hw)
+
+    judged = {"m-bf16": compare.Judged("reference"), "m-q8": compare.Judged("pass", [crit("cpu A")]),
+              "m-q8-ngram": compare.Judged("pass", [crit("cpu B")]),
+              "m-x": compare.Judged("missing", [crit("cpu A"), Criterion("GATE_MAX_MEAN_KLD", 0.05, "max")])}
+    configs = {"m-bf16": {}, "m-q8": {"PARENT": "m-bf16"}, "m-q8-ngram": {"PARENT": "m-q8", "GATE_REFERENCE": "m-q8"},
+               "m-x": {"PARENT": "m-bf16"}}
+    out = compare.chain(judged, configs)
+    assert out["m-q8-ngram"].short("cpu B") == "pass (evidence from cpu A)"  # its reference was certified on A
+    assert out["m-q8"].short("cpu A") == "pass"
+    assert out["m-x"].short("gpu") == "missing: GATE_MAX_MEAN_KLD"  # a non-pass names no hardware
