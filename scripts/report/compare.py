@@ -11,8 +11,9 @@ A ratio to the BF16 reference is the geometric mean of its per-round ratios wher
 ladder) with its 95% interval (scripts/common/metrics.py: speed_ratio); a variant is named faster only when the lower
 end is above 1.00. One round has no interval and certifies no speedup; an interval holding 1.00 is a tie.
 The gate column is the parity gate's verdict (scripts/common/gate.py) from the variant's quality records: only a
-variant whose every criterion passes is certified (a variant's gate is judged on all its records, whatever hardware
-made them: a pass in a table of one hardware whose evidence, or its reference's, was judged on another names it); the
+variant whose every criterion passes is certified. A GPU table's gate reads the records made on GPUs and a CPU table's
+those made on CPUs (a GPU server's parity is judged against BF16 on a GPU, not on the CPU); a pass judged on another
+machine of the same kind names it (evidence from …). The
 fastest certified variant is named per group at c=1 and at c=8 with the evidence line of each criterion, and
 inconclusive variants are listed with what would decide them.
 The Pareto plot puts each gated variant's speed over BF16 (x; c=1 and c=8 panels) against its mean KL divergence
@@ -81,6 +82,23 @@ class Judged:
 
     def blocking(self) -> list[Criterion]:
         return [c for c in self.criteria if c.status != "pass"]
+
+
+DEVICES = ("cpu", "gpu")
+
+
+def device_of(record: dict) -> str:
+    """The kind of machine a record was made on: gpu where it names one, else cpu."""
+    return "gpu" if record["hardware"].get("gpu") else "cpu"
+
+
+class PerDevice(dict):
+    """Verdicts per kind of machine, {"cpu": {variant: Judged}, "gpu": {...}}, each judged on that kind's records."""
+
+
+def on(judged: dict, device: str) -> dict[str, Judged]:
+    """The verdicts that judge rows of `device` (cpu | gpu): one kind's of a PerDevice, else `judged` itself."""
+    return judged[device] if isinstance(judged, PerDevice) else judged
 
 
 def judge(variant: str, config: dict[str, str], root: Path | None = None,
@@ -400,7 +418,9 @@ def winners_table(rows: list[dict], judged: dict[str, Judged], configs: dict[str
     lines = ["| hardware | prompts | at | fastest certified | lever | engine | × BF16 c=1 [95%] | × BF16 c=8 [95%] | "
              "× fastest BF16 server c=1 / c=8 | evidence (one-sided 95% bound, limit) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    verdicts = judged
     for (hw, _), group in sorted(by_group.items()):
+        judged = on(verdicts, group[0].get("device", "cpu"))
         where = f"{hw.replace('(R)', '').replace(' Processor', '')} | {group[0]['prompt_set']}"
         picks: dict[str, list[str]] = {}
         for level in LEVELS:
@@ -490,7 +510,8 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
              "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency; × BF16 over several",
              "rounds of one ladder: the geometric mean of the per-round ratios [its 95% interval]; one round has no",
              "interval, and only a lower end above 1.00 names a variant faster. Gate = the parity",
-             "gate's verdict from the variant's quality records (`make gate VARIANT=…`: one-sided 95% bounds; only",
+             "gate's verdict from the variant's quality records made on the table's kind of machine, a GPU or a CPU",
+             "(`make gate VARIANT=…`: one-sided 95% bounds; only",
              "`pass` is certified, `inconclusive` and `missing` never count as a pass). % of roofline (GPU tables) =",
              "the time a decode step's bytes take at the copy bandwidth measured in the same run ÷ TPOT p50; — where",
              "the record has no bandwidth measurement.", ""]
@@ -498,6 +519,7 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
     for (hw, prompts), members in sorted(groups.items()):
         levels = sorted({int(c) for r in members.values() for c in r["summary"][MODE]})
         gpu = any(r["hardware"].get("gpu") for r in members.values())
+        verdicts = on(judged, "gpu" if gpu else "cpu")
         roof = LEVELS if gpu else ()  # GPU tables: TPOT against the bytes-over-bandwidth bound of the same run
         lines += [f"## {hw} — prompt set {prompts}", "",
                   "| variant | engine | parent | weights MiB | KV tokens | " + " | ".join(f"tok/s c={c}" for c in levels)
@@ -530,8 +552,8 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                          + " | ".join(fmt(t, '.1f') for t in tput) + " | "
                          + " | ".join(fmt(vs_parent.get(str(c))) for c in levels) + " | "
                          + " | ".join(vs_base_ci[c].text() if vs_base_ci.get(c) else "—" for c in LEVELS)
-                         + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof) + f" | {b2b} | {judged[v].short(hw)} |")
-            row = {"group": (hw, prompts), "prompt_set": r["inputs"].get("prompt_set", prompts), "variant": v,
+                         + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof) + f" | {b2b} | {verdicts[v].short(hw)} |")
+            row = {"group": (hw, prompts), "device": "gpu" if gpu else "cpu", "prompt_set": r["inputs"].get("prompt_set", prompts), "variant": v,
                    "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
                    "vs_base_ci": vs_base_ci, "shape_proxy": bool(r.get("shape_proxy")),
                    "base": base, "b2b": b2b, "ladder": ladder,
@@ -547,14 +569,14 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
             for r in same_model:  # each BF16 server at its record of this row's ladder where it has one
                 local = [x if not (rec := in_ladder.get(((hw, prompts), x["variant"], r["ladder"]))) else
                          {**x, "tput": {c: throughput(rec, c) for c in LEVELS}} for x in same_model]
-                r["bf16_server"] = fastest_bf16_servers(local, judged, configs)
+                r["bf16_server"] = fastest_bf16_servers(local, verdicts, configs)
         engines = sorted({r["engine"] for r in group_rows}, key=lambda e: (not e.startswith("vLLM"), e))
         for engine in engines:  # one verdict per engine: a peer never takes the vLLM variants' place, nor they its
             lines += [""] + ([f"### {engine}", ""] if len(engines) > 1 else [])
-            lines += winner_lines([r for r in group_rows if r["engine"] == engine], judged)
+            lines += winner_lines([r for r in group_rows if r["engine"] == engine], verdicts)
         if len(engines) > 1:  # and one for the machine: whichever engine serves it, each against the same BF16 reference
             lines += ["### Across engines (each × the same BF16 reference)", ""]
-            lines += winner_lines(group_rows, judged, undecided=False)
+            lines += winner_lines(group_rows, verdicts, undecided=False)
     if excluded:
         lines += ["## Not comparable", ""] + [f"- {v}: {why}" for v, why in excluded] + [""]
     if leave_out:
@@ -570,8 +592,10 @@ def suite_lines(quality: list[tuple[Path, dict]], judged: dict[str, Judged]) -> 
         if r.get("status") == "ok" and "suite" in r["inputs"] and r.get("samples"):
             newest.setdefault(hardware_key(r["hardware"]), {})[r["variant"]] = r
     lines = []
+    verdicts = judged
     for hw, members in sorted(newest.items()):
         any_rec = next(iter(members.values()))
+        judged = on(verdicts, device_of(any_rec))
         suite = any_rec["inputs"]["suite"]
         lines += [f"## Quality: {suite['name']} — {hw}", "",
                   f"BIG-bench Lite, zero-shot in BIG-bench's own prompt format, {suite['items']} items drawn from "
@@ -638,7 +662,10 @@ def plot_pareto(rows: list[dict], judged: dict[str, Judged], out: Path) -> bool:
     """Speed over BF16 vs mean KLD per hardware group (rows) and concurrency (columns). False if nothing to draw."""
     import matplotlib.pyplot as plt
 
-    usable = [r for r in rows if judged[r["variant"]].kld and r["vs_base"]]
+    def of(r: dict) -> Judged:
+        return on(judged, r.get("device", "cpu"))[r["variant"]]
+
+    usable = [r for r in rows if of(r).kld and r["vs_base"]]
     groups = sorted({r["group"] for r in usable})
     if not groups:
         return False
@@ -646,18 +673,18 @@ def plot_pareto(rows: list[dict], judged: dict[str, Judged], out: Path) -> bool:
     for gi, g in enumerate(groups):
         for li, level in enumerate(LEVELS):
             ax = axes[gi, li]
-            pts = [(r["vs_base"][level], judged[r["variant"]].kld, r["variant"]) for r in usable
+            pts = [(r["vs_base"][level], of(r).kld, of(r).verdict, r["variant"]) for r in usable
                    if r["group"] == g and r["vs_base"].get(level)]
             if not pts:
                 ax.set_title(f"{g[0][:48]} — c={level}: not measured")
                 ax.axis("off")
                 continue
-            for x, y, v in pts:
-                marker, color = MARKERS.get(judged[v].verdict, ("^", "black"))
+            for x, y, verdict, v in pts:
+                marker, color = MARKERS.get(verdict, ("^", "black"))
                 ax.scatter(x, y, marker=marker, color=color, s=50,
-                           label=judged[v].verdict if judged[v].verdict not in ax.get_legend_handles_labels()[1] else None)
+                           label=verdict if verdict not in ax.get_legend_handles_labels()[1] else None)
                 ax.annotate(v, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
-            front = pareto_front([(x, y) for x, y, _ in pts])
+            front = pareto_front([(x, y) for x, y, _, _ in pts])
             if front:
                 ax.plot([p[0] for p in front], [p[1] for p in front], "--o", mfc="none", ms=12, color="tab:blue", alpha=0.5,
                         label="frontier")
@@ -685,13 +712,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def judge_all(records: list[tuple[Path, dict]], experiments: Path,
-              quality: dict[str, list[dict]] | None = None) -> tuple[dict[str, Judged], dict[str, dict]]:
-    """Every variant with a latency record judged by its gate (chained up to BF16), and its newest config
-    (`quality`: every variant's quality records, newest first, when the caller has read them: by_variant)."""
+              quality: dict[str, list[dict]] | None = None) -> tuple[PerDevice, dict[str, dict]]:
+    """Every variant with a latency record judged by its gate (chained up to BF16) once on the CPUs' quality records
+    and once on the GPUs', and its newest config (`quality`: every variant's quality records, newest first, when the
+    caller has read them: by_variant)."""
     configs = newest_configs(records)
-    judged = chain({v: judge(v, config, experiments, quality) for v, config in configs.items()}, configs)
+    if quality is None:
+        quality = by_variant(all_records("quality", experiments))
     soaked = {r["variant"]: r["status"] == "ok" for _, r in all_records("soak", experiments)}  # the newest wins
-    return deployable(judged, configs, soaked), configs
+    out = PerDevice()
+    for device in DEVICES:
+        mine = {v: [r for r in recs if device_of(r) == device] for v, recs in quality.items()}
+        judged = chain({v: judge(v, config, experiments, mine) for v, config in configs.items()}, configs)
+        out[device] = deployable(judged, configs, soaked)
+    return out, configs
 
 
 def deployable(judged: dict[str, Judged], configs: dict[str, dict[str, str]],
@@ -736,9 +770,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{paths.shown(readme)}: the winners table matches the records")
         return 0
     quality = [(p, r) for p, r in quality if r["variant"] not in gone]
-    suite_judged = {r["variant"]: judged.get(r["variant"]) or judge(r["variant"], r["config"], args.experiments,
-                                                                    per_variant)
-                    for _, r in quality if "suite" in r.get("inputs", {})}
+    suite_judged = PerDevice({d: {} for d in DEVICES})  # the suite's own rows: variants with no latency record too
+    for _, r in quality:
+        if "suite" in r.get("inputs", {}):
+            d, v = device_of(r), r["variant"]
+            suite_judged[d][v] = judged[d].get(v) or judge(v, r["config"], args.experiments, {
+                name: [x for x in recs if device_of(x) == d] for name, recs in per_variant.items()})
     text += "\n" + "\n".join(suite_lines(quality, suite_judged))
     import matplotlib
 

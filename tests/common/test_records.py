@@ -447,3 +447,25 @@ def test_the_reference_is_found_through_a_parent_not_measured_in_the_group(tmp_p
     _, rows = compare.build_report(records.all_records("latency", exp), judged)
     row = next(r for r in rows if r["variant"] == "smollm2-gguf-q8-0-server")
     assert row["base"] == "smollm2-bf16" and row["vs_base"]["1"] == pytest.approx(2.5)
+
+
+def test_compare_judges_each_kind_of_machine_on_its_own_evidence(tmp_path):
+    """One variant laddered on a CPU and on a GPU: each table's gate cell and winner come from that kind's verdicts (a
+    GPU server's quality is not certified by a CPU run's records), and judge_all splits the records so."""
+    exp = tmp_path / "experiments"
+    write_ladder(exp, {"smollm2-a": 1.5})
+    for _, rec in records.all_records("latency", exp):  # the same ladder again on a GPU
+        rec["hardware"] = {**rec["hardware"], "gpu": {"name": "NVIDIA H100 80GB HBM3", "count": 1}}
+        rec["inputs"]["ladder_id"] = "G"
+        records.write_record(rec, exp / rec["variant"], "latency", when=records.now_utc() + dt.timedelta(minutes=1))
+    judged = compare.PerDevice(cpu={"smollm2-bf16": compare.Judged("reference"), "smollm2-a": compare.Judged("pass")},
+                               gpu={"smollm2-bf16": compare.Judged("reference"),
+                                    "smollm2-a": compare.Judged("missing", [Criterion("GATE_MAX_MEAN_KLD", 0.05, "max")])})
+    text, rows = compare.build_report(records.all_records("latency", exp), judged)
+    cpu, gpu = (next(line for line in text.split(f"## {hw}")[1].splitlines() if line.startswith("| smollm2-a "))
+                for hw in ("AMD", "NVIDIA"))
+    assert cpu.endswith("| pass |") and gpu.endswith("| missing: GATE_MAX_MEAN_KLD |")
+    table = "\n".join(compare.winners_table(rows, judged, {}))
+    assert "| c=1 | smollm2-a |" in table.split("NVIDIA")[0]
+    assert "NVIDIA H100 80GB HBM3 x1 | latency-v1.jsonl | c=1, c=8 | the BF16 reference" in table
+    assert compare.device_of({"hardware": {"gpu": {"name": "x"}}}) == "gpu" and compare.device_of({"hardware": {}}) == "cpu"
