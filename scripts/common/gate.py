@@ -335,6 +335,26 @@ def quality_records(variant: str, root: Path | None = None) -> list[dict]:
             if of_record(r)]
 
 
+def device_of(record: dict) -> str:
+    """The kind of machine a record was made on: gpu where it names one, else cpu."""
+    return "gpu" if (record.get("hardware") or {}).get("gpu") else "cpu"
+
+
+class RecordsOn(dict):
+    """Each variant's quality records made on one kind of machine (cpu | gpu), newest first, read when first asked for:
+    gate_for's `quality` where a verdict must rest on that kind's evidence alone (a GPU server's parity is judged
+    against BF16 on a GPU, never by a CPU run's records)."""
+
+    def __init__(self, device: str, root: Path | None = None) -> None:
+        super().__init__()
+        self.device, self.root = device, root
+
+    def get(self, variant: str, default: list[dict] | None = None) -> list[dict]:
+        if variant not in self:
+            self[variant] = [r for r in quality_records(variant, self.root) if device_of(r) == self.device]
+        return self[variant]
+
+
 def newest(records: list[dict], **inputs) -> dict | None:
     for r in records:
         if r.get("status") == "ok" and all(r["inputs"].get(k) == v for k, v in inputs.items()):

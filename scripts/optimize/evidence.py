@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from scripts.common import paths
-from scripts.common.gate import SUITE_KEY, quality_source
-from scripts.common.variants import load_variant, reference_name
+from scripts.common.gate import SUITE_KEY, RecordsOn, quality_source
+from scripts.common.variants import load_variant, reference_name, serving_target
 from scripts.data.bigbench_tasks import SUITE_DIR
 from scripts.optimize.plan import BUDGETS, Candidate
 from scripts.optimize.report import criterion_text
@@ -39,7 +39,8 @@ class Outcome:
 
 
 def judge_plan(variants: list[str]) -> dict[str, Judged]:
-    """The gate's verdict of each variant and of every variant up its chain, chained (a pass needs its reference's)."""
+    """The gate's verdict of each variant and of every variant up its chain, chained (a pass needs its reference's),
+    on the quality records of this kind of machine only (a GPU run's, a CPU run's: `make compare` judges so too)."""
     configs: dict[str, dict[str, str]] = {}
     todo = list(variants)
     while todo:
@@ -49,7 +50,8 @@ def judge_plan(variants: list[str]) -> dict[str, Judged]:
         configs[v] = load_variant(v).resolved
         if ref := reference_name(configs[v]):
             todo.append(ref)
-    return chain({v: judge(v, cfg) for v, cfg in configs.items()}, configs)
+    quality = RecordsOn("gpu" if serving_target() == "cuda" else "cpu")
+    return chain({v: judge(v, cfg, None, quality) for v, cfg in configs.items()}, configs)
 
 
 def suite_only(j: Judged) -> bool:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.engines import ENGINES
-from scripts.common.gate import IDENTITY_KEY, SUITE_KEY, Criterion, GateError, gate_for, scored, verdict
+from scripts.common.gate import IDENTITY_KEY, SUITE_KEY, Criterion, GateError, device_of, gate_for, scored, verdict
 from scripts.common.hardware import hardware_key
 from scripts.common.metrics import SpeedRatio, fmt, ratio, speed_ratio
 from scripts.common.records import all_records, now_utc
@@ -85,11 +85,6 @@ class Judged:
 
 
 DEVICES = ("cpu", "gpu")
-
-
-def device_of(record: dict) -> str:
-    """The kind of machine a record was made on: gpu where it names one, else cpu."""
-    return "gpu" if record["hardware"].get("gpu") else "cpu"
 
 
 class PerDevice(dict):

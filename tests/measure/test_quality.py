@@ -160,6 +160,24 @@ def two_variants(tmp_path, gate_keys: str) -> dict:
     return load_variant("x-int8", root=tmp_path, target="cpu").resolved
 
 
+def test_a_verdict_on_one_kind_of_machine_reads_only_its_records(tmp_path):
+    """RecordsOn (make optimize's judge_plan, make compare's tables): a GPU's verdict ignores a CPU run's parity and
+    the other way round; the same records judged together give the newest (here the GPU's failing) one."""
+    settings = two_variants(tmp_path, "GATE_MAX_MEAN_KLD=0.05\n")
+    cpu = quality_record("x-int8", {"parity": {"mean_kld": 0.01}}, {"kind": "parity", "reference": "x-bf16"},
+                         chunks([0.01] * 8))
+    gpu = quality_record("x-int8", {"parity": {"mean_kld": 0.2}}, {"kind": "parity", "reference": "x-bf16"},
+                         chunks([0.19, 0.21] * 4))
+    gpu["hardware"] = {**gpu["hardware"], "gpu": {"name": "NVIDIA H100 80GB HBM3", "count": 1}}
+    records.write_record(cpu, tmp_path / "x-int8", "quality")
+    records.write_record(gpu, tmp_path / "x-int8", "quality", when=records.now_utc() + dt.timedelta(seconds=1))
+    on = {d: gate_lib.gate_for("x-int8", settings, tmp_path, gate_lib.RecordsOn(d, tmp_path))[1][0].status
+          for d in ("cpu", "gpu")}
+    assert on == {"cpu": "pass", "gpu": "fail"}
+    assert gate_lib.gate_for("x-int8", settings, tmp_path)[1][0].status == "fail"  # every record: the newest
+    assert gate_lib.gate_for("x-bf16", {"MODEL": "m"}, tmp_path, gate_lib.RecordsOn("gpu", tmp_path)) == (None, [])
+
+
 def test_gate_from_record_files(tmp_path):
     settings = two_variants(tmp_path, "GATE_MAX_MEAN_KLD=0.05\nGATE_MAX_TASK_DROP=2\n")
     ref, crit = gate_lib.gate_for("x-int8", settings, tmp_path)
