@@ -273,8 +273,8 @@ eval-identity: weights ## greedy token ids of VARIANT vs its reference at c=1 an
 optimize: $(STAMP) $(if $(filter cpu,$(VLLM_TARGET)),$(GGUF_CONVERT)/convert_hf_to_gguf.py) ## BASE's certified fastest variant on this machine: plan the candidates (eval/optimize/BASE.yaml), build, one ladder, parity / identity / the suite cheapest first, the gate -> results/optimize_BASE_<date>.md (BUDGET=tiny|normal|full, CONCURRENCY=1,8, SLO_TPOT_MS, REPLAN=1, SUITE=0, POOL=1|0: every rung's server started once side by side, the default on a GPU); resumable
 	$(PY) -m scripts.optimize.run $(BASE) $(if $(filter command line environment,$(origin BUDGET)),--budget $(BUDGET)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(SLO_TPOT_MS),--slo-tpot-ms $(SLO_TPOT_MS)) $(if $(REPLAN),--replan) $(if $(filter 0,$(SUITE)),--no-suite) $(if $(filter 1,$(POOL)),--pool on,$(if $(filter 0,$(POOL)),--pool off))
 
-gate: $(STAMP) ## VARIANT's GATE_* criteria with one-sided 95% bounds: pass | fail | inconclusive (and what decides it)
-	$(PY) -m scripts.report.gate $(VARIANT)
+gate: $(STAMP) ## VARIANT's GATE_* criteria with one-sided 95% bounds: pass | fail | inconclusive (and what decides it); GATE_ON=gpu|cpu: that kind's records only
+	$(PY) -m scripts.report.gate $(VARIANT) $(if $(GATE_ON),--on $(GATE_ON))
 
 $(DSTAMP): requirements/datasets.txt
 	$(PYTHON_BASE) -m venv $(DVENV)

@@ -259,6 +259,11 @@ def test_gate_cli_prints_intervals(capsys):
     out = capsys.readouterr().out
     assert "GATE_MAX_MEAN_KLD = 0.01" in out and "[" in out and out.strip().splitlines()[-1].startswith("gate: ")
     assert rc == (0 if out.strip().endswith("PASS") else 1)
+    # smollm2-w4a16-marlin's parity was measured on a GPU only (results/gpu-optimize-20261128/): a CPU has none
+    assert gate.main(["smollm2-w4a16-marlin", "--on", "gpu"]) == 1
+    assert "GATE_MAX_MEAN_KLD = 0.17" in capsys.readouterr().out
+    assert gate.main(["smollm2-w4a16-marlin", "--on", "cpu"]) == 1
+    assert "MISSING      GATE_MAX_MEAN_KLD" in capsys.readouterr().out
 
 
 def test_parity_refuses_different_tokenizers(monkeypatch):
