@@ -13,9 +13,8 @@ end is above 1.00. One round has no interval and certifies no speedup; an interv
 The gate column is the parity gate's verdict (scripts/common/gate.py) from the variant's quality records: only a
 variant whose every criterion passes is certified. A GPU table's gate reads the records made on GPUs and a CPU table's
 those made on CPUs (a GPU server's parity is judged against BF16 on a GPU, not on the CPU); a pass judged on another
-machine of the same kind names it (evidence from …). The
-fastest certified variant is named per group at c=1 and at c=8 with the evidence line of each criterion, and
-inconclusive variants are listed with what would decide them.
+machine of the same kind names it (evidence from …). The fastest certified variant is named per group at c=1 and at
+c=8 with the evidence line of each criterion, and inconclusive variants are listed with what would decide them.
 The Pareto plot puts each gated variant's speed over BF16 (x; c=1 and c=8 panels) against its mean KL divergence
 (y, log scale), marker by verdict, with the frontier (no other variant both faster and closer) drawn; lossless
 variants (judged by greedy identity, no KL divergence) and shape proxies have no y value and are not drawn.
@@ -547,10 +546,11 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                          + " | ".join(fmt(t, '.1f') for t in tput) + " | "
                          + " | ".join(fmt(vs_parent.get(str(c))) for c in levels) + " | "
                          + " | ".join(vs_base_ci[c].text() if vs_base_ci.get(c) else "—" for c in LEVELS)
-                         + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof) + f" | {b2b} | {verdicts[v].short(hw)} |")
-            row = {"group": (hw, prompts), "device": "gpu" if gpu else "cpu", "prompt_set": r["inputs"].get("prompt_set", prompts), "variant": v,
-                   "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
-                   "vs_base_ci": vs_base_ci, "shape_proxy": bool(r.get("shape_proxy")),
+                         + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof)
+                         + f" | {b2b} | {verdicts[v].short(hw)} |")
+            row = {"group": (hw, prompts), "device": "gpu" if gpu else "cpu",
+                   "prompt_set": r["inputs"].get("prompt_set", prompts), "variant": v, "engine": engine_label(r),
+                   "levels": levels, "throughput": tput, "vs_base": vs_base, "vs_base_ci": vs_base_ci, "shape_proxy": bool(r.get("shape_proxy")),
                    "base": base, "b2b": b2b, "ladder": ladder,
                    "tput": {c: throughput(r, c) for c in LEVELS}, "base_tput": {c: throughput(bref, c) for c in LEVELS}}
             rows.append(row)
