@@ -674,10 +674,10 @@ def plot_pareto(rows: list[dict], judged: dict[str, Judged], out: Path) -> bool:
                 ax.set_title(f"{g[0][:48]} — c={level}: not measured")
                 ax.axis("off")
                 continue
-            for x, y, verdict, v in pts:
-                marker, color = MARKERS.get(verdict, ("^", "black"))
+            for x, y, mark, v in pts:
+                marker, color = MARKERS.get(mark, ("^", "black"))
                 ax.scatter(x, y, marker=marker, color=color, s=50,
-                           label=verdict if verdict not in ax.get_legend_handles_labels()[1] else None)
+                           label=mark if mark not in ax.get_legend_handles_labels()[1] else None)
                 ax.annotate(v, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
             front = pareto_front([(x, y) for x, y, _, _ in pts])
             if front:
