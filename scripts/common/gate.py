@@ -335,23 +335,28 @@ def quality_records(variant: str, root: Path | None = None) -> list[dict]:
             if of_record(r)]
 
 
+DEVICES = ("cpu", "gpu")  # the kinds of machine a verdict is judged on (device_of)
+
+
 def device_of(record: dict) -> str:
     """The kind of machine a record was made on: gpu where it names one, else cpu."""
     return "gpu" if (record.get("hardware") or {}).get("gpu") else "cpu"
 
 
 class RecordsOn(dict):
-    """Each variant's quality records made on one kind of machine (cpu | gpu), newest first, read when first asked for:
-    gate_for's `quality` where a verdict must rest on that kind's evidence alone (a GPU server's parity is judged
-    against BF16 on a GPU, never by a CPU run's records)."""
+    """Each variant's quality records made on one kind of machine (cpu | gpu), newest first: gate_for's `quality`
+    where a verdict must rest on that kind's evidence alone (a GPU server's parity is judged against BF16 on a GPU,
+    never by a CPU run's records). Taken from `records` ({variant: its records}, read once by a caller judging many)
+    where given, else read from the variant's folder when first asked for."""
 
-    def __init__(self, device: str, root: Path | None = None) -> None:
+    def __init__(self, device: str, root: Path | None = None, records: dict[str, list[dict]] | None = None) -> None:
         super().__init__()
-        self.device, self.root = device, root
+        self.device, self.root, self.records = device, root, records
 
     def get(self, variant: str, default: list[dict] | None = None) -> list[dict]:
         if variant not in self:
-            self[variant] = [r for r in quality_records(variant, self.root) if device_of(r) == self.device]
+            mine = quality_records(variant, self.root) if self.records is None else self.records.get(variant, [])
+            self[variant] = [r for r in mine if device_of(r) == self.device]
         return self[variant]
 
 

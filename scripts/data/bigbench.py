@@ -134,6 +134,8 @@ def fetch(data: Path | None = None, sdist: Path | None = None, pip_python: str |
         return manifest(data)
     except BigBenchError:
         pass
+    if sdist is not None and not sdist.is_file():
+        raise BigBenchError(f"{sdist}: no such file (a copy of {SDIST_FILE}: BIGBENCH_SDIST=PATH)")
     data.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=data.parent, prefix=".bigbench-") as tmp:
         tmp = Path(tmp)

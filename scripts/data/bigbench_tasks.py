@@ -195,9 +195,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.sdist and not args.sdist.is_file():
-            raise bigbench.BigBenchError(f"{args.sdist}: no such file (BIGBENCH_SDIST names a copy of "
-                                         f"{bigbench.SDIST_FILE})")
         source = bigbench.fetch(sdist=args.sdist, pip_python=args.pip_python)
         print(f"{source['sdist']}: {source['task_files']} task files (sha256 {source['sdist_sha256'][:12]}…) in "
               f"{paths.shown(bigbench.DATA)}")

@@ -37,7 +37,18 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.engines import ENGINES
-from scripts.common.gate import IDENTITY_KEY, SUITE_KEY, Criterion, GateError, device_of, gate_for, scored, verdict
+from scripts.common.gate import (
+    DEVICES,
+    IDENTITY_KEY,
+    SUITE_KEY,
+    Criterion,
+    GateError,
+    RecordsOn,
+    device_of,
+    gate_for,
+    scored,
+    verdict,
+)
 from scripts.common.hardware import hardware_key
 from scripts.common.metrics import SpeedRatio, fmt, ratio, speed_ratio
 from scripts.common.records import all_records, now_utc
@@ -72,18 +83,14 @@ class Judged:
     def short(self, hardware: str | None = None) -> str:
         """The verdict in a table cell; in the table of `hardware`, a pass judged on other hardware says where (a GPU
         row certified by a CPU run's identity record, or by a reference certified there)."""
-        if self.verdict in ("pass", "reference") or self.note:
-            text = self.verdict + (f": {self.note}" if self.note else "")
-        else:
+        if self.verdict not in ("pass", "reference") and not self.note:
             return f"{self.verdict}: " + ", ".join(c.name for c in self.criteria if c.status != "pass")
         elsewhere = sorted(h for h in self.hardware() if h != hardware) if self.certified and hardware else []
-        return text + (f" (evidence from {'; '.join(elsewhere)})" if elsewhere else "")
+        return (self.verdict + (f": {self.note}" if self.note else "")
+                + (f" (evidence from {'; '.join(elsewhere)})" if elsewhere else ""))
 
     def blocking(self) -> list[Criterion]:
         return [c for c in self.criteria if c.status != "pass"]
-
-
-DEVICES = ("cpu", "gpu")
 
 
 class PerDevice(dict):
@@ -513,7 +520,8 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
     for (hw, prompts), members in sorted(groups.items()):
         levels = sorted({int(c) for r in members.values() for c in r["summary"][MODE]})
         gpu = any(r["hardware"].get("gpu") for r in members.values())
-        verdicts = on(judged, "gpu" if gpu else "cpu")
+        device = "gpu" if gpu else "cpu"
+        verdicts = on(judged, device)
         roof = LEVELS if gpu else ()  # GPU tables: TPOT against the bytes-over-bandwidth bound of the same run
         lines += [f"## {hw} — prompt set {prompts}", "",
                   "| variant | engine | parent | weights MiB | KV tokens | " + " | ".join(f"tok/s c={c}" for c in levels)
@@ -548,9 +556,9 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                          + " | ".join(vs_base_ci[c].text() if vs_base_ci.get(c) else "—" for c in LEVELS)
                          + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof)
                          + f" | {b2b} | {verdicts[v].short(hw)} |")
-            row = {"group": (hw, prompts), "device": "gpu" if gpu else "cpu",
-                   "prompt_set": r["inputs"].get("prompt_set", prompts), "variant": v, "engine": engine_label(r),
-                   "levels": levels, "throughput": tput, "vs_base": vs_base, "vs_base_ci": vs_base_ci, "shape_proxy": bool(r.get("shape_proxy")),
+            row = {"group": (hw, prompts), "device": device, "prompt_set": r["inputs"].get("prompt_set", prompts),
+                   "variant": v, "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
+                   "vs_base_ci": vs_base_ci, "shape_proxy": bool(r.get("shape_proxy")),
                    "base": base, "b2b": b2b, "ladder": ladder,
                    "tput": {c: throughput(r, c) for c in LEVELS}, "base_tput": {c: throughput(bref, c) for c in LEVELS}}
             rows.append(row)
@@ -717,7 +725,7 @@ def judge_all(records: list[tuple[Path, dict]], experiments: Path,
     soaked = {r["variant"]: r["status"] == "ok" for _, r in all_records("soak", experiments)}  # the newest wins
     out = PerDevice()
     for device in DEVICES:
-        mine = {v: [r for r in recs if device_of(r) == device] for v, recs in quality.items()}
+        mine = RecordsOn(device, experiments, quality)
         judged = chain({v: judge(v, config, experiments, mine) for v, config in configs.items()}, configs)
         out[device] = deployable(judged, configs, soaked)
     return out, configs
@@ -766,11 +774,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     quality = [(p, r) for p, r in quality if r["variant"] not in gone]
     suite_judged = PerDevice({d: {} for d in DEVICES})  # the suite's own rows: variants with no latency record too
+    on_device = {d: RecordsOn(d, args.experiments, per_variant) for d in DEVICES}
     for _, r in quality:
         if "suite" in r.get("inputs", {}):
             d, v = device_of(r), r["variant"]
-            suite_judged[d][v] = judged[d].get(v) or judge(v, r["config"], args.experiments, {
-                name: [x for x in recs if device_of(x) == d] for name, recs in per_variant.items()})
+            suite_judged[d][v] = judged[d].get(v) or judge(v, r["config"], args.experiments, on_device[d])
     text += "\n" + "\n".join(suite_lines(quality, suite_judged))
     import matplotlib
 

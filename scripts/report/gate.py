@@ -4,8 +4,9 @@
 
 Tolerances are the variant's GATE_* keys; evidence is its newest quality records (scripts/common/gate.py explains the
 intervals: one-sided 95% bounds, paired item by item for lm-eval tasks); `--on gpu` (`make gate GATE_ON=gpu`) reads
-only those made on GPUs, `--on cpu` only those made on CPUs, as `make optimize` and `make compare` judge. Exit 0 when every criterion passes, 1 when
-any fails, is inconclusive or has no record to judge it, 2 on records the gate refuses to compare or unknown keys.
+only those made on GPUs, `--on cpu` only those made on CPUs, as `make optimize` and `make compare` judge. Exit 0 when
+every criterion passes, 1 when any fails, is inconclusive or has no record to judge it, 2 on records the gate refuses
+to compare or unknown keys.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scripts.common.gate import GateError, RecordsOn, gate_for, verdict
+from scripts.common.gate import DEVICES, GateError, RecordsOn, gate_for, verdict
 from scripts.common.variants import VariantError, load_variant
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variant")
-    p.add_argument("--on", choices=("cpu", "gpu"), help="judge on the records of this kind of machine only")
+    p.add_argument("--on", choices=DEVICES, help="judge on the records of this kind of machine only")
     return p
 
 
