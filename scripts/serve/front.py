@@ -57,6 +57,10 @@ from scripts.serve.guard import bad_request, error_json
 TEMPLATE_SLACK = 256
 LINGER_S = 3.0  # how long a gone engine's front answers 503 before it exits
 START_POLL_S = 0.5
+CONNECT_S = 5.0
+MAX_HEAD = 1 << 16  # bytes of an answer's head from the engine
+HIGH_WATER = 1 << 18  # bytes unsent to a client above which the engine's answer waits
+DRAIN_POLL_S = 0.01
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authenticate",
                "proxy-authorization", "content-length", "host"}
 GENERATION_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion")
@@ -257,42 +261,219 @@ class Front:
 
     async def relay(self, request, body: bytes, headers: dict):
         """The engine's answer to the same request, status, headers and body bytes as it sends them (the body
-        streamed chunk by chunk); the engine unreachable: 503 with its state."""
+        streamed piece by piece); the engine unreachable: 503 with its state."""
+        loop = asyncio.get_running_loop()
+        up = Upstream(request.method == "HEAD")
+        host, _, port = self.engine_url.removeprefix("http://").partition(":")
         try:
-            up = await self.session.request(request.method, self.engine_url + request.path_qs, data=body,
-                                            headers=headers)
-        except aiohttp.ClientError as e:
+            transport, _ = await asyncio.wait_for(loop.create_connection(lambda: up, host, int(port)), CONNECT_S)
+        except OSError as e:  # TimeoutError among them
             state = self.state() or {"engine": "not answering"}
             return web.Response(status=503, body=error_json(503, f"the engine did not answer: {type(e).__name__}",
                                                             **state), content_type="application/json")
         done = False
         try:
-            resp = web.StreamResponse(status=up.status, reason=up.reason,
-                                      headers={k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS})
-            if up.content_length is not None:
-                resp.content_length = up.content_length
-            await resp.prepare(request)
-            tail = b"\n\n"
+            transport.write(request_bytes(request.method, request.path_qs, f"{host}:{port}", headers, body))
             try:
-                async for chunk in up.content.iter_any():
-                    await resp.write(chunk)
-                    tail = (tail + chunk)[-2:]
-            except aiohttp.ClientError as e:  # the engine (a router's replica) died mid-answer
-                if not up.headers.get("Content-Type", "").startswith("text/event-stream"):
-                    raise  # a body with a length: nothing well-formed can follow; the client sees it cut
+                status, reason, up_headers = await up.head
+            except ConnectionError as e:  # the engine closed before its answer's head
+                state = self.state() or {"engine": "not answering"}
+                return web.Response(status=503, body=error_json(503, f"the engine did not answer: {e}", **state),
+                                    content_type="application/json")
+            resp = web.StreamResponse(status=status, reason=reason, headers=[
+                (k, v) for k, v in up_headers if k.lower() not in HOP_HEADERS])
+            if up.length is not None:
+                resp.content_length = up.length
+            elif request.version >= (1, 1) and not up.empty:
+                resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            up.attach(request.transport, chunked=resp.chunked)
+            if (broken := await up.done) is not None:
+                if not any(k.lower() == "content-type" and v.startswith("text/event-stream") for k, v in up_headers):
+                    raise ConnectionResetError(broken)  # a body with a length: nothing well-formed can follow
                 # end the stream as vLLM ends one that fails: an error event, then [DONE] (an event the cut left
                 # half-written is closed first: the client's parser drops or refuses it)
-                print(f"front: the engine's stream broke ({type(e).__name__}); the client gets an error event",
+                print(f"front: the engine's stream broke ({broken}); the client gets an error event",
                       file=sys.stderr, flush=True)
-                await resp.write((b"" if tail == b"\n\n" else b"\n\n") + b"data: " + error_json(
-                    502, f"the engine's stream broke before its end: {type(e).__name__}") + b"\n\ndata: [DONE]\n\n")
+                up.write((b"" if up.tail == b"\n\n" else b"\n\n") + b"data: " + error_json(
+                    502, f"the engine's stream broke before its end: {broken}") + b"\n\ndata: [DONE]\n\n")
             await resp.write_eof()
             done = True
             return resp
         finally:
             if not done:
-                up.close()  # a client gone mid-stream: the engine sees its connection close and frees the slot
-            up.release()
+                transport.close()  # a client gone mid-stream: the engine sees its connection close and frees the slot
+
+
+def request_bytes(method: str, path_qs: str, host: str, headers: dict, body: bytes) -> bytes:
+    """The request as HTTP/1.1 on a connection of its own (closed after the answer, which ends a body of no stated
+    length)."""
+    lines = [f"{method} {path_qs} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers.items())]
+    if body or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join([*lines, "Connection: close", "", ""])).encode("latin-1") + body
+
+
+class Upstream(asyncio.Protocol):
+    """One answer from the engine, read on its own connection: the head parsed, the body decoded as it arrives
+    (Content-Length, chunked, or up to the connection's end) and written to the client's socket from the same
+    callback, framed again for the client (chunked where the client's response is); no task switch a token.
+
+    `head` resolves to (status, reason, [(name, value), ...]); `done` to None when the body ended whole, else why it
+    did not. Bytes that come before `attach` are kept and written then. The engine's reading pauses while the client's
+    socket holds more than HIGH_WATER bytes unsent."""
+
+    def __init__(self, head_only: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        self.head, self.done = loop.create_future(), loop.create_future()
+        self.head_only = head_only  # a HEAD request: the answer has no body whatever its headers say
+        self.buf = b""
+        self.state = "head"  # head, length, size, data, crlf, trailer, eof (to the connection's end), end
+        self.left = 0  # bytes left of the body (length) or of the current chunk (data)
+        self.length: int | None = None
+        self.empty = False
+        self.transport = None
+        self.client = None
+        self.chunked = False
+        self.kept: list[bytes] = []
+        self.tail = b"\n\n"  # the body's last two bytes written so far
+
+    # --- the engine's side
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.state == "head":
+            self.buf += data
+            at = self.buf.find(b"\r\n\r\n")
+            if at < 0:
+                if len(self.buf) > MAX_HEAD:
+                    self.fail("the engine's answer head is over 64 KiB")
+                return
+            head, data, self.buf = self.buf[:at], self.buf[at + 4:], b""
+            if not self.read_head(head):
+                return
+        piece = self.decode(data)
+        if piece:
+            self.write(piece)
+        if self.state == "end":
+            self.finish(None)
+
+    def connection_lost(self, exc) -> None:
+        if self.state == "eof":
+            self.state = "end"
+        if self.state == "end":
+            self.finish(None)
+        elif self.state == "head":
+            self.fail(f"{type(exc).__name__}: {exc}" if exc else "the engine closed the connection before answering")
+        else:
+            self.finish(f"{type(exc).__name__}: {exc}" if exc else "the engine closed the connection mid-answer")
+
+    def fail(self, why: str) -> None:
+        if not self.head.done():
+            self.head.set_exception(ConnectionError(why))
+        self.finish(why)
+        if self.transport is not None:
+            self.transport.close()
+
+    def finish(self, why: str | None) -> None:
+        if not self.done.done():
+            self.done.set_result(why)
+        if self.state == "end" and self.transport is not None:
+            self.transport.close()
+
+    def read_head(self, raw: bytes) -> bool:
+        lines = raw.decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        code, _, reason = rest.partition(" ")
+        if not version.startswith("HTTP/1.") or not code.isdigit():
+            self.fail(f"the engine answered no HTTP/1.x head: {lines[0][:60]!r}")
+            return False
+        headers = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:] if line)]
+        status = int(code)
+        names = {k.lower(): v for k, v in headers}
+        if self.head_only or status in (204, 304) or status < 200:
+            self.state, self.empty = "end", True
+        elif "chunked" in names.get("transfer-encoding", "").lower():
+            self.state = "size"
+        elif (n := names.get("content-length", "")).isdigit():
+            self.length = self.left = int(n)
+            self.state = "length" if self.left else "end"
+        else:
+            self.state = "eof"
+        self.head.set_result((status, reason, headers))
+        return True
+
+    def decode(self, data: bytes) -> bytes:
+        """The body bytes in `data`, framing removed; advances the state."""
+        if self.state == "eof":
+            return data
+        if self.state == "length":
+            piece, self.left = data[:self.left], self.left - min(len(data), self.left)
+            if not self.left:
+                self.state = "end"
+            return piece
+        out = []
+        buf = self.buf + data if self.buf else data
+        i = 0
+        while i < len(buf) and self.state not in ("end",):
+            if self.state == "data":
+                piece = buf[i:i + self.left]
+                out.append(piece)
+                i += len(piece)
+                self.left -= len(piece)
+                if not self.left:
+                    self.state = "crlf"
+            elif self.state == "crlf":
+                if len(buf) - i < 2:
+                    break
+                i += 2
+                self.state = "size"
+            else:  # a size line or a trailer line
+                at = buf.find(b"\r\n", i)
+                if at < 0:
+                    break
+                line, i = buf[i:at], at + 2
+                if self.state == "trailer":
+                    if not line:
+                        self.state = "end"
+                    continue
+                try:
+                    self.left = int(line.split(b";", 1)[0], 16)
+                except ValueError:
+                    self.fail(f"the engine sent a bad chunk size: {line[:20]!r}")
+                    return b""
+                self.state = "data" if self.left else "trailer"
+        self.buf = buf[i:] if self.state != "end" else b""
+        return b"".join(out)
+
+    # --- the client's side
+    def attach(self, client, chunked: bool) -> None:
+        self.client, self.chunked = client, chunked
+        kept, self.kept = b"".join(self.kept), []
+        if kept:
+            self.write(kept)
+
+    def write(self, piece: bytes) -> None:
+        if self.client is None:
+            self.kept.append(piece)
+            return
+        if self.client.is_closing():  # the client has gone: stop reading the engine (the handler closes it)
+            self.transport.pause_reading()
+            return
+        self.client.write(b"%x\r\n%b\r\n" % (len(piece), piece) if self.chunked else piece)
+        self.tail = (self.tail + piece)[-2:]
+        if self.client.get_write_buffer_size() > HIGH_WATER and not self.transport.is_closing():
+            self.transport.pause_reading()
+            asyncio.get_running_loop().call_later(DRAIN_POLL_S, self.resume)
+
+    def resume(self) -> None:
+        if self.transport.is_closing() or self.client.is_closing():
+            return
+        if self.client.get_write_buffer_size() > HIGH_WATER // 2:
+            asyncio.get_running_loop().call_later(DRAIN_POLL_S, self.resume)
+        else:
+            self.transport.resume_reading()
 
 
 async def serve(front: Front, host: str, port: int) -> int:

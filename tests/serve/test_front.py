@@ -4,6 +4,8 @@ and llama-server behind it for real."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +16,7 @@ import pytest
 
 from scripts.common import paths
 from scripts.common.server import free_port, http_get
-from scripts.serve.front import Limits, needs_count, refusal, requested_tokens, too_long
+from scripts.serve.front import Limits, Upstream, needs_count, refusal, requested_tokens, too_long
 
 LIMITS = Limits(context=8192, vocab=49152)
 
@@ -56,6 +58,78 @@ def test_bodies_llama_server_answers_with_500_get_a_400():
     assert refusal("/v1/chat/completions", body(tools=[]), LIMITS)[0] is None
     assert "lone UTF-16 surrogate" in refusal("/v1/chat/completions", b'{"stop": ["\\ud800"]}', LIMITS)[0]
     assert refusal("/v1/chat/completions", b"{not json", LIMITS) == (None, None)  # the engine's own 400
+
+
+def test_an_answers_body_is_decoded_whatever_pieces_it_arrives_in():
+    """The engine's chunked body cut at every byte, and in one piece: the same payload, the state at its end; a
+    Content-Length body stops at its length; a bad chunk size ends the answer with the reason."""
+    import asyncio
+
+    payload = [b"data: {\"a\": 1}\n\n", b"data: {\"b\": \"\\r\\n0\\r\\n\"}\n\n", b"data: [DONE]\n\n"]
+    wire = b"".join(b"%X;ext=1\r\n%b\r\n" % (len(p), p) for p in payload) + b"0\r\nX-Trailer: t\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    async def feed(pieces: list[bytes]) -> tuple[bytes, Upstream]:
+        up, got = Upstream(), []
+        up.write = got.append
+        for piece in pieces:
+            up.data_received(piece)
+        return b"".join(got), up
+
+    def run(pieces):
+        return asyncio.run(feed(pieces))
+
+    whole = head + wire
+    for cut in range(1, len(whole)):
+        got, up = run([whole[:cut], whole[cut:]])
+        assert got == b"".join(payload) and up.state == "end" and up.done.result() is None, cut
+    got, up = run([bytes([b]) for b in whole])
+    assert got == b"".join(payload) and up.head.result()[:2] == (200, "OK")
+    got, up = run([b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel", b"lo"])
+    assert got == b"hello" and up.length == 5 and up.state == "end"
+    got, up = run([head + b"zz\r\nhello\r\n"])
+    assert got == b"" and "bad chunk size" in up.done.result()
+
+
+BROKEN_ENGINE = r"""
+import json, socket, sys
+srv = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+while True:
+    c, _ = srv.accept()
+    req = b""
+    while b"\r\n\r\n" not in req:
+        req += c.recv(65536)
+    path = req.split(b" ")[1]
+    if path in (b"/health", b"/props", b"/v1/models"):
+        body = json.dumps({"default_generation_settings": {"n_ctx": 4096}} if path == b"/props" else {}).encode()
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+    else:  # one whole event, half of the next, then the connection cut
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  b"10\r\ndata: {\"a\": 1}\n\n\r\n20\r\ndata: {\"b\"")
+    c.close()
+"""
+
+
+def test_a_stream_the_engine_cuts_ends_in_an_error_event_and_a_whole_answer(tmp_path):
+    """An engine process that cuts its event stream midway: the client's answer is still well framed (it reads to its
+    end) and ends as vLLM ends a stream that fails: the half event closed, an error event with code 502, [DONE]."""
+    (tmp_path / "engine.py").write_text(BROKEN_ENGINE)
+    port, inner = free_port(), free_port()
+    p = subprocess.Popen(front_cmd(port, inner, sys.executable, str(tmp_path / "engine.py"), str(inner)),
+                         cwd=paths.ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    try:
+        wait_for(lambda: get_json(f"http://127.0.0.1:{port}/health")[0] == 200)
+        status, raw = post(f"http://127.0.0.1:{port}/v1/chat/completions", {"stream": True, "max_tokens": 4})
+        assert status == 200
+        events = raw.decode().split("\n\n")
+        assert events[0] == 'data: {"a": 1}' and events[1] == 'data: {"b"' and events[-3:] == [
+            events[-3], "data: [DONE]", ""]
+        err = json.loads(events[-3].removeprefix("data: "))["error"]
+        assert err["code"] == 502 and "broke before its end" in err["message"]
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # the front and its engine (one process group)
+    assert "the engine's stream broke" in p.stdout.read()
 
 
 def front_cmd(port: int, engine_port: int, *engine: str, context: list[str] = ()) -> list[str]:
