@@ -372,9 +372,15 @@ def build_target(settings: dict[str, str]) -> str:
 def how_to_build(variant: Variant) -> str:
     """The command that puts a variant's MODEL in place: its lever's target for one built from its PARENT
     (SOURCE=lever), `make weights` for a base, a download or a shape proxy."""
-    if variant.resolved.get("SOURCE") == "lever":
-        return f"make {build_target(variant.resolved)} VARIANT={variant.name}"
-    return f"make weights VARIANT={variant.name}"
+    owner = variant  # a variant serving its PARENT's weights otherwise (a llama-server on a GGUF) is built as the parent
+    while (up := owner.settings.get("PARENT")) and up != owner.name:
+        parent = load_variant(up)
+        if parent.settings.get("MODEL") != owner.settings.get("MODEL"):
+            break
+        owner = parent
+    if owner.resolved.get("SOURCE") == "lever":
+        return f"make {build_target(owner.resolved)} VARIANT={owner.name}"
+    return f"make weights VARIANT={owner.name}"
 
 
 def missing_model(variant: Variant) -> str:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError
 from scripts.common.engines import engine_of, fixed_body_for
 from scripts.common.loadgen import PromptSetError, load_prompts, openai_client, parse_levels, stream_one
 from scripts.common.metrics import SpeedRatio, speed_ratio, summarize
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             raise GuardCostError(f"{variant.name} is not served behind the request front (a llama-server variant "
                                  f"with REQUEST_GUARD=1): nothing to measure")
         got = measure(variant, args)
-    except (GuardCostError, VariantError, ServerError, PromptSetError) as e:
+    except (GuardCostError, VariantError, ServerError, PromptSetError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     record = envelope("guard", variant, command=[sys.executable, "-m", "scripts.measure.guard_cost", *sys.argv[1:]],

@@ -25,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scripts.common import paths
+from scripts.common.checkpoint import CheckpointError
 from scripts.common.loadgen import PromptSetError, load_prompts
 from scripts.common.records import envelope, finish_record
 from scripts.common.server import ServerError
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"c={c}: {res['steps']['steps']} steps in the window, {res['step_ms']:.2f} ms/step ({per}; "
                       f"other {res['other_ms_per_step']:.2f}); {per_step:.2f} tokens per request per step: "
                       f"{res['ms_per_token']:.2f} ms per token", flush=True)
-    except (ProfileError, ServerError, OSError, json.JSONDecodeError) as e:
+    except (ProfileError, ServerError, CheckpointError, OSError, json.JSONDecodeError) as e:
         record["summary"] = results
         return finish_record(record, args.out_dir or variant.path, KIND, e)
     record["summary"] = results

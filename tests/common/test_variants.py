@@ -257,3 +257,13 @@ def test_think_budget_under_speculation_refused_on_a_vllm_listed_as_not_holding_
     check_think_budget(v.resolved, v.path / "config.env", "9.9.10")  # a release not listed
     del v.resolved["SERVE_SPECULATIVE_CONFIG"]
     check_think_budget(v.resolved, v.path / "config.env", "9.9.9")  # no speculation
+
+
+def test_a_missing_model_names_the_target_of_the_variant_that_builds_it():
+    """A server variant on its parent's weights (llama-server on the Q8_0 GGUF) names the parent's export, not a
+    calibration of its own; a lever variant with weights of its own names its own target; a base `make weights`."""
+    from scripts.common.variants import how_to_build
+
+    assert how_to_build(load_variant("smollm2-gguf-q8-0-server")) == "make export-gguf VARIANT=smollm2-gguf-q8-0"
+    assert how_to_build(load_variant("smollm2-gguf-q8-0")) == "make export-gguf VARIANT=smollm2-gguf-q8-0"
+    assert how_to_build(load_variant("smollm2-bf16")) == "make weights VARIANT=smollm2-bf16"
