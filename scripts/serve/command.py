@@ -152,19 +152,24 @@ LLAMASERVER_SWITCHES = frozenset({"kv-unified", "no-kv-unified", "metrics", "no-
                                   "no-mmap", "mlock", "spec-draft-backend-sampling"})
 
 
+# SGLang's switches that are not spelled enable-/disable- (store_true in its ServerArgs): sleep-on-idle makes its
+# scheduler wait on its sockets when no request is in flight; without it the scheduler polls them and keeps a core busy
+SGLANG_SWITCHES = frozenset({"sleep-on-idle", "skip-server-warmup", "trust-remote-code"})
+
+
 def flags(serving: Serving) -> list[str]:
     """llama.cpp's and SGLang's flags from the variant's own keys: LLAMACPP_N_CTX=4096 -> --n_ctx 4096
     (llama-cpp-python's flags keep underscores); LLAMASERVER_PARALLEL=8 -> --parallel 8 and
     SGLANG_MEM_FRACTION_STATIC=0.2 -> --mem-fraction-static 0.2; 1/0 on a switch adds or leaves it out (SGLang's
-    enable-/disable- flags, LLAMASERVER_SWITCHES). A llama-server value naming a file under the repository (a draft
+    enable-/disable- flags and SGLANG_SWITCHES, LLAMASERVER_SWITCHES). A llama-server value naming a file under the repository (a draft
     GGUF) is made absolute."""
     argv: list[str] = []
     for key, value in serving.flags.items():
         name = key.lower()
         if serving.engine in ("sglang", "llamaserver"):
             name = name.replace("_", "-")
-            if value in ("0", "1") and (name.startswith(("enable-", "disable-")) if serving.engine == "sglang"
-                                        else name in LLAMASERVER_SWITCHES):
+            if value in ("0", "1") and ((name.startswith(("enable-", "disable-")) or name in SGLANG_SWITCHES)
+                                        if serving.engine == "sglang" else name in LLAMASERVER_SWITCHES):
                 argv += [f"--{name}"] if value == "1" else []
                 continue
             if serving.engine == "llamaserver" and value.endswith(".gguf") and not Path(value).is_absolute():

@@ -96,8 +96,9 @@ def test_flags_follow_each_engines_spelling(monkeypatch):
     assert argv.count("--n_threads") == 1 and argv[argv.index("--n_threads") + 1] == "1"  # the variant's, not the default
     assert argv[argv.index("--interrupt_requests") + 1] == "False"
     s = load_variant("smollm2-bf16", overrides={"ENGINE": "sglang", "SGLANG_MEM_FRACTION_STATIC": "0.2",
-                                                "SGLANG_DISABLE_CUDA_GRAPH": "1", "SGLANG_ENABLE_TORCH_COMPILE": "0"})
-    assert command.flags(s.serving()) == ["--mem-fraction-static", "0.2", "--disable-cuda-graph"]
+                                                "SGLANG_DISABLE_CUDA_GRAPH": "1", "SGLANG_ENABLE_TORCH_COMPILE": "0",
+                                                "SGLANG_SLEEP_ON_IDLE": "1"})
+    assert command.flags(s.serving()) == ["--mem-fraction-static", "0.2", "--disable-cuda-graph", "--sleep-on-idle"]
 
 
 def test_fixed_length_request_per_engine():
