@@ -62,7 +62,7 @@ MAX_HEAD = 1 << 16  # bytes of an answer's head from the engine
 HIGH_WATER = 1 << 18  # bytes unsent to a client above which the engine's answer waits
 DRAIN_POLL_S = 0.01
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authenticate",
-               "proxy-authorization", "content-length", "host"}
+               "proxy-authorization", "content-length", "host", "expect"}
 GENERATION_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion")
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 LENGTH_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")  # llama-server's order: n_predict wins
@@ -73,6 +73,10 @@ ENGINE = ENGINES["llamaserver"]  # the engine it fronts: its health path and key
 
 class FrontError(RuntimeError):
     pass
+
+
+class BadAnswer(ConnectionError):
+    """The engine answered something that is not HTTP/1.x (a 502, not a 503: it is up but wrong)."""
 
 
 @dataclass(frozen=True)
@@ -276,6 +280,9 @@ class Front:
             transport.write(request_bytes(request.method, request.path_qs, f"{host}:{port}", headers, body))
             try:
                 status, reason, up_headers = await up.head
+            except BadAnswer as e:
+                return web.Response(status=502, body=error_json(502, f"the engine's answer is not HTTP: {e}"),
+                                    content_type="application/json")
             except ConnectionError as e:  # the engine closed before its answer's head
                 state = self.state() or {"engine": "not answering"}
                 return web.Response(status=503, body=error_json(503, f"the engine did not answer: {e}", **state),
@@ -286,10 +293,13 @@ class Front:
                 resp.content_length = up.length
             elif request.version >= (1, 1) and not up.empty:
                 resp.enable_chunked_encoding()
+            elif not up.empty:
+                resp.force_close()  # an HTTP/1.0 client: the body's end is the connection's
             await resp.prepare(request)
             up.attach(request.transport, chunked=resp.chunked)
             if (broken := await up.done) is not None:
-                if not any(k.lower() == "content-type" and v.startswith("text/event-stream") for k, v in up_headers):
+                if up.length is not None or not any(k.lower() == "content-type" and v.lower().startswith(
+                        "text/event-stream") for k, v in up_headers):
                     raise ConnectionResetError(broken)  # a body with a length: nothing well-formed can follow
                 # end the stream as vLLM ends one that fails: an error event, then [DONE] (an event the cut left
                 # half-written is closed first: the client's parser drops or refuses it)
@@ -303,6 +313,8 @@ class Front:
         finally:
             if not done:
                 transport.close()  # a client gone mid-stream: the engine sees its connection close and frees the slot
+            if up.head.done() and not up.head.cancelled():
+                up.head.exception()  # read: an answer given up on before its head is no "never retrieved" warning
 
 
 def request_bytes(method: str, path_qs: str, host: str, headers: dict, body: bytes) -> bytes:
@@ -311,7 +323,7 @@ def request_bytes(method: str, path_qs: str, host: str, headers: dict, body: byt
     lines = [f"{method} {path_qs} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers.items())]
     if body or method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join([*lines, "Connection: close", "", ""])).encode("latin-1") + body
+    return ("\r\n".join([*lines, "Connection: close", "", ""])).encode("utf-8", "surrogateescape") + body
 
 
 class Upstream(asyncio.Protocol):
@@ -345,14 +357,16 @@ class Upstream(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.state == "head":
             self.buf += data
-            at = self.buf.find(b"\r\n\r\n")
-            if at < 0:
-                if len(self.buf) > MAX_HEAD:
-                    self.fail("the engine's answer head is over 64 KiB")
-                return
-            head, data, self.buf = self.buf[:at], self.buf[at + 4:], b""
-            if not self.read_head(head):
-                return
+            while self.state == "head":  # an interim answer (100 Continue, 103 Early Hints) precedes the final one
+                at = self.buf.find(b"\r\n\r\n")
+                if at < 0:
+                    if len(self.buf) > MAX_HEAD:
+                        self.fail("the engine's answer head is over 64 KiB", bad=True)
+                    return
+                head, self.buf = self.buf[:at], self.buf[at + 4:]
+                if not self.read_head(head):
+                    return
+            data, self.buf = self.buf, b""
         piece = self.decode(data)
         if piece:
             self.write(piece)
@@ -360,7 +374,7 @@ class Upstream(asyncio.Protocol):
             self.finish(None)
 
     def connection_lost(self, exc) -> None:
-        if self.state == "eof":
+        if self.state == "eof" or (self.state == "trailer" and not self.buf):  # the last chunk, its final CRLF cut
             self.state = "end"
         if self.state == "end":
             self.finish(None)
@@ -369,9 +383,9 @@ class Upstream(asyncio.Protocol):
         else:
             self.finish(f"{type(exc).__name__}: {exc}" if exc else "the engine closed the connection mid-answer")
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str, bad: bool = False) -> None:
         if not self.head.done():
-            self.head.set_exception(ConnectionError(why))
+            self.head.set_exception((BadAnswer if bad else ConnectionError)(why))
         self.finish(why)
         if self.transport is not None:
             self.transport.close()
@@ -387,13 +401,17 @@ class Upstream(asyncio.Protocol):
         version, _, rest = lines[0].partition(" ")
         code, _, reason = rest.partition(" ")
         if not version.startswith("HTTP/1.") or not code.isdigit():
-            self.fail(f"the engine answered no HTTP/1.x head: {lines[0][:60]!r}")
+            self.fail(f"the engine answered no HTTP/1.x head: {lines[0][:60]!r}", bad=True)
             return False
-        headers = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:] if line)]
         status = int(code)
+        if 100 <= status < 200 and status != 101:
+            return True  # interim: the final head follows
+        headers = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:] if line)]
         names = {k.lower(): v for k, v in headers}
         if self.head_only or status in (204, 304) or status < 200:
             self.state, self.empty = "end", True
+            if self.head_only and (n := names.get("content-length", "")).isdigit():
+                self.length = int(n)  # what a GET would carry, said again to the client
         elif "chunked" in names.get("transfer-encoding", "").lower():
             self.state = "size"
         elif (n := names.get("content-length", "")).isdigit():
@@ -438,11 +456,11 @@ class Upstream(asyncio.Protocol):
                     if not line:
                         self.state = "end"
                     continue
-                try:
-                    self.left = int(line.split(b";", 1)[0], 16)
-                except ValueError:
-                    self.fail(f"the engine sent a bad chunk size: {line[:20]!r}")
+                size = line.split(b";", 1)[0].strip()
+                if not size or size.strip(b"0123456789abcdefABCDEF"):  # int() would take -1, +5, 0x5, 5_0
+                    self.fail(f"the engine sent a bad chunk size: {line[:20]!r}", bad=True)
                     return b""
+                self.left = int(size, 16)
                 self.state = "data" if self.left else "trailer"
         self.buf = buf[i:] if self.state != "end" else b""
         return b"".join(out)

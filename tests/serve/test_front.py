@@ -16,7 +16,7 @@ import pytest
 
 from scripts.common import paths
 from scripts.common.server import free_port, http_get
-from scripts.serve.front import Limits, Upstream, needs_count, refusal, requested_tokens, too_long
+from scripts.serve.front import Limits, Upstream, needs_count, refusal, request_bytes, requested_tokens, too_long
 
 LIMITS = Limits(context=8192, vocab=49152)
 
@@ -87,8 +87,26 @@ def test_an_answers_body_is_decoded_whatever_pieces_it_arrives_in():
     assert got == b"".join(payload) and up.head.result()[:2] == (200, "OK")
     got, up = run([b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel", b"lo"])
     assert got == b"hello" and up.length == 5 and up.state == "end"
-    got, up = run([head + b"zz\r\nhello\r\n"])
-    assert got == b"" and "bad chunk size" in up.done.result()
+    for size in (b"zz", b"-1", b"+5", b"0x5", b""):  # int() takes some of these; -1 would spin the decoder forever
+        got, up = run([head + size + b"\r\nhello\r\n"])
+        assert got == b"" and "bad chunk size" in up.done.result(), size
+    # an interim answer (a 100 Continue the engine sends) is not the answer: the final head and body follow it
+    got, up = run([b"HTTP/1.1 100 Continue\r\n\r\n" + whole[:40], whole[40:]])
+    assert got == b"".join(payload) and up.head.result()[0] == 200
+    # a HEAD answer has no body but says the length a GET would carry; the last chunk's final CRLF cut is an end
+    got, up = asyncio.run(head_answer())
+    assert got == b"" and up.state == "end" and up.length == 15
+    got, up = run([head + b"5\r\nhello\r\n0\r\n"])
+    up.connection_lost(None)
+    assert got == b"hello" and up.done.result() is None
+    assert request_bytes("POST", "/v1/x", "h:1", {"X-Name": "日本"}, b"{}").split(b"\r\n")[2] == "X-Name: 日本".encode()
+
+
+async def head_answer() -> tuple[bytes, Upstream]:
+    up, got = Upstream(head_only=True), []
+    up.write = got.append
+    up.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n")
+    return b"".join(got), up
 
 
 BROKEN_ENGINE = r"""
@@ -242,6 +260,11 @@ def test_llama_server_behind_the_front_refuses_what_cannot_fit_and_streams_uncha
     s1, a = post(f"{url}/v1/chat/completions", chat)
     s2, b = post(f"{direct}/v1/chat/completions", chat)
     assert s1 == s2 == 200 and sse_events(a) == sse_events(b) and a.endswith(b"data: [DONE]\n\n")
+    # a client that asks for 100 Continue gets it from the front; the engine, asked without it, answers the request
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps({**chat, "stream": False}).encode(),
+                                 headers={"Content-Type": "application/json", "Expect": "100-continue"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200 and json.loads(r.read())["choices"][0]["message"]["content"]
     # ten times the context: refused at once, as vLLM refuses it; llama-server alone accepts it
     t0 = time.monotonic()
     status, raw = post(f"{url}/v1/chat/completions", {**chat, "max_tokens": 81920})
