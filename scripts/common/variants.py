@@ -369,15 +369,22 @@ def build_target(settings: dict[str, str]) -> str:
     return "calibrate"
 
 
-def how_to_build(variant: Variant) -> str:
-    """The command that puts a variant's MODEL in place: its lever's target for one built from its PARENT
-    (SOURCE=lever), `make weights` for a base, a download or a shape proxy."""
-    owner = variant  # a variant serving its PARENT's weights otherwise (a llama-server on a GGUF) is built as the parent
+def weights_owner(variant: Variant) -> Variant:
+    """The variant whose weights these are: up the PARENT chain while a parent has the same MODEL (a variant serving
+    its parent's weights otherwise, e.g. llama-server on a GGUF, is built as that parent)."""
+    owner = variant
     while (up := owner.settings.get("PARENT")) and up != owner.name:
         parent = load_variant(up)
         if parent.settings.get("MODEL") != owner.settings.get("MODEL"):
             break
         owner = parent
+    return owner
+
+
+def how_to_build(variant: Variant) -> str:
+    """The command that puts a variant's MODEL in place: its lever's target for one built from its PARENT
+    (SOURCE=lever), `make weights` for a base, a download or a shape proxy."""
+    owner = weights_owner(variant)
     if owner.resolved.get("SOURCE") == "lever":
         return f"make {build_target(owner.resolved)} VARIANT={owner.name}"
     return f"make weights VARIANT={owner.name}"

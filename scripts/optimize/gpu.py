@@ -310,10 +310,7 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
                           # kernel wheel has no FlashAttention-3, its FlashInfer sampling is another version than the
                           # vLLM bundle's, and the bench asks no structured output
                           "SGLANG_ATTENTION_BACKEND": "triton", "SGLANG_SAMPLING_BACKEND": "pytorch",
-                          "SGLANG_GRAMMAR_BACKEND": "none",
-                          # idle, SGLang's scheduler polls its sockets and keeps a host core busy while the pool's
-                          # other rungs are measured (results/gpu-optimize-20261206b/): it sleeps instead
-                          "SGLANG_SLEEP_ON_IDLE": "1", **IDENTITY,
+                          "SGLANG_GRAMMAR_BACKEND": "none", "SGLANG_SLEEP_ON_IDLE": "1", **IDENTITY,
                           **{k: v for k, v in ref.items() if k in ("SHAPE_PROXY", "EVAL_TASKS")}}, [])
     return out, left
 

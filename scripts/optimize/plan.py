@@ -360,7 +360,7 @@ COMMENTS = {
                                      "every record says so"],
     "CALIBRATE_RECIPE": ["scripts/levers/quantize/recipes/<recipe>.yaml"],
     "SGLANG_SLEEP_ON_IDLE": ["idle, SGLang's scheduler waits on its sockets instead of polling them (a host core busy "
-                             "while other servers are measured)"],
+                             "while other servers are measured: results/gpu-optimize-20261206b/)"],
 }
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError, embedded_gguf, package_file, sha256_file
-from scripts.common.variants import Variant, VariantError, build_target, head_dir, load_variant
+from scripts.common.variants import Variant, VariantError, build_target, head_dir, load_variant, weights_owner
 from scripts.levers.lora.adapters import served_adapters
 from scripts.weights.register import LOCAL, RegisterError, copy_into, looks_local, register
 
@@ -270,9 +270,8 @@ def for_variant(variant_name: str, force: bool = False) -> Path | None:
                             f"`make train-lora VARIANT={variant_name}`")
     if dest.exists() and not force:
         return dest
-    parent = v.settings.get("PARENT")
-    if parent and parent != variant_name and load_variant(parent).settings.get("MODEL") == model:  # the parent's weights, served otherwise
-        return for_variant(parent, force=force)
+    if (owner := weights_owner(v)) is not v:  # the parent's weights, served otherwise
+        return for_variant(owner.name, force=force)
     if source is None or source == "lever":
         raise DownloadError(f"{model} is missing and is built from PARENT={v.settings.get('PARENT')} by a lever: "
                             f"run `make {build_target(v.settings)} VARIANT={variant_name}`")
