@@ -84,6 +84,7 @@ from scripts.serve.pool import Pool
 POOL_SET = "SERVE_GPU_MEMORY_UTILIZATION=0.05 SERVE_KV_CACHE_MEMORY_BYTES=2147483648 SGLANG_MEM_FRACTION_STATIC=0.15"
 
 STATE = paths.CACHE / "optimize"
+MACHINE_PROVENANCE = ("seconds", "registered")  # PROVENANCE.json keys of one machine's download
 STOP_GRACE_S = 60  # what an interrupted step gets to stop its servers before SIGKILL
 PHASES = ("plan", "build", "pool", "ladder", "parity", "identity", "suite", "reliability", "topology", "report")
 # the files a step's result depends on besides the variants: a lever's folder or a measuring script
@@ -124,8 +125,22 @@ def lineage(variant: str, seen: tuple[str, ...] = ()) -> str:
             parts.append(lineage(up, (*seen, variant)))
     prov = paths.ROOT / v.settings["MODEL"] / "PROVENANCE.json"
     if not v.settings.get("PARENT") and prov.is_file():
-        parts.append(prov.read_text())
+        parts.append(weights_identity(prov))
     return digest(*parts)
+
+
+def weights_identity(prov: Path) -> str:
+    """What a base's PROVENANCE.json says its weights are, without how they came to this machine: the seconds the
+    download took and whether a local folder was hard-linked or copied differ between two machines that hold the same
+    files, and a run resumed on the second must reuse the first's steps."""
+    text = prov.read_text()
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(raw, dict):
+        return text
+    return json.dumps({k: x for k, x in raw.items() if k not in MACHINE_PROVENANCE}, sort_keys=True)
 
 
 @dataclass

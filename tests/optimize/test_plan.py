@@ -65,6 +65,28 @@ def test_templates_give_each_candidate_its_gate():
     assert t["int8sq"][2]["MODEL"] == "weights/x-int8sq" and t["int8sq"][2]["PARENT"] == "x-bf16"
 
 
+def test_lineage_keeps_across_machines_and_changes_with_the_weights(tmp_path, monkeypatch):
+    """A base downloaded again on another machine (other seconds, copied instead of hard-linked) keeps its steps' keys;
+    other files do not."""
+    monkeypatch.setattr(paths, "EXPERIMENTS", tmp_path)
+    weights = tmp_path / "w"
+    weights.mkdir()
+    (tmp_path / "x-bf16").mkdir()
+    (tmp_path / "x-bf16" / "config.env").write_text(f"MODEL={weights}\nSOURCE=local:/u/x\nBASE=x\n")
+
+    def provenance(sha: str, seconds: float, how: str) -> str:
+        text = json.dumps({"local_folder": "/u/x", "registered": how, "files_sha256": {"a.safetensors": sha},
+                           "seconds": seconds}, indent=2)
+        (weights / "PROVENANCE.json").write_text(text + "\n")
+        return run_mod.lineage("x-bf16")
+
+    first = provenance("aa", 0.3, "hard-linked")
+    assert provenance("aa", 2.1, "copied") == first
+    assert provenance("ab", 0.3, "hard-linked") != first
+    (weights / "PROVENANCE.json").write_text("not json")  # a damaged file keys by its text, never a traceback
+    assert run_mod.lineage("x-bf16") not in (first, None)
+
+
 def test_lineage_changes_when_an_ancestor_config_changes(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "EXPERIMENTS", tmp_path)
     for name, text in {"x-bf16": "MODEL=weights/.absent-x\nSOURCE=embedded\nBASE=x\n",
