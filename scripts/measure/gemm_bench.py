@@ -131,6 +131,8 @@ KERNELS = (
     Kernel("mslk-shuffled", "mslk", "MSLK bf16i4bf16_shuffled (preshuffled int4, Hopper)"),
     Kernel("fbgemm-rowwise", "fbgemm", "FBGEMM GenAI bf16i4bf16_rowwise"),
     Kernel("fbgemm-shuffled", "fbgemm", "FBGEMM GenAI bf16i4bf16_shuffled (preshuffled int4)"),
+    Kernel("lab-gemv", "lab", "the lab's split-K W4A16 GEMV in Triton on the checkpoint's own tensors, tiles autotuned "
+           "per M, N, K (scripts/levers/kernels/w4a16_gemv.py; M <= 8)"),
 )
 BY_NAME = {k.name: k for k in KERNELS}
 # what imports each library (run in a subprocess first: an extension built for another torch can crash on load)
@@ -142,6 +144,7 @@ PROBES = {
     "fbgemm": ("fbgemm_gpu.experimental.gen_ai",),
     "humming": ("humming", "humming.layer"),
     "conch": ("conch.ops.quantization.gemm",),
+    "lab": ("triton",),
 }
 # kernels that need a second package (its probe decides before vLLM's own can_implement or torchao looks)
 NEEDS = {"vllm-humming": "humming", "vllm-conch": "conch", "torchao-preshuffled": "mslk"}
@@ -691,8 +694,19 @@ def prepare_meta(kernel: Kernel, w: Weights, env: Env) -> Prepared:
     return Prepared((wq, scale, zero), lambda st, x: fn(x, *st), clone_tensors)
 
 
+def prepare_lab(kernel: Kernel, w: Weights, env: Env) -> Prepared:
+    """The lab's GEMV on the checkpoint's tensors as vLLM loads them (weight_packed, weight_scale): no repacking."""
+    import os
+
+    from scripts.levers.kernels.w4a16_gemv import w4a16_gemv
+
+    if env.device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise Unsupported("a Triton kernel: on a CPU only under TRITON_INTERPRET=1 (set before Triton is imported)")
+    return Prepared((pack_compressed_tensors(w.q), w.s.clone()), lambda st, x: w4a16_gemv(x, *st), clone_tensors)
+
+
 PREPARE = {"vllm": prepare_vllm, "torch": prepare_bf16, "gemlite": prepare_gemlite, "torchao": prepare_torchao,
-           "mslk": prepare_meta, "fbgemm": prepare_meta}
+           "mslk": prepare_meta, "fbgemm": prepare_meta, "lab": prepare_lab}
 
 
 def probe_libraries(libraries: list[str], timeout_s: float = 180.0) -> dict[str, str]:

@@ -197,3 +197,10 @@ def test_a_cpu_run_drives_vllms_own_kernel(tmp_path, monkeypatch):
     assert rows[("vllm-marlin", "down_proj", 1)]["status"] == "unsupported"
     assert "can_implement" in rows[("vllm-marlin", "down_proj", 1)]["reason"]
     assert record["summary"]["vllm_pick"]["tiny"]["gate_up_proj"].endswith("LinearKernel")
+
+
+def test_the_labs_gemv_says_why_it_does_not_run_on_a_plain_cpu(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rows = [r for r in cpu_run(tmp_path, monkeypatch, "bf16,lab-gemv")["samples"] if r["kernel"] == "lab-gemv"]
+    assert rows and {r["status"] for r in rows} == {"unsupported"}
+    assert "TRITON_INTERPRET=1" in rows[0]["reason"]

@@ -1,0 +1,115 @@
+"""A W4A16 GEMV for decode batches (M = 1 … 8) on the compressed-tensors form vLLM serves, written for the weights'
+bytes: split-K over the inputs so every SM streams weights, the 4-bit unpack done with integer ops only (issue 60,
+item 2: at M = 1 no 4-bit kernel vLLM 0.26 can select reads at more than 57% of the copy bandwidth on the 27B layers,
+results/gpu-kernels-20261128/).
+
+    from scripts.levers.kernels.w4a16_gemv import w4a16_gemv
+    y = w4a16_gemv(x, weight_packed, weight_scale)         # x: M x K BF16, y: M x N BF16
+    python -m scripts.measure.gemm_bench --kernels bf16,vllm-marlin,lab-gemv --m 1,8   # timed beside vLLM's kernels
+    TRITON_INTERPRET=1 python -m pytest tests/levers/test_w4a16_gemv.py               # on a CPU: Triton's interpreter
+
+The weights are llm-compressor's `pack-quantized` W4A16 g128 symmetric layout, as the checkpoint stores them:
+`weight_packed` N x K/8 int32, input 8i + j of a row in bits 4j of word i, stored as q + 8 (uint4b8); `weight_scale`
+N x K/128 BF16, one per group of 128 inputs; w = q * scale. No repacking: the kernel reads the checkpoint's tensors.
+
+How a program works: it owns BLOCK_N output rows and one of SPLIT_K equal spans of the inputs, and walks its span
+BLOCK_K inputs at a time: per row BLOCK_K/8 consecutive words (one coalesced read), each nibble turned into a float
+by OR-ing it into the mantissa of 2^23 and subtracting 2^23 + 8 (exact: integer and float ops at full rate, no
+int-to-float conversion), multiplied with the inputs in float32 and summed per group of 128 before its scale is
+applied (one multiply a group, not a weight). With SPLIT_K > 1 the spans' sums are added into a float32 output
+(atomic adds) and cast to BF16 once at the end. The tile sizes are tuned per (M, N, K) by triton.autotune on a GPU;
+`config` fixes them (tests, the interpreter).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+GROUP = 128  # the recipes' group size along K
+MAX_M = 8  # a GEMV: larger batches belong to a GEMM (tensor cores)
+MAGIC = 0x4B000000  # 2^23 as a float32's bits: OR-ing a nibble into its mantissa gives 2^23 + nibble exactly
+
+
+class GemvError(ValueError):
+    """Inputs this kernel does not take; one line naming what."""
+
+
+@dataclass(frozen=True)
+class Config:
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def check(m: int, n: int, k: int, packed_shape: tuple[int, ...], scale_shape: tuple[int, ...]) -> None:
+    """Raise GemvError unless x (m x k), the packed weights and the scales fit this kernel."""
+    if not 1 <= m <= MAX_M:
+        raise GemvError(f"M={m}: the GEMV takes 1 to {MAX_M} rows")
+    if k % GROUP:
+        raise GemvError(f"K={k} is not a multiple of the group size {GROUP}")
+    if tuple(packed_shape) != (n, k // 8):
+        raise GemvError(f"weight_packed is {tuple(packed_shape)}, expected (N, K/8) = ({n}, {k // 8})")
+    if tuple(scale_shape) != (n, k // GROUP):
+        raise GemvError(f"weight_scale is {tuple(scale_shape)}, expected (N, K/{GROUP}) = ({n}, {k // GROUP})")
+
+
+def fits(cfg: Config, k: int) -> bool:
+    """Whether the tile splits K evenly: SPLIT_K spans of whole BLOCK_K steps, each step whole groups."""
+    return cfg.block_k % GROUP == 0 and k % (cfg.block_k * cfg.split_k) == 0
+
+
+def candidates(k: int) -> list[Config]:
+    """The tiles autotune tries for a layer of K inputs (the ones that split K evenly)."""
+    out = []
+    for block_n in (16, 32):  # each tile is compiled once per padded M (~1 s each): few, chosen for bytes in flight
+        for block_k in (256, 512):
+            for split_k in (1, 2, 4):
+                cfg = Config(block_n, block_k, split_k)
+                if fits(cfg, k):
+                    out.append(cfg)
+    return out
+
+
+def m_pad(m: int) -> int:
+    """M rounded up to a power of two: one compiled kernel per padded size."""
+    return 1 << (m - 1).bit_length()
+
+
+def _kernels():
+    """(the jitted kernel, its autotuned form): imported on first use, so importing this module needs no Triton."""
+    from scripts.levers.kernels import gemv_kernel
+
+    return gemv_kernel.gemv, gemv_kernel.gemv_tuned
+
+
+def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None):
+    """y = x @ W^T for x of M <= 8 rows (BF16), W the compressed-tensors W4A16 g128 weights; y in x's dtype.
+    `config` fixes the tile (else autotuned per M, N, K on a GPU)."""
+    import torch
+    import triton
+
+    m, k = x.shape
+    n = weight_packed.shape[0]
+    check(m, n, k, tuple(weight_packed.shape), tuple(weight_scale.shape))
+    if config is not None and not fits(config, k):
+        raise GemvError(f"tile {config} does not split K={k} evenly")
+    if config is None and os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter has no device to tune on
+        config = candidates(k)[0]
+    x = x.contiguous()
+    raw, tuned = _kernels()
+    pad = m_pad(m)
+    split = config.split_k if config is not None else None
+    # the float32 sum of the spans, cast once; with SPLIT_K=1 the kernel stores into it all the same
+    y32 = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    args = (x, weight_packed, weight_scale, y32, m, n, k, x.stride(0), weight_packed.stride(0),
+            weight_scale.stride(0), y32.stride(0))
+    if config is not None:
+        grid = (triton.cdiv(n, config.block_n), split)
+        raw[grid](*args, M_PAD=pad, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split, GROUP_K=GROUP,
+                  num_warps=config.num_warps, num_stages=config.num_stages)
+    else:
+        tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, M_PAD=pad, GROUP_K=GROUP)
+    return y32.to(x.dtype)

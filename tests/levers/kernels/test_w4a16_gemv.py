@@ -1,0 +1,78 @@
+"""The lab's W4A16 GEMV against the product of the dequantized weights, run by Triton's interpreter on a CPU (the
+same kernel the GPU compiles; its speed is the GEMM microbench's, never a test's). The interpreter must be chosen
+before Triton is imported (its own jit functions, tl.zeros among them, are decorated then), so the kernel runs in a
+fresh interpreter process: one for every case."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from scripts.common import paths
+from scripts.levers.kernels import w4a16_gemv as gemv_mod
+from scripts.levers.kernels.w4a16_gemv import Config, GemvError, check, fits
+
+CASES = [(1, Config(16, 256, 1)), (3, Config(16, 256, 2)), (8, Config(8, 512, 1)), (2, Config(32, 128, 4))]
+RUN = """
+import json, sys
+import torch
+from scripts.levers.kernels.w4a16_gemv import Config, w4a16_gemv
+from scripts.measure.gemm_bench import Weights, pack_compressed_tensors
+out = []
+for m, cfg, swap in json.loads(sys.argv[1]):
+    n, k = 40, 512  # 40 rows: the last tile of 16 or 32 is partly outside N
+    w = Weights(n, k, [n], seed=m, device="cpu")
+    x = torch.randn((m, k), generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    q = w.q.reshape(n, k // 8, 8)[:, :, [4, 5, 6, 7, 0, 1, 2, 3]].reshape(n, k) if swap else w.q
+    y = w4a16_gemv(x, pack_compressed_tensors(q), w.s, config=Config(*cfg))
+    ref = w.reference(x)
+    out.append({"shape": list(y.shape), "dtype": str(y.dtype),
+                "err": float((y.float() - ref).abs().max() / ref.abs().max())})
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def results():
+    pytest.importorskip("triton")
+    cases = [(m, [c.block_n, c.block_k, c.split_k], False) for m, c in CASES]
+    cases.append((1, [16, 256, 1], True))  # the halves of each word swapped: another product
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", RUN, json.dumps(cases)], cwd=paths.ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_matches_the_dequantized_product(results, i):
+    m, _ = CASES[i]
+    assert results[i]["shape"] == [m, 40] and results[i]["dtype"] == "torch.bfloat16"
+    assert results[i]["err"] < 8e-3  # BF16 output rounding (2^-8 relative) over float32 sums
+
+
+def test_a_wrong_nibble_order_is_caught(results):
+    """The comparison can fail: weights packed with the halves of each word swapped give another product."""
+    assert results[-1]["err"] > 0.05
+
+
+def test_bad_shapes_are_one_line():
+    with pytest.raises(GemvError, match="1 to 8 rows"):
+        check(9, 16, 256, (16, 32), (16, 2))
+    with pytest.raises(GemvError, match="multiple of the group size"):
+        check(1, 16, 200, (16, 25), (16, 1))
+    with pytest.raises(GemvError, match=r"weight_packed is \(16, 16\)"):
+        check(1, 16, 256, (16, 16), (16, 2))
+    with pytest.raises(GemvError, match=r"weight_scale is \(16, 4\)"):
+        check(1, 16, 256, (16, 32), (16, 4))
+
+
+def test_tiles_split_k_evenly():
+    assert fits(Config(16, 256, 4), 5120) and fits(Config(32, 512, 2), 17408)
+    assert not fits(Config(16, 512, 8), 5120)  # 5120 / 4096 is not whole
+    assert all(fits(c, 17408) for c in gemv_mod.candidates(17408))
+    assert gemv_mod.candidates(17408) and gemv_mod.candidates(2560)
