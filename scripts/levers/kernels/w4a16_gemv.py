@@ -15,8 +15,8 @@ N x K/128 BF16, one per group of 128 inputs; w = q * scale. No repacking: the ke
 How a program works: it owns BLOCK_N output rows and one of SPLIT_K equal spans of the inputs, and walks its span
 BLOCK_K inputs at a time: per row BLOCK_K/8 consecutive words (one coalesced read), each nibble turned into a float
 by OR-ing it into the mantissa of 2^23 and subtracting 2^23 + 8 (exact: integer and float ops at full rate, no
-int-to-float conversion), multiplied with the inputs in float32 and summed per group of 128 before its scale is
-applied (one multiply a group, not a weight). With SPLIT_K > 1 the spans' sums are added into a float32 output
+int-to-float conversion), multiplied with the inputs in float32 and summed per word of eight before the group's scale
+is applied (one multiply per eight weights), the nibbles kept in the words' own layout (no reshape). With SPLIT_K > 1 the spans' sums are added into a float32 output
 (atomic adds) and cast to BF16 once at the end. The tile sizes are tuned per (M, N, K) by triton.autotune on a GPU;
 `config` fixes them (tests, the interpreter).
 """
