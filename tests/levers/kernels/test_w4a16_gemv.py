@@ -76,3 +76,13 @@ def test_tiles_split_k_evenly():
     assert not fits(Config(16, 512, 8), 5120)  # 5120 / 4096 is not whole
     assert all(fits(c, 17408) for c in gemv_mod.candidates(17408))
     assert gemv_mod.candidates(17408) and gemv_mod.candidates(2560)
+
+
+def test_the_autotuned_form_wraps_the_kernel_with_every_tile():
+    """What a GPU call tunes over (built here without running: tuning needs a device)."""
+    pytest.importorskip("triton")
+    raw, tuned = gemv_mod._kernels()
+    assert tuned.fn is raw and gemv_mod._kernels()[1] is tuned
+    want = {(c.block_n, c.block_k, c.split_k) for k in (2560, 5120, 6144, 9216, 17408) for c in gemv_mod.candidates(k)}
+    got = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]) for c in tuned.configs}
+    assert got == want and len(got) >= 6
