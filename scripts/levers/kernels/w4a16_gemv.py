@@ -6,7 +6,7 @@ results/gpu-kernels-20261128/).
     from scripts.levers.kernels.w4a16_gemv import w4a16_gemv
     y = w4a16_gemv(x, weight_packed, weight_scale)         # x: M x K BF16, y: M x N BF16
     python -m scripts.measure.gemm_bench --kernels bf16,vllm-marlin,lab-gemv --m 1,8   # timed beside vLLM's kernels
-    TRITON_INTERPRET=1 python -m pytest tests/levers/test_w4a16_gemv.py               # on a CPU: Triton's interpreter
+    python -m pytest tests/levers/kernels       # on a CPU: the kernel run by Triton's interpreter (its own process)
 
 The weights are llm-compressor's `pack-quantized` W4A16 g128 symmetric layout, as the checkpoint stores them:
 `weight_packed` N x K/8 int32, input 8i + j of a row in bits 4j of word i, stored as q + 8 (uint4b8); `weight_scale`
@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 GROUP = 128  # the recipes' group size along K
 MAX_M = 8  # a GEMV: larger batches belong to a GEMM (tensor cores)
-MAGIC = 0x4B000000  # 2^23 as a float32's bits: OR-ing a nibble into its mantissa gives 2^23 + nibble exactly
 
 
 class GemvError(ValueError):
@@ -69,7 +68,7 @@ def fits(cfg: Config, k: int) -> bool:
 def candidates(k: int) -> list[Config]:
     """The tiles autotune tries for a layer of K inputs (the ones that split K evenly)."""
     out = []
-    for block_n in (16, 32):  # each tile is compiled once per padded M (~1 s each): few, chosen for bytes in flight
+    for block_n in (16, 32):  # each tile is compiled once per padded M: few of them
         for block_k in (256, 512):
             for split_k in (1, 2, 4):
                 cfg = Config(block_n, block_k, split_k)
