@@ -85,6 +85,8 @@ POOL_SET = "SERVE_GPU_MEMORY_UTILIZATION=0.05 SERVE_KV_CACHE_MEMORY_BYTES=214748
 
 STATE = paths.CACHE / "optimize"
 MACHINE_PROVENANCE = ("seconds", "registered")  # PROVENANCE.json keys of one machine's download
+# PROVENANCE.json keys that name the weights' content (scripts/weights: register, download, shape_proxy)
+CONTENT_PROVENANCE = {"files_sha256", "gguf_sha256", "shape_proxy", "config_only"}
 STOP_GRACE_S = 60  # what an interrupted step gets to stop its servers before SIGKILL
 PHASES = ("plan", "build", "pool", "ladder", "parity", "identity", "suite", "reliability", "topology", "report")
 # the files a step's result depends on besides the variants: a lever's folder or a measuring script
@@ -132,13 +134,15 @@ def lineage(variant: str, seen: tuple[str, ...] = ()) -> str:
 def weights_identity(prov: Path) -> str:
     """What a base's PROVENANCE.json says its weights are, without how they came to this machine: the seconds the
     download took and whether a local folder was hard-linked or copied differ between two machines that hold the same
-    files, and a run resumed on the second must reuse the first's steps."""
-    text = prov.read_text()
+    files, and a run resumed on the second must reuse the first's steps. Only where the provenance names the content
+    (file hashes, the GGUF's hash, a shape proxy's or config-only folder's spec): a hub snapshot records its repository
+    alone, which a newer revision shares, so its whole text stays in the key (a new download measures again)."""
+    text = prov.read_bytes().decode("utf-8", errors="replace")
     try:
         raw = json.loads(text)
     except ValueError:
         return text
-    if not isinstance(raw, dict):
+    if not isinstance(raw, dict) or not CONTENT_PROVENANCE & raw.keys():
         return text
     return json.dumps({k: x for k, x in raw.items() if k not in MACHINE_PROVENANCE}, sort_keys=True)
 

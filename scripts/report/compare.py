@@ -83,8 +83,13 @@ class Judged:
     def short(self, hardware: str | None = None) -> str:
         """The verdict in a table cell; in the table of `hardware`, a pass judged on other hardware says where (a GPU
         row certified by a CPU run's identity record, or by a reference certified there)."""
-        if self.verdict not in ("pass", "reference") and not self.note:
-            return f"{self.verdict}: " + ", ".join(c.name for c in self.criteria if c.status != "pass")
+        if self.verdict not in ("pass", "reference") and not self.note:  # "fail: A, B; missing: C", the verdict's first
+            groups: dict[str, list[str]] = {}
+            for c in self.criteria:
+                if c.status != "pass":
+                    groups.setdefault(c.status, []).append(c.name)
+            order = sorted(groups, key=lambda s: s != self.verdict)
+            return "; ".join(f"{s}: {', '.join(groups[s])}" for s in order) or self.verdict
         elsewhere = sorted(h for h in self.hardware() if h != hardware) if self.certified and hardware else []
         return (self.verdict + (f": {self.note}" if self.note else "")
                 + (f" (evidence from {'; '.join(elsewhere)})" if elsewhere else ""))

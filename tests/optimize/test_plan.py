@@ -85,6 +85,15 @@ def test_lineage_keeps_across_machines_and_changes_with_the_weights(tmp_path, mo
     assert provenance("ab", 0.3, "hard-linked") != first
     (weights / "PROVENANCE.json").write_text("not json")  # a damaged file keys by its text, never a traceback
     assert run_mod.lineage("x-bf16") not in (first, None)
+    (weights / "PROVENANCE.json").write_bytes(b"\xff\xfe{")
+    assert run_mod.lineage("x-bf16") not in (first, None)
+    # a hub snapshot names its repository alone (a newer revision shares it): every download keys anew
+    hub = [json.dumps({"hub_repo": "org/x", "seconds": s}) for s in (1.0, 2.0)]
+    keys = []
+    for text in hub:
+        (weights / "PROVENANCE.json").write_text(text)
+        keys.append(run_mod.lineage("x-bf16"))
+    assert keys[0] != keys[1]
 
 
 def test_lineage_changes_when_an_ancestor_config_changes(tmp_path, monkeypatch):

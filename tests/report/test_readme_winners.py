@@ -76,6 +76,10 @@ def test_a_gate_cell_names_evidence_judged_on_other_hardware():
     assert compare.Judged("pass", [on["gpu"]]).short("NVIDIA H100 80GB HBM3 x1") == "pass"
     missing = compare.Judged("missing", [Criterion("GATE_MAX_MEAN_KLD", 0.05, "max")])  # no record: no hardware
     assert missing.short("NVIDIA H100 80GB HBM3 x1") == "missing: GATE_MAX_MEAN_KLD"
+    # a failed variant names what failed apart from what has no record yet
+    failed = compare.Judged("fail", [Criterion("GATE_MAX_SUITE_DROP", 1.0, "max"),
+                                     Criterion("GATE_MAX_MEAN_KLD", 0.05, "max", value=0.16, status="fail")])
+    assert failed.short() == "fail: GATE_MAX_MEAN_KLD; missing: GATE_MAX_SUITE_DROP"
 
 
 def test_a_chained_pass_names_its_references_hardware_and_a_non_pass_names_none():

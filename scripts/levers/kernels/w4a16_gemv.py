@@ -1,7 +1,7 @@
 """A W4A16 GEMV for decode batches (M = 1 … 8) on the compressed-tensors form vLLM serves, written for the weights'
 bytes: split-K over the inputs so every SM streams weights, the 4-bit unpack done with integer ops only (issue 60,
-item 2: at M = 1 no 4-bit kernel vLLM 0.26 can select reads at more than 57% of the copy bandwidth on the 27B layers,
-results/gpu-kernels-20261128/).
+item 2: at M = 1 no 4-bit kernel vLLM 0.26 can select read at more than 57% of the copy bandwidth on an H200 on any
+27B layer but the output layer (Marlin 69%), results/gpu-kernels-20261128/).
 
     from scripts.levers.kernels.w4a16_gemv import w4a16_gemv
     y = w4a16_gemv(x, weight_packed, weight_scale)         # x: M x K BF16, y: M x N BF16
@@ -17,8 +17,9 @@ BLOCK_K inputs at a time: per row BLOCK_K/8 consecutive words (one coalesced rea
 by OR-ing it into the mantissa of 2^23 and subtracting 2^23 + 8 (exact: integer and float ops at full rate, no
 int-to-float conversion), multiplied with the inputs in float32 and summed per group of 128 before its scale is
 applied (one multiply a group, not a weight). With SPLIT_K > 1 the spans' sums are added into a float32 output
-(atomic adds) and cast to BF16 once at the end. The tile sizes are tuned per (M, N, K) by triton.autotune on a GPU;
-`config` fixes them (tests, the interpreter).
+(atomic adds, so the last bits of a sum may differ from call to call) and cast to BF16 once at the end: a call is
+three launches (the zeroed sum, the GEMV, the cast). The tile sizes are tuned per (M, N, K) by triton.autotune on a
+GPU; `config` fixes them (tests, the interpreter).
 
 Measured (one H100, 2026-12-06, results/gpu-kernels-20261206/): correct on every 27B layer, 30% of the copy bandwidth
 at M = 1 over the model against Marlin's 49%, 6% at M = 8: bound by its CUDA-core instructions a weight. Nothing
@@ -69,7 +70,7 @@ def candidates(k: int) -> list[Config]:
     """The tiles autotune tries for a layer of K inputs (the ones that split K evenly)."""
     out = []
     for block_n in (16, 32):  # each tile is compiled once per padded M: few of them
-        for block_k in (256, 512):
+        for block_k in (256, 512) if k % 256 == 0 else (GROUP,):  # K = 640 (Gemma 3 270M): steps of one group
             for split_k in (1, 2, 4):
                 cfg = Config(block_n, block_k, split_k)
                 if fits(cfg, k):
@@ -93,7 +94,7 @@ def _kernels():
     from scripts.levers.kernels import gemv_kernel
 
     if not _TUNED or _TUNED[0][0] is not gemv_kernel.gemv:  # a reloaded kernel module (the interpreter's tests)
-        tiles = {c for k in (2560, 5120, 6144, 9216, 17408) for c in candidates(k)}  # Qwen3.5-4B's and -27B's K
+        tiles = {c for k in (640, 2560, 5120, 6144, 9216, 17408) for c in candidates(k)}  # Gemma 3's, Qwen3.5's K
         tuned = triton.autotune(
             configs=[triton.Config({"BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "SPLIT_K": c.split_k},
                                    num_warps=c.num_warps, num_stages=c.num_stages) for c in sorted(tiles, key=str)],
@@ -115,6 +116,9 @@ def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None):
     m, k = x.shape
     n = weight_packed.shape[0]
     check(m, n, k, tuple(weight_packed.shape), tuple(weight_scale.shape))
+    if weight_packed.dtype != torch.int32:
+        raise GemvError(f"weight_packed is {weight_packed.dtype}, expected torch.int32 (eight 4-bit inputs a word)")
+    weight_packed, weight_scale = weight_packed.contiguous(), weight_scale.contiguous()  # the kernel steps K by one
     if config is not None and not fits(config, k):
         raise GemvError(f"tile {config} does not split K={k} evenly")
     if config is None and os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter has no device to tune on

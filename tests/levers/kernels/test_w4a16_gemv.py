@@ -16,7 +16,7 @@ from scripts.common import paths
 from scripts.levers.kernels import w4a16_gemv as gemv_mod
 from scripts.levers.kernels.w4a16_gemv import Config, GemvError, check, fits
 
-CASES = [(1, Config(16, 256, 1)), (3, Config(16, 256, 2)), (8, Config(8, 512, 1)), (2, Config(32, 128, 4))]
+CASES = [(1, Config(16, 256, 1)), (3, Config(16, 256, 2)), (8, Config(8, 512, 1)), (2, Config(32, 128, 4)), (1, None)]
 RUN = """
 import json, sys
 import torch
@@ -24,11 +24,11 @@ from scripts.levers.kernels.w4a16_gemv import Config, w4a16_gemv
 from scripts.measure.gemm_bench import Weights, pack_compressed_tensors
 out = []
 for m, cfg, swap in json.loads(sys.argv[1]):
-    n, k = 40, 512  # 40 rows: the last tile of 16 or 32 is partly outside N
+    n, k = 40, (640 if cfg is None else 512)  # 40 rows: the last tile of 16 or 32 is partly outside N; K = 640: 5 groups
     w = Weights(n, k, [n], seed=m, device="cpu")
     x = torch.randn((m, k), generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
     q = w.q.reshape(n, k // 8, 8)[:, :, [4, 5, 6, 7, 0, 1, 2, 3]].reshape(n, k) if swap else w.q
-    y = w4a16_gemv(x, pack_compressed_tensors(q), w.s, config=Config(*cfg))
+    y = w4a16_gemv(x, pack_compressed_tensors(q), w.s, config=cfg and Config(*cfg))  # None: the first candidate
     ref = w.reference(x)
     out.append({"shape": list(y.shape), "dtype": str(y.dtype),
                 "err": float((y.float() - ref).abs().max() / ref.abs().max())})
@@ -39,7 +39,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def results():
     pytest.importorskip("triton")
-    cases = [(m, [c.block_n, c.block_k, c.split_k], False) for m, c in CASES]
+    cases = [(m, c and [c.block_n, c.block_k, c.split_k], False) for m, c in CASES]
     cases.append((1, [16, 256, 1], True))  # the halves of each word swapped: another product
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     p = subprocess.run([sys.executable, "-c", RUN, json.dumps(cases)], cwd=paths.ROOT, env=env, capture_output=True,
@@ -76,6 +76,15 @@ def test_tiles_split_k_evenly():
     assert not fits(Config(16, 512, 8), 5120)  # 5120 / 4096 is not whole
     assert all(fits(c, 17408) for c in gemv_mod.candidates(17408))
     assert gemv_mod.candidates(17408) and gemv_mod.candidates(2560)
+    assert {c.block_k for c in gemv_mod.candidates(640)} == {128}  # not a multiple of 256: whole groups
+    assert all(fits(c, 640) for c in gemv_mod.candidates(640))
+
+
+def test_packed_weights_of_another_dtype_are_refused():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(GemvError, match="expected torch.int32"):
+        gemv_mod.w4a16_gemv(torch.zeros((1, 256), dtype=torch.bfloat16), torch.zeros((16, 32), dtype=torch.int64),
+                            torch.zeros((16, 2), dtype=torch.bfloat16))
 
 
 def test_the_autotuned_form_wraps_the_kernel_with_every_tile():
@@ -83,6 +92,7 @@ def test_the_autotuned_form_wraps_the_kernel_with_every_tile():
     pytest.importorskip("triton")
     raw, tuned = gemv_mod._kernels()
     assert tuned.fn is raw and gemv_mod._kernels()[1] is tuned
-    want = {(c.block_n, c.block_k, c.split_k) for k in (2560, 5120, 6144, 9216, 17408) for c in gemv_mod.candidates(k)}
+    want = {(c.block_n, c.block_k, c.split_k) for k in (640, 2560, 5120, 6144, 9216, 17408)
+            for c in gemv_mod.candidates(k)}
     got = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]) for c in tuned.configs}
     assert got == want and len(got) >= 6
