@@ -696,11 +696,9 @@ def prepare_meta(kernel: Kernel, w: Weights, env: Env) -> Prepared:
 
 def prepare_lab(kernel: Kernel, w: Weights, env: Env) -> Prepared:
     """The lab's GEMV on the checkpoint's tensors as vLLM loads them (weight_packed, weight_scale): no repacking."""
-    import os
+    from scripts.levers.kernels.w4a16_gemv import interpreted, w4a16_gemv
 
-    from scripts.levers.kernels.w4a16_gemv import w4a16_gemv
-
-    if env.device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if env.device != "cuda" and not interpreted():
         raise Unsupported("a Triton kernel: on a CPU only under TRITON_INTERPRET=1 (set before Triton is imported)")
     return Prepared((pack_compressed_tensors(w.q), w.s.clone()), lambda st, x: w4a16_gemv(x, *st), clone_tensors)
 

@@ -29,6 +29,7 @@ tensor-core products beats Marlin.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -83,9 +84,12 @@ def m_pad(m: int) -> int:
     return 1 << (m - 1).bit_length()
 
 
-_TUNED: list = []
+def interpreted() -> bool:
+    """Whether Triton runs kernels in its interpreter (on a CPU: chosen before Triton is imported)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@functools.cache
 def _kernels():
     """(the jitted kernel, its autotuned form): imported and wrapped on first use, so importing this module needs no
     Triton."""
@@ -93,18 +97,16 @@ def _kernels():
 
     from scripts.levers.kernels import gemv_kernel
 
-    if not _TUNED or _TUNED[0][0] is not gemv_kernel.gemv:  # a reloaded kernel module (the interpreter's tests)
-        tiles = {c for k in (640, 2560, 5120, 6144, 9216, 17408) for c in candidates(k)}  # Gemma 3's, Qwen3.5's K
-        tuned = triton.autotune(
-            configs=[triton.Config({"BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "SPLIT_K": c.split_k},
-                                   num_warps=c.num_warps, num_stages=c.num_stages) for c in sorted(tiles, key=str)],
-            key=["M_PAD", "N", "K"],
-            prune_configs_by={"early_config_prune": lambda cfgs, named, **kw: [
-                c for c in cfgs if named["K"] % (c.kwargs["BLOCK_K"] * c.kwargs["SPLIT_K"]) == 0]},
-            reset_to_zero=["y_ptr"],
-        )(gemv_kernel.gemv)
-        _TUNED[:] = [(gemv_kernel.gemv, tuned)]
-    return _TUNED[0]
+    tiles = {c for k in (640, 2560, 5120, 6144, 9216, 17408) for c in candidates(k)}  # Gemma 3's, Qwen3.5's K
+    tuned = triton.autotune(
+        configs=[triton.Config({"BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "SPLIT_K": c.split_k},
+                               num_warps=c.num_warps, num_stages=c.num_stages) for c in sorted(tiles, key=str)],
+        key=["M_PAD", "N", "K"],
+        prune_configs_by={"early_config_prune": lambda cfgs, named, **kw: [  # the tiles that split this K evenly
+            c for c in cfgs if fits(Config(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]), named["K"])]},
+        reset_to_zero=["y_ptr"],
+    )(gemv_kernel.gemv)
+    return gemv_kernel.gemv, tuned
 
 
 def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None):
@@ -121,7 +123,7 @@ def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None):
     weight_packed, weight_scale = weight_packed.contiguous(), weight_scale.contiguous()  # the kernel steps K by one
     if config is not None and not fits(config, k):
         raise GemvError(f"tile {config} does not split K={k} evenly")
-    if config is None and os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter has no device to tune on
+    if config is None and interpreted():  # the interpreter has no device to tune on
         config = candidates(k)[0]
     x = x.contiguous()
     raw, tuned = _kernels()
