@@ -54,7 +54,8 @@ KEYS: dict[str, str] = {
     "PROFILE_PEER": "the GGUF variant of the same weights that the CPU step profile times with llama.cpp beside vLLM",
     "REQUEST_GUARD": "0: serve a llama-server variant without the lab's request front (scripts/serve/front.py: 400 for "
                      "max_tokens beyond the context less the prompt and the bodies llama-server answers with 500), "
-                     "to measure what the front costs; default 1",
+                     "an SGLang variant without the request guard inside its app (scripts/serve/guard.py "
+                     "RequestGuard), to measure what either costs and catches; default 1",
     "THINK_BUDGET": "thinking tokens a chat request may spend when it sets no thinking_token_budget of its own "
                     "(scripts/serve/guard.py RequestGuard adds it); needs SERVE_REASONING_PARSER or SERVE_REASONING_CONFIG",
 }

@@ -13,6 +13,14 @@ process; `--enable-multimodal` still turns it on. The vLLM variants' counterpart
 SGLang's Qwen3.5 class still builds the vision tower (random, never run; ~0.6 GB of the weights budget).
 Everything else is launch_server's own __main__ (plugins, run_server, child cleanup). LAB_SGLANG_API_KEY, if set,
 becomes `--api-key` in-process (never in argv).
+
+LAB_SGLANG_MIDDLEWARE (comma-separated "module.Class" paths, as vLLM's `--middleware` takes them) adds pure ASGI
+middleware to SGLang's own FastAPI app before it serves: the serve plan puts the lab's RequestGuard there
+(scripts/serve/guard.py; REQUEST_GUARD=0 in config.env leaves it out), in SGLang's process, with no second hop.
+SGLang has no hook of its own for it. Added before launch_server adds its key check, the guard sits inside it: a
+request without the key is refused before the guard reads its body. SGLang serves that app object itself only with
+one tokenizer worker (its Granian server imports `http_server:app` afresh in each of several workers), so a guarded
+server with SGLANG_TOKENIZER_WORKER_NUM above 1 is refused at start.
 """
 
 from __future__ import annotations
@@ -34,6 +42,31 @@ def text_only_default() -> None:
     ServerArgs.add_cli_args = staticmethod(add_text_only)
 
 
+MIDDLEWARE_ENV = "LAB_SGLANG_MIDDLEWARE"  # scripts/serve/guard.py SGLANG_MIDDLEWARE_ENV
+
+
+def middleware_classes(spec: str) -> list:
+    """The classes named by "module.Class,module.Class" (LAB_SGLANG_MIDDLEWARE), imported; empty for an empty spec."""
+    import importlib
+
+    out = []
+    for path in filter(None, (p.strip() for p in spec.split(","))):
+        module, _, name = path.rpartition(".")
+        out.append(getattr(importlib.import_module(module), name))
+    return out
+
+
+def add_middleware(app, classes: list, tokenizer_workers: int) -> None:
+    """Each class as ASGI middleware of SGLang's app (the last one outermost, as Starlette adds them); SystemExit
+    with one line where SGLang would serve a fresh import of the app instead (several tokenizer workers)."""
+    if classes and tokenizer_workers > 1:
+        raise SystemExit(f"the request guard needs SGLang's single tokenizer worker (its app object); "
+                         f"--tokenizer-worker-num is {tokenizer_workers}: set SGLANG_TOKENIZER_WORKER_NUM=1 or "
+                         f"REQUEST_GUARD=0 in the variant's config.env")
+    for cls in classes:
+        app.add_middleware(cls)
+
+
 def main(argv: list[str] | None = None) -> int:
     """argv: launch_server's flags (sys.argv[1:] when None); SGLang's own parser checks them."""
     text_only_default()
@@ -48,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     # this process: SGLang has no variable of its own, and a key on the command line is readable by every local user
     key = os.environ.get("LAB_SGLANG_API_KEY")
     server_args = prepare_server_args([*argv, "--api-key", key] if key else argv)
+    classes = middleware_classes(os.environ.get(MIDDLEWARE_ENV, ""))
+    if classes:
+        from sglang.srt.entrypoints.http_server import app
+
+        add_middleware(app, classes, server_args.tokenizer_worker_num)
     try:
         run_server(server_args)
     finally:

@@ -1,4 +1,4 @@
-"""Read vLLM's Prometheus /metrics: KV capacity, KV usage, preemptions, prefix-cache and speculative counters."""
+"""Read vLLM's Prometheus /metrics (or another page of Prometheus text): KV capacity, KV usage, preemptions, prefix-cache and speculative counters."""
 
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ def parse(text: str) -> tuple[Samples, dict[str, dict[str, str]]]:
     return values, infos
 
 
-def scrape(base_url: str) -> tuple[Samples, dict[str, dict[str, str]]] | None:
+def scrape(base_url: str, path: str = "/metrics") -> tuple[Samples, dict[str, dict[str, str]]] | None:
+    """The server's Prometheus text at `path`, parsed; None where it does not answer 200."""
     try:
-        status, body = http_get(f"{base_url}/metrics", timeout=10)
+        status, body = http_get(f"{base_url}{path}", timeout=10)
     except OSError:
         return None
     return parse(body.decode()) if status == 200 else None

@@ -277,7 +277,11 @@ IDLE_GAUGES = {
     "vllm": {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
              "kv_cache_usage_perc": "vllm:kv_cache_usage_perc"},
     "llamaserver": {"running": "llamacpp:requests_processing", "waiting": "llamacpp:requests_deferred"},
+    "sglang": {"running": "sglang_num_running_reqs", "waiting": "sglang_num_waiting_reqs"},
 }
+# Where each engine states them: /metrics (vLLM; llama-server with --metrics), else SGLang's /v1/loads, read from its
+# scheduler when asked (its /metrics exists only with --enable-metrics, its gauges set by periodic stats)
+LOAD_PAGES = ("/metrics", "/v1/loads?include=core&format=prometheus")
 
 
 def idle_gauges(values: dict) -> dict | None:
@@ -288,14 +292,22 @@ def idle_gauges(values: dict) -> dict | None:
     return None
 
 
+def load_gauges(base_url: str) -> dict | None:
+    """The idle gauges from the first of LOAD_PAGES that has an engine's, or None."""
+    for path in LOAD_PAGES:
+        got = scrape(base_url, path)
+        if got is not None and (gauges := idle_gauges(got[0])) is not None:
+            return gauges
+    return None
+
+
 def idle_state(base_url: str, model: str, timeout_s: float) -> dict:
     """How the server stands after the soak: its running and waiting requests (and vLLM's KV usage) polled from
-    /metrics until all are 0, or (no /metrics: llama-cpp-python) a one-token probe's answer time."""
+    /metrics (SGLang: /v1/loads) until all are 0, or (neither: llama-cpp-python) a one-token probe's answer time."""
     t0 = time.monotonic()
     last = None
     while time.monotonic() - t0 < timeout_s:
-        got = scrape(base_url)
-        if got is None or (gauges := idle_gauges(got[0])) is None:
+        if (gauges := load_gauges(base_url)) is None:
             break
         last = gauges
         if all(v == 0 for v in last.values()):

@@ -7,7 +7,8 @@ reads the same key vLLM reads (VLLM_API_KEY, in the server's environment, never 
 path without `Authorization: Bearer <key>`; the key is compared as vLLM compares it (SHA-256 digests,
 secrets.compare_digest). Without a key it passes everything through. OPTIONS (CORS preflight) stays open, as in vLLM.
 
-RequestGuard (every vLLM server the project starts, `--middleware scripts.serve.guard.RequestGuard`): request bodies
+RequestGuard (every vLLM server the project starts, `--middleware scripts.serve.guard.RequestGuard`, and every SGLang
+server, added to its app by scripts/gpu/sglang_text_only.py from LAB_SGLANG_MIDDLEWARE): request bodies
 that vLLM answers with HTTP 500 although the client is at fault, found by fuzzing the endpoints with hypothesis
 (tests/serve/test_serve_integration.py), answered 400 with a message before they reach vLLM. Each rule names the vLLM
 code that fails (OBJECT_FIELDS); everything else passes through untouched. It also carries the variant's default
@@ -27,6 +28,7 @@ import secrets
 
 MIDDLEWARE = "scripts.serve.guard.KeyGuard"  # the value of vLLM's --middleware
 REQUEST_MIDDLEWARE = "scripts.serve.guard.RequestGuard"
+SGLANG_MIDDLEWARE_ENV = "LAB_SGLANG_MIDDLEWARE"  # the same classes added to SGLang's app (scripts/gpu/sglang_text_only.py)
 KEY_ENV = "VLLM_API_KEY"
 PUBLIC_METRICS_ENV = "LAB_METRICS_PUBLIC"  # "1": /metrics answers without the key (the variant's METRICS_PUBLIC=1)
 THINK_BUDGET_ENV = "LAB_THINK_BUDGET"  # the variant's THINK_BUDGET: RequestGuard adds it to chat requests

@@ -83,8 +83,11 @@ def serve_plan(variant: Variant, *, host: str, port: int, api_key: str | None = 
         argv += ["--middleware", guard.REQUEST_MIDDLEWARE]
     if api_key and engine.name == "vllm":  # vLLM guards /v1 only: every other route behind the key too
         argv += ["--middleware", guard.MIDDLEWARE]
-    return ServePlan(variant=variant, engine=engine, argv=argv, env=serve_env(serving, engine, api_key), host=host,
-                     port=port, api_key=api_key, notes=tuple(plan_notes(variant, engine)))
+    env = serve_env(serving, engine, api_key)
+    if engine.name == "sglang" and guarded:  # the same guard inside SGLang's own app (scripts/gpu/sglang_text_only.py)
+        env[guard.SGLANG_MIDDLEWARE_ENV] = guard.REQUEST_MIDDLEWARE
+    return ServePlan(variant=variant, engine=engine, argv=argv, env=env, host=host, port=port, api_key=api_key,
+                     notes=tuple(plan_notes(variant, engine)))
 
 
 PARALLEL_SETTINGS = {"tensor_parallel": "SERVE_TENSOR_PARALLEL_SIZE", "pipeline_parallel": "SERVE_PIPELINE_PARALLEL_SIZE",

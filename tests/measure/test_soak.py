@@ -149,3 +149,27 @@ def test_idle_is_read_from_each_engines_gauges():
     assert soak.idle_gauges({"llamacpp:requests_processing": 0.0, "llamacpp:requests_deferred": 0.0,
                              "llamacpp:n_decode_total": 9.0}) == {"running": 0.0, "waiting": 0.0}
     assert soak.idle_gauges({"process_cpu_seconds_total": 1.0}) is None
+
+
+def test_sglang_idle_is_read_from_its_loads_page_when_it_has_no_metrics(monkeypatch):
+    """SGLang serves /metrics only with --enable-metrics; its /v1/loads states the running and waiting requests in
+    Prometheus text (the text below is the shape of SGLang 0.5.17's _format_loads_prometheus)."""
+    loads = ('# TYPE sglang_num_running_reqs gauge\nsglang_num_running_reqs{dp_rank="0"} 0\n'
+             '# TYPE sglang_num_waiting_reqs gauge\nsglang_num_waiting_reqs{dp_rank="0"} 2\n'
+             '# TYPE sglang_num_used_tokens gauge\nsglang_num_used_tokens{dp_rank="0"} 512\n')
+    pages = {"/v1/loads?include=core&format=prometheus": (200, loads.encode())}
+    asked = []
+
+    def get(url, **_):
+        asked.append(url.removeprefix("http://h"))
+        return pages.get(url.removeprefix("http://h"), (404, b""))
+
+    from scripts.measure import prom
+
+    monkeypatch.setattr(prom, "http_get", get)
+    assert soak.load_gauges("http://h") == {"running": 0.0, "waiting": 2.0}
+    assert asked == ["/metrics", "/v1/loads?include=core&format=prometheus"]
+    pages["/metrics"] = (200, b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n")
+    assert soak.load_gauges("http://h") == {"running": 0.0, "waiting": 0.0, "kv_cache_usage_perc": 0.0}
+    pages.clear()
+    assert soak.load_gauges("http://h") is None  # neither: the one-token probe decides

@@ -245,3 +245,40 @@ def test_a_topology_asking_for_more_gpus_than_are_visible_fails_naming_both(monk
     assert hardware.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
     monkeypatch.setattr(hardware, "hardware", lambda: {"gpu": None})
     assert hardware.visible_gpus() is None
+
+
+def test_sglang_gets_the_request_guard_inside_its_app_unless_the_variant_opts_out(monkeypatch):
+    """The serve plan names the guard in the SGLang server's environment; the launcher adds it to SGLang's app (a
+    stand-in app object records the calls: SGLang itself needs a GPU) and refuses several tokenizer workers."""
+    from scripts.common import engines
+    from scripts.common.variants import load_variant
+    from scripts.gpu import sglang_text_only as launcher
+    from scripts.serve.guard import REQUEST_MIDDLEWARE, SGLANG_MIDDLEWARE_ENV, RequestGuard
+    from scripts.serve.plan import serve_plan
+
+    monkeypatch.setattr(engines, "version", lambda name: "0.5.17")
+    assert SGLANG_MIDDLEWARE_ENV == launcher.MIDDLEWARE_ENV
+    guarded = serve_plan(load_variant("smollm2-sglang"), host="127.0.0.1", port=9)
+    assert guarded.env[SGLANG_MIDDLEWARE_ENV] == REQUEST_MIDDLEWARE
+    assert "--middleware" not in guarded.argv and REQUEST_MIDDLEWARE not in guarded.argv  # SGLang has no such flag
+    bare = serve_plan(load_variant("smollm2-sglang", overrides={"REQUEST_GUARD": "0"}), host="127.0.0.1", port=9)
+    assert SGLANG_MIDDLEWARE_ENV not in bare.env
+    vllm = serve_plan(load_variant("smollm2-bf16"), host="127.0.0.1", port=9)
+    assert SGLANG_MIDDLEWARE_ENV not in vllm.env and REQUEST_MIDDLEWARE in vllm.argv
+
+    classes = launcher.middleware_classes(guarded.env[SGLANG_MIDDLEWARE_ENV])
+    assert classes == [RequestGuard] and launcher.middleware_classes("") == []
+
+    class App:
+        added: list = []
+
+        def add_middleware(self, cls):
+            self.added.append(cls)
+
+    app = App()
+    launcher.add_middleware(app, classes, tokenizer_workers=1)
+    assert app.added == [RequestGuard]
+    with pytest.raises(SystemExit, match="single tokenizer worker .* is 2: set SGLANG_TOKENIZER_WORKER_NUM=1 or "
+                                         "REQUEST_GUARD=0"):
+        launcher.add_middleware(App(), classes, tokenizer_workers=2)
+    launcher.add_middleware(app, [], tokenizer_workers=4)  # nothing to add: SGLang's own choice stands
