@@ -336,7 +336,7 @@ PY
       else
         echo "== $tag never became healthy"
       fi
-      sleep 11  # let vLLM's periodic stats (SpecDecoding metrics) reach the log
+      [ "$(cfg "$v" ENGINE)" = sglang ] || sleep 11  # let vLLM's periodic stats (SpecDecoding metrics) reach the log
       { grep -m1 "vllm" $RUN/$tag.serve; echo "--- excerpt"; grep -hiE "$EXCERPT" $RUN/$tag.log | grep -v Route | tail -60
         echo "--- tail"; tail -${LOG_TAIL:-40} $RUN/$tag.log; } > $res/$tag/server.log
     done 3< <(if [ $((round % 2)) = 0 ]; then tac $RUN/servers; else cat $RUN/servers; fi)  # ABBA: even rounds reversed
