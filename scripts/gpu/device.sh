@@ -24,6 +24,7 @@
 #                                               # KEEP=1: leave them running, e.g. for `profile`, then `stop`)
 #   SET="…" [ONLY="tag …"] bash scripts/gpu/device.sh profile   # decode-step profiles of running servers (below)
 #   bash scripts/gpu/device.sh stop             # stop every server `start` left running
+#   [ONLY="tag …"] bash scripts/gpu/device.sh reliability   # soak, storm and fuzz of the servers `start` left running
 #   [SCALE_ARGS=…] bash scripts/gpu/device.sh scale V   # scripts.measure.scale: one server, replicas behind
 #                                               # vllm-router (its wheels in the payload's whl/), router overhead;
 #                                               # $OUT/scale.tar
@@ -425,6 +426,28 @@ PY
     tar cf $OUT/scale.tar -C $RUN scale-$1 && tar tf $OUT/scale.tar | tail -30; exit $rc ;;
   stop)
     stop_servers; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
+  reliability)
+    # [ONLY="tag …"] [SOAK_ARGS=…] bash scripts/gpu/device.sh reliability   # the servers `start` left running, each in
+    # turn: the bounded soak (SOAK_ARGS, default 40 requests a level), the storm (c=32 × 200) and the body fuzz
+    # (scripts.measure.soak / fuzz with --base-url, its RSS from its process group, its start extras as --set so the
+    # records name them); they keep running. Records come back as $OUT/${TAR:-reliability}.tar
+    export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
+    res=$RUN/rel-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
+    while read -r tag v port pid extra <&3; do
+      [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && continue
+      ready $tag || { echo "== $tag is not ready"; continue; }
+      xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
+      url=http://127.0.0.1:$port; mkdir -p $res/$tag; echo "== $tag $(date +%T)"
+      sa=${SOAK_ARGS:---requests 40 --timeout 120}
+      timeout 600 python3 -m scripts.measure.soak "$v" --base-url $url --server-pid $pid $sa "${vs[@]}" "${xs[@]}" \
+        --out-dir $res/$tag < /dev/null 2>&1 | tail -4
+      timeout 600 python3 -m scripts.measure.soak "$v" --base-url $url --server-pid $pid --mix storm --concurrency 32 \
+        --requests 200 --timeout 120 "${vs[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null 2>&1 | tail -4
+      timeout 600 python3 -m scripts.measure.fuzz "$v" --base-url $url "${vs[@]}" "${xs[@]}" --out-dir $res/$tag \
+        < /dev/null 2>&1 | tail -4
+      { grep -m1 "sglang\|vllm" $RUN/$tag.serve; echo "--- tail"; tail -${LOG_TAIL:-60} $RUN/$tag.log; } > $res/$tag/server.log
+    done 3< $RUN/servers
+    tar cf $OUT/${TAR:-reliability}.tar -C $res . && ls -lR $res | head -30; echo "reliability $(( $(date +%s) - t0 )) s" ;;
   profile)
     # SET="…the start SET, with SERVE_PROFILER_CONFIG…" [CONCURRENCY=1,8] [PROFILE_ARGS=…] bash scripts/gpu/device.sh profile
     # The servers `start` left running, profiled one after another (scripts/measure/profile_matrix.sh, scripts.measure.profile
