@@ -17,6 +17,11 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+# hypothesis imported before any test runs: CPython 3.11.7 can leave its AST recursion counter off after a
+# RecursionError caught in C (a body nested 60,000 deep through json.loads), and pytest's assertion rewriting of a
+# plugin's modules imported after that failed with "SystemError: AST constructor recursion depth mismatch" (the fuzz
+# test of tests/serve/test_engines.py, run as that file alone, 2026-12-06)
+import hypothesis  # noqa: F401
 import pytest
 
 from scripts.common import paths
