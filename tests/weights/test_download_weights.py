@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import os
 import shutil
 import signal
@@ -113,6 +114,10 @@ def test_config_only_checkpoint_writes_no_weights_and_describes_them(tmp_path):
     assert sorted(CompressedTensorsConfig.from_config(qc).target_scheme_map) == sorted(targets)
     assert make_shape_proxy.write_config_only("qwen35-tiny", tmp_path / "b")["recipe"] is None
     assert "quantization_config" not in read_checkpoint(tmp_path / "b").config
+    # the tokenizer states the config's context, as the published one does: SGLang's /tokenize answered 500 to every
+    # string prompt while transformers reported 10^30 (orjson cannot encode an integer past 64 bits)
+    tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
+    assert tok_cfg["model_max_length"] == report.config["text_config"]["max_position_embeddings"] < 2**63
     with pytest.raises(SystemExit, match=r"dynamic FP8 activations\) and channel-wise FP8 recipes; int8-w8a8 is neither"):
         make_shape_proxy.write_config_only("qwen35-tiny:int8-w8a8", tmp_path / "f")
     # W4A8: the same packed tensors, FP8 activations in the config only (vLLM's W4A8 scheme registers those three)
