@@ -438,10 +438,13 @@ PY
       ready $tag || { echo "== $tag is not ready"; continue; }
       xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
       url=http://127.0.0.1:$port; mkdir -p $res/$tag; echo "== $tag $(date +%T)"
+      # the engine's own process group: scripts.serve starts it in a session of its own (its pid here is the wrapper's,
+      # whose 27 MiB the first run sampled as the server's RSS, 2026-12-06)
+      eng=$(pgrep -P $pid | head -1); eng=${eng:-$pid}
       sa=${SOAK_ARGS:---requests 40 --timeout 120}
-      timeout 600 python3 -m scripts.measure.soak "$v" --base-url $url --server-pid $pid $sa "${vs[@]}" "${xs[@]}" \
+      timeout 600 python3 -m scripts.measure.soak "$v" --base-url $url --server-pid $eng $sa "${vs[@]}" "${xs[@]}" \
         --out-dir $res/$tag < /dev/null 2>&1 | tail -4
-      timeout 600 python3 -m scripts.measure.soak "$v" --base-url $url --server-pid $pid --mix storm --concurrency 32 \
+      timeout 600 python3 -m scripts.measure.soak "$v" --base-url $url --server-pid $eng --mix storm --concurrency 32 \
         --requests 200 --timeout 120 "${vs[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null 2>&1 | tail -4
       timeout 600 python3 -m scripts.measure.fuzz "$v" --base-url $url "${vs[@]}" "${xs[@]}" --out-dir $res/$tag \
         < /dev/null 2>&1 | tail -4

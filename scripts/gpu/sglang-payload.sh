@@ -12,6 +12,9 @@
 #   ipython + its needs      `import sglang` reaches sglang/utils.py, which imports IPython.display at module level
 #   orjson, zstandard        imported by the HTTP server (entrypoints/http_server.py, http_request_decompression.py)
 #   soundfile 0.13.1         imported through the server's transcription route (openai/realtime/session.py)
+#   sgl-deep-gemm 0.1.5.post1  SGLang's pin: its speculative (MTP/EAGLE) worker imports the sparse-attention backend
+#                            (layers/attention/dsa_backend.py: `import deep_gemm` on CUDA) while capturing its draft
+#                            graphs; without it every MTP rung died there (2026-12-06, results/gpu-sglang-20261206/)
 # sglang-kernel 0.4.5 (383 MB) is slimmed to 15 MB: FlashAttention-3 (flash_ops, 1.1 GB unpacked), FlashMLA, InfLLM and
 # the sm100 build are left out, so SGLang runs Triton attention there (SGLANG_ATTENTION_BACKEND=triton in the variants).
 set -euo pipefail
@@ -22,7 +25,7 @@ plat=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --
 pkgs=(sglang==0.5.17 transformers==5.12.1 tokenizers==0.22.2 apache-tvm-ffi==0.1.11 orjson==3.13.0 zstandard==0.25.0
   soundfile==0.13.1 ipython==9.18.1 ipython-pygments-lexers==1.1.1 jedi==0.20.1 parso==0.8.7 matplotlib-inline==0.2.2
   pexpect==4.9.0 ptyprocess==0.7.0 prompt-toolkit==3.0.53 wcwidth==0.9.4 stack-data==0.6.3 executing==2.3.0
-  asttokens==3.0.2 pure-eval==0.2.4 traitlets==5.16.1 decorator==5.3.1)
+  asttokens==3.0.2 pure-eval==0.2.4 traitlets==5.16.1 decorator==5.3.1 sgl-deep-gemm==0.1.5.post1)
 mkdir -p "$out/kernel-slim"
 python3 -m pip download -q "${plat[@]}" -d "$out" "${pkgs[@]}"
 work=$(mktemp -d)
