@@ -338,7 +338,7 @@ PY
         echo "== $tag never became healthy"
       fi
       [ "$(cfg "$v" ENGINE)" = sglang ] || sleep 11  # let vLLM's periodic stats (SpecDecoding metrics) reach the log
-      { grep -m1 "vllm" $RUN/$tag.serve; echo "--- excerpt"; grep -hiE "$EXCERPT" $RUN/$tag.log | grep -v Route | tail -60
+      { grep -m1 "sglang\|vllm" $RUN/$tag.serve; echo "--- excerpt"; grep -hiE "$EXCERPT" $RUN/$tag.log | grep -v Route | tail -60
         echo "--- tail"; tail -${LOG_TAIL:-40} $RUN/$tag.log; } > $res/$tag/server.log
     done 3< <(if [ $((round % 2)) = 0 ]; then tac $RUN/servers; else cat $RUN/servers; fi)  # ABBA: even rounds reversed
     done
@@ -427,8 +427,9 @@ PY
   stop)
     stop_servers; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   reliability)
-    # [ONLY="tag …"] [SOAK_ARGS=…] bash scripts/gpu/device.sh reliability   # the servers `start` left running, each in
-    # turn: the bounded soak (SOAK_ARGS, default 40 requests a level), the storm (c=32 × 200) and the body fuzz
+    # [ONLY="tag …"] [SOAK_ARGS=…] [FUZZ_ARGS="--cases 60"] bash scripts/gpu/device.sh reliability   # the servers `start`
+    # left running, each in turn: the bounded soak (SOAK_ARGS, default 40 requests a level), the storm (c=32 × 200) and
+    # the body fuzz (250 bodies unless FUZZ_ARGS; ~1 s a body against SGLang, whose /health generates a token)
     # (scripts.measure.soak / fuzz with --base-url, its RSS from its process group, its start extras as --set so the
     # records name them); they keep running. Records come back as $OUT/${TAR:-reliability}.tar
     export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
@@ -446,9 +447,12 @@ PY
         --out-dir $res/$tag < /dev/null 2>&1 | tail -4
       timeout 600 python3 -m scripts.measure.soak "$v" --base-url $url --server-pid $eng --mix storm --concurrency 32 \
         --requests 200 --timeout 120 "${vs[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null 2>&1 | tail -4
-      timeout 600 python3 -m scripts.measure.fuzz "$v" --base-url $url "${vs[@]}" "${xs[@]}" --out-dir $res/$tag \
-        < /dev/null 2>&1 | tail -4
+      timeout 600 python3 -m scripts.measure.fuzz "$v" --base-url $url ${FUZZ_ARGS:-} "${vs[@]}" "${xs[@]}" \
+        --out-dir $res/$tag < /dev/null 2>&1 | tail -4
       { grep -m1 "sglang\|vllm" $RUN/$tag.serve; echo "--- tail"; tail -${LOG_TAIL:-60} $RUN/$tag.log; } > $res/$tag/server.log
+      # each server's records come back even if a later one outlasts the call (a cut call returns what $OUT holds;
+      # a folder two deep there did not come back, 2026-12-06)
+      mkdir -p $OUT/$tag && cp $res/$tag/* $OUT/$tag/
     done 3< $RUN/servers
     tar cf $OUT/${TAR:-reliability}.tar -C $res . && ls -lR $res | head -30; echo "reliability $(( $(date +%s) - t0 )) s" ;;
   profile)

@@ -19,8 +19,9 @@ middleware to SGLang's own FastAPI app before it serves: the serve plan puts the
 (scripts/serve/guard.py; REQUEST_GUARD=0 in config.env leaves it out), in SGLang's process, with no second hop.
 SGLang has no hook of its own for it. Added before launch_server adds its key check, the guard sits inside it: a
 request without the key is refused before the guard reads its body. SGLang serves that app object itself only with
-one tokenizer worker (its Granian server imports `http_server:app` afresh in each of several workers), so a guarded
-server with SGLANG_TOKENIZER_WORKER_NUM above 1 is refused at start.
+one tokenizer worker (with several, uvicorn, or Granian under --enable-http2, imports `http_server:app` by its module
+path in each worker, without the middleware), so a guarded server with SGLANG_TOKENIZER_WORKER_NUM above 1 is refused
+at start.
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ def middleware_classes(spec: str) -> list:
     out = []
     for path in filter(None, (p.strip() for p in spec.split(","))):
         module, _, name = path.rpartition(".")
-        out.append(getattr(importlib.import_module(module), name))
+        try:
+            out.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError, ValueError) as e:
+            raise SystemExit(f"{MIDDLEWARE_ENV}: {path!r} is no importable module.Class ({e})") from None
     return out
 
 

@@ -292,12 +292,12 @@ def idle_gauges(values: dict) -> dict | None:
     return None
 
 
-def load_gauges(base_url: str) -> dict | None:
-    """The idle gauges from the first of LOAD_PAGES that has an engine's, or None."""
+def load_gauges(base_url: str) -> tuple[str, dict] | None:
+    """(the page, its idle gauges) from the first of LOAD_PAGES that has an engine's, or None."""
     for path in LOAD_PAGES:
         got = scrape(base_url, path)
         if got is not None and (gauges := idle_gauges(got[0])) is not None:
-            return gauges
+            return path, gauges
     return None
 
 
@@ -305,16 +305,16 @@ def idle_state(base_url: str, model: str, timeout_s: float) -> dict:
     """How the server stands after the soak: its running and waiting requests (and vLLM's KV usage) polled from
     /metrics (SGLang: /v1/loads) until all are 0, or (neither: llama-cpp-python) a one-token probe's answer time."""
     t0 = time.monotonic()
-    last = None
+    last = page = None
     while time.monotonic() - t0 < timeout_s:
-        if (gauges := load_gauges(base_url)) is None:
+        if (got := load_gauges(base_url)) is None:
             break
-        last = gauges
+        page, last = got
         if all(v == 0 for v in last.values()):
-            return {"method": "metrics", "idle": True, "seconds": round(time.monotonic() - t0, 2), **last}
+            return {"method": "metrics", "page": page, "idle": True, "seconds": round(time.monotonic() - t0, 2), **last}
         time.sleep(0.5)
     if last is not None:
-        return {"method": "metrics", "idle": False, "seconds": round(time.monotonic() - t0, 2), **last}
+        return {"method": "metrics", "page": page, "idle": False, "seconds": round(time.monotonic() - t0, 2), **last}
     import httpx
 
     probe = Outcome("chat", "/v1/chat/completions", 0, -1)

@@ -167,9 +167,13 @@ def test_sglang_idle_is_read_from_its_loads_page_when_it_has_no_metrics(monkeypa
     from scripts.measure import prom
 
     monkeypatch.setattr(prom, "http_get", get)
-    assert soak.load_gauges("http://h") == {"running": 0.0, "waiting": 2.0}
-    assert asked == ["/metrics", "/v1/loads?include=core&format=prometheus"]
+    loads_page = "/v1/loads?include=core&format=prometheus"
+    assert soak.load_gauges("http://h") == (loads_page, {"running": 0.0, "waiting": 2.0})
+    assert asked == ["/metrics", loads_page]
+    pages[loads_page] = (200, loads.replace('waiting_reqs{dp_rank="0"} 2', 'waiting_reqs{dp_rank="0"} 0').encode())
+    idle = soak.idle_state("http://h", "m", timeout_s=5)
+    assert idle["idle"] is True and idle["page"] == loads_page and idle["running"] == idle["waiting"] == 0
     pages["/metrics"] = (200, b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n")
-    assert soak.load_gauges("http://h") == {"running": 0.0, "waiting": 0.0, "kv_cache_usage_perc": 0.0}
+    assert soak.load_gauges("http://h") == ("/metrics", {"running": 0.0, "waiting": 0.0, "kv_cache_usage_perc": 0.0})
     pages.clear()
     assert soak.load_gauges("http://h") is None  # neither: the one-token probe decides

@@ -247,7 +247,7 @@ def test_a_topology_asking_for_more_gpus_than_are_visible_fails_naming_both(monk
     assert hardware.visible_gpus() is None
 
 
-def test_sglang_gets_the_request_guard_inside_its_app_unless_the_variant_opts_out(monkeypatch):
+def test_sglang_gets_the_request_guard_inside_its_app_unless_the_variant_opts_out(monkeypatch, embedded_weights):
     """The serve plan names the guard in the SGLang server's environment; the launcher adds it to SGLang's app (a
     stand-in app object records the calls: SGLang itself needs a GPU) and refuses several tokenizer workers."""
     from scripts.common import engines
@@ -281,4 +281,7 @@ def test_sglang_gets_the_request_guard_inside_its_app_unless_the_variant_opts_ou
     with pytest.raises(SystemExit, match="single tokenizer worker .* is 2: set SGLANG_TOKENIZER_WORKER_NUM=1 or "
                                          "REQUEST_GUARD=0"):
         launcher.add_middleware(App(), classes, tokenizer_workers=2)
+    for bad in ("scripts.serve.guard.NoSuchGuard", "no_such_module.Guard", "Guard"):  # one line, no traceback
+        with pytest.raises(SystemExit, match=f"LAB_SGLANG_MIDDLEWARE: '{bad}' is no importable module.Class"):
+            launcher.middleware_classes(bad)
     launcher.add_middleware(app, [], tokenizer_workers=4)  # nothing to add: SGLang's own choice stands
