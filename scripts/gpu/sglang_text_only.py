@@ -28,6 +28,15 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
+
+# Run as a script, Python puts only scripts/gpu on the path: the repository goes first, so the middleware named in
+# LAB_SGLANG_MIDDLEWARE (scripts.serve.guard) imports wherever the engine's Python runs, with or without PYTHONPATH
+ROOT = str(Path(__file__).resolve().parents[2])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from scripts.serve.guard import SGLANG_MIDDLEWARE_ENV as MIDDLEWARE_ENV  # noqa: E402  (the one name, set by the plan)
 
 
 def text_only_default() -> None:
@@ -41,9 +50,6 @@ def text_only_default() -> None:
         parser.set_defaults(enable_multimodal=False)
 
     ServerArgs.add_cli_args = staticmethod(add_text_only)
-
-
-MIDDLEWARE_ENV = "LAB_SGLANG_MIDDLEWARE"  # scripts/serve/guard.py SGLANG_MIDDLEWARE_ENV
 
 
 def middleware_classes(spec: str) -> list:

@@ -1,4 +1,5 @@
-"""Read vLLM's Prometheus /metrics (or another page of Prometheus text): KV capacity, KV usage, preemptions, prefix-cache and speculative counters."""
+"""Read vLLM's Prometheus /metrics (or another page of Prometheus text): KV capacity, KV usage, preemptions,
+prefix-cache and speculative counters."""
 
 from __future__ import annotations
 

@@ -292,9 +292,9 @@ def idle_gauges(values: dict) -> dict | None:
     return None
 
 
-def load_gauges(base_url: str) -> tuple[str, dict] | None:
-    """(the page, its idle gauges) from the first of LOAD_PAGES that has an engine's, or None."""
-    for path in LOAD_PAGES:
+def load_gauges(base_url: str, pages: tuple[str, ...] = LOAD_PAGES) -> tuple[str, dict] | None:
+    """(the page, its idle gauges) from the first of `pages` that has an engine's, or None."""
+    for path in pages:
         got = scrape(base_url, path)
         if got is not None and (gauges := idle_gauges(got[0])) is not None:
             return path, gauges
@@ -307,7 +307,7 @@ def idle_state(base_url: str, model: str, timeout_s: float) -> dict:
     t0 = time.monotonic()
     last = page = None
     while time.monotonic() - t0 < timeout_s:
-        if (got := load_gauges(base_url)) is None:
+        if (got := load_gauges(base_url, (page,) if page else LOAD_PAGES)) is None:  # the page found, once found
             break
         page, last = got
         if all(v == 0 for v in last.values()):

@@ -166,7 +166,8 @@ async def answer(send, status: int, body: dict | bytes, headers: list[tuple[byte
 
 class RequestGuard:
     """Pure ASGI middleware: POST bodies to the guarded paths are read whole, checked by bad_request, and
-    replayed to the engine (vLLM, SGLang) when they pass: unchanged, or with the default thinking budget added (with_budget)."""
+    replayed to the engine (vLLM, SGLang) when they pass: unchanged, or with the default thinking budget added
+    (with_budget)."""
 
     def __init__(self, app, budget: int | None = None) -> None:
         self.app = app
