@@ -14,7 +14,8 @@
 #                                               # MEASURE=think: scripts.measure.think_budget, THINK_ARGS passed on)
 #   SET="K=V ..." bash scripts/gpu/device.sh start V[+K=V...] ...   # build weights, start every server AT ONCE (each in
 #                                               # its own session: they outlive the call), wait until all are healthy
-#                                               # (SGL_BUDGET_GB=N: each SGLang server alone, N GB of the GPU each)
+#                                               # (SGL_BUDGET_GB=N: each SGLang server alone, N GB of the GPU each;
+#                                               # V+SGL_BUDGET_GB=M: M GB for that one)
 #   [WAIT=540] bash scripts/gpu/device.sh wait  # until every started server is ready or gone (a start that outlasts its call)
 #   SET="K=V ..." [BENCH_ARGS="--prompts …"] bash scripts/gpu/device.sh measure   # bench those servers one after another (c=1,8, --base-url),
 #                                               # stop them; records + log excerpts come back as $OUT/${TAR:-results}.tar
@@ -277,8 +278,12 @@ PY
     echo "weights $(( $(date +%s) - t0 )) s"; n=$(cat $RUN/servers* 2>/dev/null | wc -l)
     for spec in "$@"; do
       v=${spec%%+*}; extra=""; [ "$spec" != "$v" ] && extra=${spec#*+}
+      # V+SGL_BUDGET_GB=N: this SGLang server's own budget under SGL_BUDGET_GB (an MTP rung's draft and state cache
+      # need more than a plain rung: K=3 was capped at 2 running requests at 13 GiB, 2026-12-06); not a config key
+      gb=${SGL_BUDGET_GB:-}; rest=""
+      for kv in ${extra//+/ }; do [[ "$kv" == SGL_BUDGET_GB=* ]] && gb=${kv#*=} || rest=${rest:+$rest+}$kv; done; extra=$rest
       xs=(); for kv in ${extra//+/ }; do xs+=(--set "$kv"); done
-      tag=$(printf %s "$spec" | tr -c 'A-Za-z0-9._-' _); port=$((8200 + n)); n=$((n + 1)); sets_for "$v"
+      tag=$(printf %s "$v${extra:++$extra}" | tr -c 'A-Za-z0-9._-' _); port=$((8200 + n)); n=$((n + 1)); sets_for "$v"
       # a long extra (a JSON setting) would make file names past the file system's limit (2026-11-28): VARIANT_x<hash>
       [ ${#tag} -gt 96 ] && tag="${v}_x$(printf %s "$extra" | sha256sum | cut -c1-8)"
       # SGLang's static budget is its fraction of the memory free at its start, less what others take while it loads
@@ -289,8 +294,8 @@ PY
         (wait_servers $t0 >/dev/null 2>&1)  # in a subshell: its loop reads into this loop's variables
         if [[ "$extra" != *SGLANG_MEM_FRACTION_STATIC=* ]]; then
           free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
-          frac=$(python3 -c "print(round($SGL_BUDGET_GB * 1024 / $free, 3))" 2>/dev/null) && [[ "$frac" =~ ^0\.[0-9]+$ ]] || {
-            echo "SGL_BUDGET_GB=$SGL_BUDGET_GB GiB is not a share of the $free MiB free: $tag not started"; continue; }
+          frac=$(python3 -c "print(round($gb * 1024 / $free, 3))" 2>/dev/null) && [[ "$frac" =~ ^0\.[0-9]+$ ]] || {
+            echo "SGL_BUDGET_GB=$gb GiB is not a share of the $free MiB free: $tag not started"; continue; }
           kv=SGLANG_MEM_FRACTION_STATIC=$frac; xs+=(--set "$kv"); extra=${extra:+$extra+}$kv
           echo "$tag: $kv ($free MiB free)"
         fi
