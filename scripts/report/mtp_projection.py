@@ -15,7 +15,23 @@ tokens a step (1 + its accepted drafts, 1 <= tau <= K + 1):
     break-even   tau* = r_K                    (a head pays only while it emits more than r_K tokens a step)
 
 It assumes a speculative step costs the same whether its drafts are accepted or not (chain drafts: the verify pass
-scores all K either way) and nothing about batching. The rounds are one ladder (--ladder) or the records whose file
+scores all K either way) and nothing about batching.
+
+--target-gbs GBS adds a second PROJECTION: the speculative 4-bit rung on a weight-bound GPU of GBS (the A10G: 600),
+stacked on scripts/report/projection.py's fit from the 27B shape's ladder (its defaults; --fit-args changes them).
+Each draft reads the MTP layer and the whole output layer; on the measured GPU (BW its copy bandwidth in the same
+records, e the BF16 GEMMs' share of it at M = 1 from the fit's GEMM record):
+    fixed        = TPOT_plain - W_plain / (BW x e)              the plain step's cost beyond its weights
+    per draft    d_K  = (TPOT_K - TPOT_plain) / K               what each draft adds (its pass and its share of the
+                                                                verify pass's extra tokens)
+    its bytes    b    = W_draft / (BW x e)                      W_draft: the MTP layer + the output layer (BF16)
+    the rest     x_K  = max(d_K - b, 0)                         scaled on the target as the fixed cost is
+    on the target, with fixed', TPOT'_bf16 and TPOT'_cand from the fit:
+    d'_K         = W_draft / (GBS x e) + x_K x fixed' / fixed
+    TPOT'_K      = TPOT'_cand + K x d'_K
+    speedup      = TPOT'_bf16 x tau / TPOT'_K                   (and over the 4-bit rung alone: TPOT'_cand x tau / TPOT'_K)
+It assumes the draft's non-byte cost scales with the target's fixed cost, and that the 4-bit rung's drafts read a BF16
+MTP layer and output layer (as the lab's W4A16 rungs leave them). The rounds are one ladder (--ladder) or the records whose file
 stamp begins with a --stamp (rounds measured before ladder ids), all on one GPU. Writes
 results/projection_mtp_<plain>_<time written>.md.
 """
@@ -24,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -58,10 +75,18 @@ def step_point(records, variant: str, ladder: str | None, stamps: list[str] | No
         where = f"ladder {ladder}" if ladder else "stamps " + ", ".join(f"{s}*" for s in stamps)
         raise ProjectionError(f"no latency record of {variant} at c=1 in {where}")
     lengths = [m for _, r in rows if (m := tokens_a_step(r))]
+    roofs = [r.get("roofline") or {} for _, r in rows]
+    bws = [bw for x in roofs if (bw := (x.get("bandwidth") or {}).get("bytes_per_s"))]
+    skipped = next((w["skipped"] for x in roofs if (w := (x.get("bytes") or {}).get("weights"))), {})
     return {"tpot_ms": statistics.median(r["summary"]["fixed"]["1"]["p50_tpot_ms"] for _, r in rows),
             "records": [paths.shown(p) for p, _ in rows], "config": rows[-1][1].get("config") or {},
             "gpus": {((r.get("hardware") or {}).get("gpu") or {}).get("name") or "a CPU" for _, r in rows},
-            "tokens_per_step": max(lengths) if lengths else None}
+            "tokens_per_step": max(lengths) if lengths else None,
+            # the roofline of the same runs, where the records carry one: weight bytes a step, copy bandwidth, MTP bytes
+            "weight_bytes": next((w for _, r in rows if (w := (r["summary"]["fixed"]["1"].get("roofline") or {})
+                                                          .get("weight_bytes"))), None),
+            "bandwidth": statistics.median(bws) if bws else None,
+            "mtp_bytes": next((b for why, b in skipped.items() if why.startswith("MTP head")), None)}
 
 
 def project_mtp(tpot_plain_ms: float, tpot_spec_ms: float, taus: list[float]) -> dict:
@@ -70,6 +95,64 @@ def project_mtp(tpot_plain_ms: float, tpot_spec_ms: float, taus: list[float]) ->
         raise ProjectionError(f"a step of {tpot_plain_ms} / {tpot_spec_ms} ms: not a measurement")
     r = tpot_spec_ms / tpot_plain_ms
     return {"cost_ratio": r, "break_even_tokens": r, "speedup": {tau: tau / r for tau in taus}}
+
+
+def project_target(plain_ms: float, spec_ms: float, k: int, w_plain: float, w_draft: float, bw: float, e: float,
+                   fit: dict, target_gbs: float, taus: list[float]) -> dict:
+    """The speculative 4-bit rung on the target GPU (the docstring's second formula): bytes in bytes, bw in bytes/s,
+    target_gbs in GB/s, times in ms; `fit` is projection.project()'s "target" part. Pure: numbers in, numbers out."""
+    fixed = plain_ms - w_plain / (bw * e) * 1e3
+    if fixed <= 0:
+        raise ProjectionError(f"the plain step ({plain_ms:.3f} ms) is not longer than its weights' time at e {e:.3f}: "
+                              f"no fixed cost to scale")
+    per_draft = (spec_ms - plain_ms) / k
+    draft_bytes_ms = w_draft / (bw * e) * 1e3
+    rest = max(per_draft - draft_bytes_ms, 0.0)
+    per_draft_target = w_draft / (target_gbs * 1e9 * e) * 1e3 + rest * fit["fixed_ms"] / fixed
+    spec_target = fit["tpot_cand_ms"] + k * per_draft_target
+    return {"fixed_ms": fixed, "per_draft_ms": per_draft, "draft_bytes_ms": draft_bytes_ms, "rest_ms": rest,
+            "per_draft_target_ms": per_draft_target, "tpot_spec_target_ms": spec_target,
+            "over_bf16": {tau: fit["tpot_bf16_ms"] * tau / spec_target for tau in taus},
+            "over_cand": {tau: fit["tpot_cand_ms"] * tau / spec_target for tau in taus}}
+
+
+def output_layer_bytes(variant: str, config: dict) -> int:
+    """The BF16 output layer's bytes (vocab x hidden x 2) of a shape-proxy or config-only rung, from its SOURCE's
+    config (scripts/weights/shape_proxy.py)."""
+    from scripts.weights.shape_proxy import CONFIGS
+
+    kind, _, name = (config.get("SOURCE") or "").partition(":")
+    text = (CONFIGS.get(name.split(":")[0]) or {}).get("text") if kind in ("shape-proxy", "config-only") else None
+    if not text:
+        raise ProjectionError(f"{variant}: SOURCE {config.get('SOURCE')!r} is not a shape proxy or config-only shape of "
+                              f"scripts/weights/shape_proxy.py, so its output layer's size is unknown here")
+    return text["vocab_size"] * text["hidden_size"] * 2
+
+
+def target_rows(plain: dict, rows: list[dict], args, taus: dict[int, list[float]]) -> tuple[dict, list[dict]]:
+    """--target-gbs: the fit of scripts.report.projection (its defaults, or --fit-args) and each rung on the target."""
+    from scripts.report import projection
+
+    fargs = projection.build_parser().parse_args([*shlex.split(args.fit_args), "--target-gbs", str(args.target_gbs)])
+    records = [(p, r) for p, r in all_records("latency")
+               if r["variant"] in {fargs.reference, fargs.candidate, fargs.target_reference, fargs.target_candidate}]
+    ref = projection.ladder_point(records, fargs.reference, fargs.ladder)
+    cand = projection.ladder_point(records, fargs.candidate, fargs.ladder)
+    tref, tcand = projection.weight_bytes(records, fargs.target_reference), projection.weight_bytes(records, fargs.target_candidate)
+    e = projection.bf16_efficiency(fargs.gemm, fargs.shape)
+    fit = projection.project(ref[0], cand[0], ref[1], cand[1], statistics.median([ref[2], cand[2]]), e, tref[0],
+                             tcand[0], fargs.target_gbs)
+    missing = [what for what, v in (("weight bytes", plain["weight_bytes"]), ("copy bandwidth", plain["bandwidth"]),
+                                    ("MTP layer bytes", plain["mtp_bytes"])) if not v]
+    if missing:
+        raise ProjectionError(f"--target-gbs: the plain rung's records carry no {', '.join(missing)} (a roofline "
+                              f"measured in the same runs)")
+    w_draft = plain["mtp_bytes"] + output_layer_bytes(args.plain, plain["config"])
+    out = [{**r, "target": project_target(plain["tpot_ms"], r["tpot_ms"], r["k"], plain["weight_bytes"], w_draft,
+                                          plain["bandwidth"], e, fit["target"], fargs.target_gbs, taus.get(r["k"], []))}
+           for r in rows]
+    return {"args": fargs, "fit": fit, "e": e, "w_draft": w_draft, "inputs": {"ref": ref, "cand": cand, "tref": tref,
+                                                                               "tcand": tcand}}, out
 
 
 def parse_taus(items: list[str]) -> dict[int, list[float]]:
@@ -115,7 +198,7 @@ def rows_for(records, args, taus: dict[int, list[float]]) -> tuple[dict, list[di
     return plain, sorted(rows, key=lambda r: (r["engine"], r["k"]))
 
 
-def markdown(args, plain: dict, rows: list[dict]) -> str:
+def markdown(args, plain: dict, rows: list[dict], target: dict | None = None) -> str:
     lines = [f"# PROJECTION (not a measurement): speculative decoding over {args.plain} at a published acceptance", "",
              f"Written by `python -m scripts.report.mtp_projection` on {now_utc():%Y-%m-%d}, git "
              f"{git_state()['commit'][:12]}. The formula is the module's docstring (scripts/report/mtp_projection.py). "
@@ -131,7 +214,34 @@ def markdown(args, plain: dict, rows: list[dict]) -> str:
                      f"{r['break_even_tokens']:.2f} | {at} | {', '.join(r['records'])} |")
     lines += ["", "Measured with random weights (`--load-format dummy` or a shape proxy): the drafts are never accepted, "
               "so each rung's TPOT is its step's cost; the speedups are projections.", ""]
+    if target:
+        lines += target_markdown(args, plain, rows, target)
     return "\n".join(lines)
+
+
+def target_markdown(args, plain: dict, rows: list[dict], target: dict) -> list[str]:
+    fa, t, f = target["args"], target["fit"]["target"], target["fit"]["fit"]
+    lines = [f"## PROJECTION on a {args.target_gbs:g} GB/s GPU: {fa.target_candidate} with these drafts", "",
+             f"The second formula of the docstring. The fit (scripts/report/projection.py, ladder {fa.ladder}: "
+             f"{fa.reference} against {fa.candidate}) gives on the target {fa.target_reference} {t['tpot_bf16_ms']:.2f} "
+             f"ms and {fa.target_candidate} {t['tpot_cand_ms']:.2f} ms a step (e_cand {f['e_cand']:.3f}), fixed "
+             f"{t['fixed_ms']:.3f} ms; e {target['e']:.3f} (BF16 GEMMs at M = 1, `{paths.shown(fa.gemm)}`).", "",
+             f"On {plain['gpu']}: the plain step {plain['tpot_ms']:.3f} ms reads {plain['weight_bytes'] / 1e9:.2f} GB at "
+             f"{plain['bandwidth'] / 1e12:.2f} TB/s (its records' copy bandwidth); a draft reads "
+             f"{target['w_draft'] / 1e9:.2f} GB (the MTP layer {plain['mtp_bytes'] / 1e9:.2f} GB + the BF16 output layer).",
+             "", "| rung | K | per draft, measured (ms) | its bytes (ms) | the rest (ms) | per draft on the target (ms) | "
+             "TPOT' (ms) | × BF16 at tau | × the 4-bit rung alone at tau |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    def at(d: dict) -> str:
+        return ", ".join(f"{s:.2f}× at tau {tau:g}" for tau, s in d.items()) or "no published tau"
+
+    for r in rows:
+        x = r["target"]
+        lines.append(f"| {r['variant']} | {r['k']} | {x['per_draft_ms']:.3f} | {x['draft_bytes_ms']:.3f} | "
+                     f"{x['rest_ms']:.3f} | {x['per_draft_target_ms']:.3f} | {x['tpot_spec_target_ms']:.2f} | "
+                     f"{at(x['over_bf16'])} | {at(x['over_cand'])} |")
+    return lines + ["", f"Beside it: the reference project's 3.45× on an A10G (AWQ-4bit on Marlin, an MTP head at K=4, "
+                        f"batching) and the 4-bit rung alone, {t['speedup']:.2f}× BF16 on the target.", ""]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a published tokens-a-step at K drafts (repeat)")
     p.add_argument("--source", default="none given", help="where the tokens-a-step figures are published")
     p.add_argument("--out", type=Path, help="the markdown (default results/projection_mtp_<plain>_<time written>.md)")
+    p.add_argument("--target-gbs", type=float, help="also project the 4-bit rung with these drafts onto a weight-bound "
+                   "GPU of this bandwidth (600: the A10G), from scripts.report.projection's fit")
+    p.add_argument("--fit-args", default="", help="arguments of scripts.report.projection for that fit (default: its own)")
     return p
 
 
@@ -158,14 +271,18 @@ def main(argv: list[str] | None = None) -> int:
         taus = parse_taus(args.tokens_per_step)
         records = [(p, r) for p, r in all_records("latency") if r["variant"] in {args.plain, *args.spec}]
         plain, rows = rows_for(records, args, taus)
+        target, rows = target_rows(plain, rows, args, taus) if args.target_gbs else (None, rows)
     except ProjectionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     path = args.out or paths.RESULTS / f"projection_mtp_{args.plain}_{now_utc():%Y%m%d-%H%M%S}.md"
-    paths.write_text_atomic(path, markdown(args, plain, rows))
+    paths.write_text_atomic(path, markdown(args, plain, rows, target))
     for r in rows:
         print(f"{r['variant']} ({r['engine']}, K={r['k']}): step {r['cost_ratio']:.2f}× plain; " + (", ".join(
             f"PROJECTION {s:.2f}× at tau {tau:g}" for tau, s in r["speedup"].items()) or "no tau given"))
+        if target:
+            print(f"  at {args.target_gbs:g} GB/s with the 4-bit rung: " + (", ".join(
+                f"PROJECTION {s:.2f}× BF16 at tau {tau:g}" for tau, s in r["target"]["over_bf16"].items()) or "no tau"))
     print(f"wrote {paths.shown(path)}")
     return 0
 

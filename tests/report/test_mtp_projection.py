@@ -66,3 +66,29 @@ def test_the_page_from_the_committed_records(tmp_path):
     assert "experiments/qwen35-4b-proxy-fp8-static-mtp3/latency_20261128-013211.json" in text
     assert mp.main([*base, "--stamp", "19990101"]) == 2
     assert mp.main([*base, "--stamp", "20261128-01", "--tokens-per-step", "3=3"]) == 2  # a figure without its source
+
+
+def test_target_projection_by_hand():
+    # on the measured GPU: 8 GB at 4 TB/s x 0.8 = 2.5 ms of a 3 ms plain step (fixed 0.5); K=2 adds 1 ms a draft, of
+    # which its 1.6 GB take 0.5 ms; on a 600 GB/s target (fit: fixed 1 ms, 4-bit step 10 ms, BF16 20 ms) a draft reads
+    # 1.6 GB in 3.333 ms plus 0.5 ms x 1 / 0.5 of the rest: TPOT' 10 + 2 x 4.333
+    out = mp.project_target(3.0, 5.0, 2, 8e9, 1.6e9, 4e12, 0.8, {"fixed_ms": 1.0, "tpot_cand_ms": 10.0,
+                                                                  "tpot_bf16_ms": 20.0}, 600, [2.5])
+    assert out["fixed_ms"] == pytest.approx(0.5) and out["rest_ms"] == pytest.approx(0.5)
+    assert out["per_draft_target_ms"] == pytest.approx(1.6e9 / 480e9 * 1e3 + 1.0)
+    assert out["tpot_spec_target_ms"] == pytest.approx(10 + 2 * (10 / 3 + 1))
+    assert out["over_bf16"][2.5] == pytest.approx(20 * 2.5 / (10 + 2 * (10 / 3 + 1)))
+    assert out["over_cand"][2.5] == pytest.approx(10 * 2.5 / (10 + 2 * (10 / 3 + 1)))
+    # a draft cheaper than its bytes at e leaves no rest to scale; a plain step inside its weights' time is refused
+    assert mp.project_target(3.0, 3.2, 2, 8e9, 1.6e9, 4e12, 0.8, {"fixed_ms": 1.0, "tpot_cand_ms": 10.0,
+                                                                   "tpot_bf16_ms": 20.0}, 600, [])["rest_ms"] == 0
+    with pytest.raises(ProjectionError, match="no fixed cost"):
+        mp.project_target(2.0, 3.0, 2, 8e9, 1.6e9, 4e12, 0.8, {"fixed_ms": 1.0, "tpot_cand_ms": 10.0,
+                                                                "tpot_bf16_ms": 20.0}, 600, [])
+
+
+def test_output_layer_bytes_from_the_shape_config():
+    assert mp.output_layer_bytes("v", {"SOURCE": "config-only:qwen35-4b"}) == 248320 * 2560 * 2
+    assert mp.output_layer_bytes("v", {"SOURCE": "config-only:qwen35-27b:w4a16"}) == 248320 * 5120 * 2
+    with pytest.raises(ProjectionError, match="output layer's size is unknown"):
+        mp.output_layer_bytes("v", {"SOURCE": "hf:Qwen/Qwen3.5-4B"})
