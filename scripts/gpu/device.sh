@@ -25,7 +25,7 @@
 #                                               # KEEP=1: leave them running, e.g. for `profile`, then `stop`)
 #   SET="…" [ONLY="tag …"] bash scripts/gpu/device.sh profile   # decode-step profiles of running servers (below)
 #   bash scripts/gpu/device.sh stop             # stop every server `start` left running
-#   [ONLY="tag …"] bash scripts/gpu/device.sh reliability   # soak, storm and fuzz of the servers `start` left running
+#   [ONLY="tag …"] [RUNS="fuzz"] bash scripts/gpu/device.sh reliability   # soak, storm and fuzz of the servers `start` left running
 #   [SCALE_ARGS=…] bash scripts/gpu/device.sh scale V   # scripts.measure.scale: one server, replicas behind
 #                                               # vllm-router (its wheels in the payload's whl/), router overhead;
 #                                               # $OUT/scale.tar
@@ -448,12 +448,14 @@ PY
       # whose 27 MiB the first run sampled as the server's RSS, 2026-12-06)
       eng=$(pgrep -P $pid | head -1); eng=${eng:-$pid}
       sa=${SOAK_ARGS:---requests 40 --timeout 120}
-      timeout 600 python3 -m scripts.measure.soak "$v" --base-url $url --server-pid $eng $sa "${vs[@]}" "${xs[@]}" \
-        --out-dir $res/$tag < /dev/null 2>&1 | tail -4
-      timeout 600 python3 -m scripts.measure.soak "$v" --base-url $url --server-pid $eng --mix storm --concurrency 32 \
-        --requests 200 --timeout 120 "${vs[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null 2>&1 | tail -4
-      timeout 600 python3 -m scripts.measure.fuzz "$v" --base-url $url ${FUZZ_ARGS:-} "${vs[@]}" "${xs[@]}" \
-        --out-dir $res/$tag < /dev/null 2>&1 | tail -4
+      # RUNS="fuzz": some of them (the fuzz, one small body at a time, may run while other rungs start)
+      [[ " ${RUNS:-soak storm fuzz} " == *" soak "* ]] && timeout 600 python3 -m scripts.measure.soak "$v" \
+        --base-url $url --server-pid $eng $sa "${vs[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null 2>&1 | tail -4
+      [[ " ${RUNS:-soak storm fuzz} " == *" storm "* ]] && timeout 600 python3 -m scripts.measure.soak "$v" \
+        --base-url $url --server-pid $eng --mix storm --concurrency 32 --requests 200 --timeout 120 "${vs[@]}" \
+        "${xs[@]}" --out-dir $res/$tag < /dev/null 2>&1 | tail -4
+      [[ " ${RUNS:-soak storm fuzz} " == *" fuzz "* ]] && timeout 600 python3 -m scripts.measure.fuzz "$v" \
+        --base-url $url ${FUZZ_ARGS:-} "${vs[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null 2>&1 | tail -4
       { grep -m1 "sglang\|vllm" $RUN/$tag.serve; echo "--- tail"; tail -${LOG_TAIL:-60} $RUN/$tag.log; } > $res/$tag/server.log
       # each server's records come back even if a later one outlasts the call (a cut call returns what $OUT holds;
       # a folder two deep there did not come back, 2026-12-06)
