@@ -30,7 +30,9 @@ records, e the BF16 GEMMs' share of it at M = 1 from the fit's GEMM record):
     d'_K         = W_draft / (GBS x e) + x_K x fixed' / fixed
     TPOT'_K      = TPOT'_cand + K x d'_K
     speedup      = TPOT'_bf16 x tau / TPOT'_K                   (and over the 4-bit rung alone: TPOT'_cand x tau / TPOT'_K)
-It assumes the draft's non-byte cost scales with the target's fixed cost, and that the 4-bit rung's drafts read a BF16
+It assumes the draft's non-byte cost scales with the target's fixed cost (as projection.py scales the fixed cost); a
+second column keeps it as measured (x_K in place of x_K x fixed' / fixed: a host-bound cost that a slower GPU does not
+shrink). e is the BF16 GEMMs' share whatever the plain rung's weight dtype, and the 4-bit rung's drafts read a BF16
 MTP layer and output layer (as the lab's W4A16 rungs leave them). The rounds are one ladder (--ladder) or the records whose file
 stamp begins with a --stamp (rounds measured before ladder ids), all on one GPU. Writes
 results/projection_mtp_<plain>_<time written>.md.
@@ -108,20 +110,34 @@ def project_target(plain_ms: float, spec_ms: float, k: int, w_plain: float, w_dr
     per_draft = (spec_ms - plain_ms) / k
     draft_bytes_ms = w_draft / (bw * e) * 1e3
     rest = max(per_draft - draft_bytes_ms, 0.0)
-    per_draft_target = w_draft / (target_gbs * 1e9 * e) * 1e3 + rest * fit["fixed_ms"] / fixed
+    bytes_target = w_draft / (target_gbs * 1e9 * e) * 1e3
+    per_draft_target = bytes_target + rest * fit["fixed_ms"] / fixed
     spec_target = fit["tpot_cand_ms"] + k * per_draft_target
+    spec_as_measured = fit["tpot_cand_ms"] + k * (bytes_target + rest)  # the rest not scaled: a host-bound cost
     return {"fixed_ms": fixed, "per_draft_ms": per_draft, "draft_bytes_ms": draft_bytes_ms, "rest_ms": rest,
             "per_draft_target_ms": per_draft_target, "tpot_spec_target_ms": spec_target,
+            "tpot_spec_target_rest_as_measured_ms": spec_as_measured,
             "over_bf16": {tau: fit["tpot_bf16_ms"] * tau / spec_target for tau in taus},
+            "over_bf16_rest_as_measured": {tau: fit["tpot_bf16_ms"] * tau / spec_as_measured for tau in taus},
             "over_cand": {tau: fit["tpot_cand_ms"] * tau / spec_target for tau in taus}}
 
 
 def output_layer_bytes(variant: str, config: dict) -> int:
     """The BF16 output layer's bytes (vocab x hidden x 2) of a shape-proxy or config-only rung, from its SOURCE's
-    config (scripts/weights/shape_proxy.py)."""
+    config (scripts/weights/shape_proxy.py); a lever-built rung's from its PARENT's."""
+    from scripts.common.variants import VariantError, load_variant
     from scripts.weights.shape_proxy import CONFIGS
 
-    kind, _, name = (config.get("SOURCE") or "").partition(":")
+    source, parent = config.get("SOURCE") or "", config.get("PARENT")
+    for _ in range(8):
+        if source != "lever" or not parent:
+            break
+        try:
+            settings = load_variant(parent).settings
+        except VariantError:
+            break
+        source, parent = settings.get("SOURCE") or "", settings.get("PARENT")
+    kind, _, name = source.partition(":")
     text = (CONFIGS.get(name.split(":")[0]) or {}).get("text") if kind in ("shape-proxy", "config-only") else None
     if not text:
         raise ProjectionError(f"{variant}: SOURCE {config.get('SOURCE')!r} is not a shape proxy or config-only shape of "
@@ -230,8 +246,8 @@ def target_markdown(args, plain: dict, rows: list[dict], target: dict) -> list[s
              f"{plain['bandwidth'] / 1e12:.2f} TB/s (its records' copy bandwidth); a draft reads "
              f"{target['w_draft'] / 1e9:.2f} GB (the MTP layer {plain['mtp_bytes'] / 1e9:.2f} GB + the BF16 output layer).",
              "", "| rung | K | per draft, measured (ms) | its bytes (ms) | the rest (ms) | per draft on the target (ms) | "
-             "TPOT' (ms) | × BF16 at tau | × the 4-bit rung alone at tau |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+             "TPOT' (ms) | × BF16 at tau | × the 4-bit rung alone at tau | TPOT' and × BF16, the rest not scaled |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     def at(d: dict) -> str:
         return ", ".join(f"{s:.2f}× at tau {tau:g}" for tau, s in d.items()) or "no published tau"
 
@@ -239,7 +255,8 @@ def target_markdown(args, plain: dict, rows: list[dict], target: dict) -> list[s
         x = r["target"]
         lines.append(f"| {r['variant']} | {r['k']} | {x['per_draft_ms']:.3f} | {x['draft_bytes_ms']:.3f} | "
                      f"{x['rest_ms']:.3f} | {x['per_draft_target_ms']:.3f} | {x['tpot_spec_target_ms']:.2f} | "
-                     f"{at(x['over_bf16'])} | {at(x['over_cand'])} |")
+                     f"{at(x['over_bf16'])} | {at(x['over_cand'])} | {x['tpot_spec_target_rest_as_measured_ms']:.2f} ms: "
+                     f"{at(x['over_bf16_rest_as_measured'])} |")
     return lines + ["", f"Beside it: the reference project's 3.45× on an A10G (AWQ-4bit on Marlin, an MTP head at K=4, "
                         f"batching) and the 4-bit rung alone, {t['speedup']:.2f}× BF16 on the target.", ""]
 

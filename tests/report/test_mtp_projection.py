@@ -79,6 +79,8 @@ def test_target_projection_by_hand():
     assert out["tpot_spec_target_ms"] == pytest.approx(10 + 2 * (10 / 3 + 1))
     assert out["over_bf16"][2.5] == pytest.approx(20 * 2.5 / (10 + 2 * (10 / 3 + 1)))
     assert out["over_cand"][2.5] == pytest.approx(10 * 2.5 / (10 + 2 * (10 / 3 + 1)))
+    # the rest kept as measured (0.5 ms, not 1 ms) in the second column
+    assert out["tpot_spec_target_rest_as_measured_ms"] == pytest.approx(10 + 2 * (10 / 3 + 0.5))
     # a draft cheaper than its bytes at e leaves no rest to scale; a plain step inside its weights' time is refused
     assert mp.project_target(3.0, 3.2, 2, 8e9, 1.6e9, 4e12, 0.8, {"fixed_ms": 1.0, "tpot_cand_ms": 10.0,
                                                                    "tpot_bf16_ms": 20.0}, 600, [])["rest_ms"] == 0
@@ -92,3 +94,8 @@ def test_output_layer_bytes_from_the_shape_config():
     assert mp.output_layer_bytes("v", {"SOURCE": "config-only:qwen35-27b:w4a16"}) == 248320 * 5120 * 2
     with pytest.raises(ProjectionError, match="output layer's size is unknown"):
         mp.output_layer_bytes("v", {"SOURCE": "hf:Qwen/Qwen3.5-4B"})
+
+
+def test_output_layer_bytes_of_a_lever_rung_from_its_parent():
+    # qwen35-4b-proxy-fp8-static is SOURCE=lever, PARENT=qwen35-4b-proxy-bf16 (shape-proxy:qwen35-4b)
+    assert mp.output_layer_bytes("v", {"SOURCE": "lever", "PARENT": "qwen35-4b-proxy-bf16"}) == 248320 * 2560 * 2
