@@ -281,7 +281,9 @@ PY
       # V+SGL_BUDGET_GB=N: this SGLang server's own budget under SGL_BUDGET_GB (an MTP rung's draft and state cache
       # need more than a plain rung: K=3 was capped at 2 running requests at 13 GiB, 2026-12-06); not a config key
       gb=${SGL_BUDGET_GB:-}; rest=""
-      for kv in ${extra//+/ }; do [[ "$kv" == SGL_BUDGET_GB=* ]] && gb=${kv#*=} || rest=${rest:+$rest+}$kv; done; extra=$rest
+      for kv in ${extra//+/ }; do [[ "$kv" == SGL_BUDGET_GB=* ]] && gb=${kv#*=} || rest=${rest:+$rest+}$kv; done
+      [ "$extra" != "$rest" ] && ! sgl_alone "$v" && echo "$spec: SGL_BUDGET_GB applies to SGLang rungs under a global SGL_BUDGET_GB: ignored"
+      extra=$rest
       xs=(); for kv in ${extra//+/ }; do xs+=(--set "$kv"); done
       tag=$(printf %s "$v${extra:++$extra}" | tr -c 'A-Za-z0-9._-' _); port=$((8200 + n)); n=$((n + 1)); sets_for "$v"
       # a long extra (a JSON setting) would make file names past the file system's limit (2026-11-28): VARIANT_x<hash>

@@ -32,8 +32,10 @@ records, e the BF16 GEMMs' share of it at M = 1 from the fit's GEMM record):
     speedup      = TPOT'_bf16 x tau / TPOT'_K                   (and over the 4-bit rung alone: TPOT'_cand x tau / TPOT'_K)
 It assumes the draft's non-byte cost scales with the target's fixed cost (as projection.py scales the fixed cost); a
 second column keeps it as measured (x_K in place of x_K x fixed' / fixed: a host-bound cost that a slower GPU does not
-shrink). e is the BF16 GEMMs' share whatever the plain rung's weight dtype, and the 4-bit rung's drafts read a BF16
-MTP layer and output layer (as the lab's W4A16 rungs leave them). The rounds are one ladder (--ladder) or the records whose file
+shrink). e is the fit's (the BF16 GEMMs' share at M = 1 on the fit's GEMM shape, the 27B's by default), applied to the
+plain rung's weights whatever their dtype and shape; the draft's bytes are the MTP layer as the plain rung's checkpoint
+stores it plus a BF16 output layer (PRUNE_KEEP rows where pruned), as the lab's W4A16 rungs leave both. --plain is
+meant to be the fit's target shape (the 4B): nothing checks it. The rounds are one ladder (--ladder) or the records whose file
 stamp begins with a --stamp (rounds measured before ladder ids), all on one GPU. Writes
 results/projection_mtp_<plain>_<time written>.md.
 """
@@ -107,6 +109,8 @@ def project_target(plain_ms: float, spec_ms: float, k: int, w_plain: float, w_dr
     if fixed <= 0:
         raise ProjectionError(f"the plain step ({plain_ms:.3f} ms) is not longer than its weights' time at e {e:.3f}: "
                               f"no fixed cost to scale")
+    if k < 1:
+        raise ProjectionError(f"K = {k}: a speculative rung drafts at least one token a step")
     per_draft = (spec_ms - plain_ms) / k
     draft_bytes_ms = w_draft / (bw * e) * 1e3
     rest = max(per_draft - draft_bytes_ms, 0.0)
@@ -129,6 +133,7 @@ def output_layer_bytes(variant: str, config: dict) -> int:
     from scripts.weights.shape_proxy import CONFIGS
 
     source, parent = config.get("SOURCE") or "", config.get("PARENT")
+    keep = [int(k) for k in [config.get("PRUNE_KEEP")] if k and k.isdigit()]
     for _ in range(8):
         if source != "lever" or not parent:
             break
@@ -137,25 +142,38 @@ def output_layer_bytes(variant: str, config: dict) -> int:
         except VariantError:
             break
         source, parent = settings.get("SOURCE") or "", settings.get("PARENT")
+        keep += [int(k) for k in [settings.get("PRUNE_KEEP")] if k and k.isdigit()]
     kind, _, name = source.partition(":")
     text = (CONFIGS.get(name.split(":")[0]) or {}).get("text") if kind in ("shape-proxy", "config-only") else None
     if not text:
         raise ProjectionError(f"{variant}: SOURCE {config.get('SOURCE')!r} is not a shape proxy or config-only shape of "
                               f"scripts/weights/shape_proxy.py, so its output layer's size is unknown here")
-    return text["vocab_size"] * text["hidden_size"] * 2
+    return min([text["vocab_size"], *keep]) * text["hidden_size"] * 2  # a pruned head keeps PRUNE_KEEP rows
 
 
 def target_rows(plain: dict, rows: list[dict], args, taus: dict[int, list[float]]) -> tuple[dict, list[dict]]:
     """--target-gbs: the fit of scripts.report.projection (its defaults, or --fit-args) and each rung on the target."""
     from scripts.report import projection
 
-    fargs = projection.build_parser().parse_args([*shlex.split(args.fit_args), "--target-gbs", str(args.target_gbs)])
+    if args.target_gbs <= 0:
+        raise ProjectionError(f"--target-gbs {args.target_gbs:g}: a bandwidth in GB/s above 0")
+    parser = projection.build_parser()
+    parser.exit_on_error = False
+    try:
+        fargs = parser.parse_args([*shlex.split(args.fit_args), "--target-gbs", str(args.target_gbs)])
+    except (ValueError, argparse.ArgumentError) as e:
+        raise ProjectionError(f"--fit-args {args.fit_args!r}: {e} (python -m scripts.report.projection --help)") from None
     records = [(p, r) for p, r in all_records("latency")
                if r["variant"] in {fargs.reference, fargs.candidate, fargs.target_reference, fargs.target_candidate}]
-    ref = projection.ladder_point(records, fargs.reference, fargs.ladder)
-    cand = projection.ladder_point(records, fargs.candidate, fargs.ladder)
-    tref, tcand = projection.weight_bytes(records, fargs.target_reference), projection.weight_bytes(records, fargs.target_candidate)
-    e = projection.bf16_efficiency(fargs.gemm, fargs.shape)
+    try:
+        ref = projection.ladder_point(records, fargs.reference, fargs.ladder)
+        cand = projection.ladder_point(records, fargs.candidate, fargs.ladder)
+        tref = projection.weight_bytes(records, fargs.target_reference)
+        tcand = projection.weight_bytes(records, fargs.target_candidate)
+        e = projection.bf16_efficiency(fargs.gemm, fargs.shape)
+    except (KeyError, TypeError) as err:
+        raise ProjectionError(f"the fit's records ({fargs.ladder}, {paths.shown(fargs.gemm)}) lack {err}: not records "
+                              f"of a roofline ladder and a GEMM microbench") from None
     fit = projection.project(ref[0], cand[0], ref[1], cand[1], statistics.median([ref[2], cand[2]]), e, tref[0],
                              tcand[0], fargs.target_gbs)
     missing = [what for what, v in (("weight bytes", plain["weight_bytes"]), ("copy bandwidth", plain["bandwidth"]),

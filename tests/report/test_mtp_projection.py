@@ -99,3 +99,8 @@ def test_output_layer_bytes_from_the_shape_config():
 def test_output_layer_bytes_of_a_lever_rung_from_its_parent():
     # qwen35-4b-proxy-fp8-static is SOURCE=lever, PARENT=qwen35-4b-proxy-bf16 (shape-proxy:qwen35-4b)
     assert mp.output_layer_bytes("v", {"SOURCE": "lever", "PARENT": "qwen35-4b-proxy-bf16"}) == 248320 * 2560 * 2
+
+
+def test_output_layer_bytes_of_a_pruned_head():
+    assert mp.output_layer_bytes("v", {"SOURCE": "lever", "PARENT": "qwen35-4b-proxy-bf16", "PRUNE_KEEP": "65536"}) \
+        == 65536 * 2560 * 2
