@@ -29,7 +29,8 @@ records, e the BF16 GEMMs' share of it at M = 1 from the fit's GEMM record):
     on the target, with fixed', TPOT'_bf16 and TPOT'_cand from the fit:
     d'_K         = W_draft / (GBS x e) + x_K x fixed' / fixed
     TPOT'_K      = TPOT'_cand + K x d'_K
-    speedup      = TPOT'_bf16 x tau / TPOT'_K                   (and over the 4-bit rung alone: TPOT'_cand x tau / TPOT'_K)
+    speedup      = TPOT'_bf16 x tau / TPOT'_K                   (and over the 4-bit rung alone: TPOT'_cand x tau / TPOT'_K;
+                                                                it pays over that rung above tau* = TPOT'_K / TPOT'_cand)
 It assumes the draft's non-byte cost scales with the target's fixed cost (as projection.py scales the fixed cost); a
 second column keeps it as measured (x_K in place of x_K x fixed' / fixed: a host-bound cost that a slower GPU does not
 shrink). e is the fit's (the BF16 GEMMs' share at M = 1 on the fit's GEMM shape, the 27B's by default), applied to the
@@ -121,6 +122,7 @@ def project_target(plain_ms: float, spec_ms: float, k: int, w_plain: float, w_dr
     return {"fixed_ms": fixed, "per_draft_ms": per_draft, "draft_bytes_ms": draft_bytes_ms, "rest_ms": rest,
             "per_draft_target_ms": per_draft_target, "tpot_spec_target_ms": spec_target,
             "tpot_spec_target_rest_as_measured_ms": spec_as_measured,
+            "break_even_target": spec_target / fit["tpot_cand_ms"],
             "over_bf16": {tau: fit["tpot_bf16_ms"] * tau / spec_target for tau in taus},
             "over_bf16_rest_as_measured": {tau: fit["tpot_bf16_ms"] * tau / spec_as_measured for tau in taus},
             "over_cand": {tau: fit["tpot_cand_ms"] * tau / spec_target for tau in taus}}
@@ -264,8 +266,8 @@ def target_markdown(args, plain: dict, rows: list[dict], target: dict) -> list[s
              f"{plain['bandwidth'] / 1e12:.2f} TB/s (its records' copy bandwidth); a draft reads "
              f"{target['w_draft'] / 1e9:.2f} GB (the MTP layer {plain['mtp_bytes'] / 1e9:.2f} GB + the BF16 output layer).",
              "", "| rung | K | per draft, measured (ms) | its bytes (ms) | the rest (ms) | per draft on the target (ms) | "
-             "TPOT' (ms) | × BF16 at tau | × the 4-bit rung alone at tau | TPOT' and × BF16, the rest not scaled |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+             "TPOT' (ms) | tokens a step to beat the 4-bit rung alone | × BF16 at tau | × the 4-bit rung alone at tau | "
+             "TPOT' and × BF16, the rest not scaled |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     def at(d: dict) -> str:
         return ", ".join(f"{s:.2f}× at tau {tau:g}" for tau, s in d.items()) or "no published tau"
 
@@ -273,6 +275,7 @@ def target_markdown(args, plain: dict, rows: list[dict], target: dict) -> list[s
         x = r["target"]
         lines.append(f"| {r['variant']} | {r['k']} | {x['per_draft_ms']:.3f} | {x['draft_bytes_ms']:.3f} | "
                      f"{x['rest_ms']:.3f} | {x['per_draft_target_ms']:.3f} | {x['tpot_spec_target_ms']:.2f} | "
+                     f"{x['break_even_target']:.2f} | "
                      f"{at(x['over_bf16'])} | {at(x['over_cand'])} | {x['tpot_spec_target_rest_as_measured_ms']:.2f} ms: "
                      f"{at(x['over_bf16_rest_as_measured'])} |")
     return lines + ["", f"Beside it: the reference project's 3.45× on an A10G (AWQ-4bit on Marlin, an MTP head at K=4, "

@@ -79,6 +79,7 @@ def test_target_projection_by_hand():
     assert out["tpot_spec_target_ms"] == pytest.approx(10 + 2 * (10 / 3 + 1))
     assert out["over_bf16"][2.5] == pytest.approx(20 * 2.5 / (10 + 2 * (10 / 3 + 1)))
     assert out["over_cand"][2.5] == pytest.approx(10 * 2.5 / (10 + 2 * (10 / 3 + 1)))
+    assert out["break_even_target"] == pytest.approx((10 + 2 * (10 / 3 + 1)) / 10)
     # the rest kept as measured (0.5 ms, not 1 ms) in the second column
     assert out["tpot_spec_target_rest_as_measured_ms"] == pytest.approx(10 + 2 * (10 / 3 + 0.5))
     # a draft cheaper than its bytes at e leaves no rest to scale; a plain step inside its weights' time is refused
