@@ -623,7 +623,17 @@ def prepare_vllm(kernel: Kernel, w: Weights, env: Env) -> Prepared:
         raise Unsupported(f"can_implement: {why}")
     vllm_parallel_state(env)
     scheme, layer = vllm_layer(cls, w, env.device)
+    # the CPU build vLLM loads on an AVX2-only EPYC lacks the op (2026-12-07): a refusal, not a failure of the kernel
+    if cls.__name__ == "CPUWNA16LinearKernel" and not cpu_wna16_built():
+        raise Unsupported("vLLM's CPU build loaded on this CPU has no _C.cpu_gemm_wna16")
     return Prepared(layer, lambda layer, x: scheme.apply_weights(layer, x, None), clone_module)
+
+
+def cpu_wna16_built() -> bool:
+    """Whether the vLLM CPU library loaded here registers the W4A16 GEMM CPUWNA16LinearKernel calls."""
+    import torch
+
+    return hasattr(torch.ops._C, "cpu_gemm_wna16")
 
 
 def prepare_bf16(kernel: Kernel, w: Weights, env: Env) -> Prepared:
