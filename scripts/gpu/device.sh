@@ -451,12 +451,13 @@ PY
       eng=$(pgrep -P $pid | head -1); eng=${eng:-$pid}
       sa=${SOAK_ARGS:---requests 40 --timeout 120}
       # RUNS="fuzz": some of them (the fuzz, one small body at a time, may run while other rungs start)
-      [[ " ${RUNS:-soak storm fuzz} " == *" soak "* ]] && timeout 600 python3 -m scripts.measure.soak "$v" \
+      runs=" ${RUNS:-soak storm fuzz} "
+      [[ "$runs" == *" soak "* ]] && timeout 600 python3 -m scripts.measure.soak "$v" \
         --base-url $url --server-pid $eng $sa "${vs[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null 2>&1 | tail -4
-      [[ " ${RUNS:-soak storm fuzz} " == *" storm "* ]] && timeout 600 python3 -m scripts.measure.soak "$v" \
+      [[ "$runs" == *" storm "* ]] && timeout 600 python3 -m scripts.measure.soak "$v" \
         --base-url $url --server-pid $eng --mix storm --concurrency 32 --requests 200 --timeout 120 "${vs[@]}" \
         "${xs[@]}" --out-dir $res/$tag < /dev/null 2>&1 | tail -4
-      [[ " ${RUNS:-soak storm fuzz} " == *" fuzz "* ]] && timeout 600 python3 -m scripts.measure.fuzz "$v" \
+      [[ "$runs" == *" fuzz "* ]] && timeout 600 python3 -m scripts.measure.fuzz "$v" \
         --base-url $url ${FUZZ_ARGS:-} "${vs[@]}" "${xs[@]}" --out-dir $res/$tag < /dev/null 2>&1 | tail -4
       { grep -m1 "sglang\|vllm" $RUN/$tag.serve; echo "--- tail"; tail -${LOG_TAIL:-60} $RUN/$tag.log; } > $res/$tag/server.log
       # each server's records come back even if a later one outlasts the call (a cut call returns what $OUT holds;

@@ -165,19 +165,7 @@ def target_rows(plain: dict, rows: list[dict], args, taus: dict[int, list[float]
         fargs = parser.parse_args([*shlex.split(args.fit_args), "--target-gbs", str(args.target_gbs)])
     except (ValueError, argparse.ArgumentError) as e:
         raise ProjectionError(f"--fit-args {args.fit_args!r}: {e} (python -m scripts.report.projection --help)") from None
-    records = [(p, r) for p, r in all_records("latency")
-               if r["variant"] in {fargs.reference, fargs.candidate, fargs.target_reference, fargs.target_candidate}]
-    try:
-        ref = projection.ladder_point(records, fargs.reference, fargs.ladder)
-        cand = projection.ladder_point(records, fargs.candidate, fargs.ladder)
-        tref = projection.weight_bytes(records, fargs.target_reference)
-        tcand = projection.weight_bytes(records, fargs.target_candidate)
-        e = projection.bf16_efficiency(fargs.gemm, fargs.shape)
-    except (KeyError, TypeError) as err:
-        raise ProjectionError(f"the fit's records ({fargs.ladder}, {paths.shown(fargs.gemm)}) lack {err}: not records "
-                              f"of a roofline ladder and a GEMM microbench") from None
-    fit = projection.project(ref[0], cand[0], ref[1], cand[1], statistics.median([ref[2], cand[2]]), e, tref[0],
-                             tcand[0], fargs.target_gbs)
+    _, e, fit = projection.fit(fargs)
     missing = [what for what, v in (("weight bytes", plain["weight_bytes"]), ("copy bandwidth", plain["bandwidth"]),
                                     ("MTP layer bytes", plain["mtp_bytes"])) if not v]
     if missing:
@@ -187,8 +175,7 @@ def target_rows(plain: dict, rows: list[dict], args, taus: dict[int, list[float]
     out = [{**r, "target": project_target(plain["tpot_ms"], r["tpot_ms"], r["k"], plain["weight_bytes"], w_draft,
                                           plain["bandwidth"], e, fit["target"], fargs.target_gbs, taus.get(r["k"], []))}
            for r in rows]
-    return {"args": fargs, "fit": fit, "e": e, "w_draft": w_draft, "inputs": {"ref": ref, "cand": cand, "tref": tref,
-                                                                               "tcand": tcand}}, out
+    return {"args": fargs, "fit": fit, "e": e, "w_draft": w_draft}, out
 
 
 def parse_taus(items: list[str]) -> dict[int, list[float]]:

@@ -94,6 +94,26 @@ def bf16_efficiency(gemm: Path, shape: str) -> float:
     return row["pct_copy"] / 100
 
 
+def fit(args) -> tuple[dict, float, dict]:
+    """(inputs, e_bf16, project()'s result) for parsed arguments of this module: the ladder's two points, the target
+    rungs' weight bytes, the BF16 GEMMs' efficiency. Records that are not a roofline ladder's end in ProjectionError."""
+    wanted = {args.reference, args.candidate, args.target_reference, args.target_candidate}
+    records = [(p, r) for p, r in all_records("latency") if r["variant"] in wanted]
+    try:
+        inputs = {"ref": ladder_point(records, args.reference, args.ladder),
+                  "cand": ladder_point(records, args.candidate, args.ladder),
+                  "tref": weight_bytes(records, args.target_reference),
+                  "tcand": weight_bytes(records, args.target_candidate)}
+        e_ref = bf16_efficiency(args.gemm, args.shape)
+    except (KeyError, TypeError) as err:
+        raise ProjectionError(f"the fit's records ({args.ladder}, {paths.shown(args.gemm)}) lack {err}: not records "
+                              f"of a roofline ladder and a GEMM microbench") from None
+    ref, cand = inputs["ref"], inputs["cand"]
+    out = project(ref[0], cand[0], ref[1], cand[1], statistics.median([ref[2], cand[2]]), e_ref, inputs["tref"][0],
+                  inputs["tcand"][0], args.target_gbs)
+    return inputs, e_ref, out
+
+
 def markdown(args, out: dict, inputs: dict) -> str:
     f, t = out["fit"], out["target"]
     return "\n".join([
@@ -142,16 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        wanted = {args.reference, args.candidate, args.target_reference, args.target_candidate}
-        records = [(p, r) for p, r in all_records("latency") if r["variant"] in wanted]
-        inputs = {"ref": ladder_point(records, args.reference, args.ladder),
-                  "cand": ladder_point(records, args.candidate, args.ladder),
-                  "tref": weight_bytes(records, args.target_reference),
-                  "tcand": weight_bytes(records, args.target_candidate)}
-        e_ref = bf16_efficiency(args.gemm, args.shape)
-        ref, cand = inputs["ref"], inputs["cand"]
-        out = project(ref[0], cand[0], ref[1], cand[1], statistics.median([ref[2], cand[2]]), e_ref,
-                      inputs["tref"][0], inputs["tcand"][0], args.target_gbs)
+        inputs, _, out = fit(args)
     except ProjectionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
