@@ -173,6 +173,8 @@ def separate_draft_head(model_cls) -> None:
         rows = torch.nn.Module()
         rows.weight = head  # what the logits processor reads of an unquantized head
         self.lm_head = rows
+        print(f"lab: the tied draft's head keeps {head.shape[0]} of {embed.shape[0]} rows, its embedding all of them",
+              file=sys.stderr, flush=True)
 
     set_embed_and_head.separates_head = True
     model_cls.set_embed_and_head = set_embed_and_head

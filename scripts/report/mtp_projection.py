@@ -35,7 +35,8 @@ It assumes the draft's non-byte cost scales with the target's fixed cost (as pro
 second column keeps it as measured (x_K in place of x_K x fixed' / fixed: a host-bound cost that a slower GPU does not
 shrink). e is the fit's (the BF16 GEMMs' share at M = 1 on the fit's GEMM shape, the 27B's by default), applied to the
 plain rung's weights whatever their dtype and shape; the draft's bytes are the MTP layer as the plain rung's checkpoint
-stores it plus a BF16 output layer (PRUNE_KEEP rows where pruned), as the lab's W4A16 rungs leave both. --plain is
+stores it plus a BF16 output layer (PRUNE_KEEP rows where pruned; a rung with a draft vocabulary, SGLang's token map,
+reads only its rows in its drafts), as the lab's W4A16 rungs leave both. --plain is
 meant to be the fit's target shape (the 4B): nothing checks it. The rounds are one ladder (--ladder) or the records whose file
 stamp begins with a --stamp (rounds measured before ladder ids), all on one GPU. Writes
 results/projection_mtp_<plain>_<time written>.md.
@@ -128,9 +129,9 @@ def project_target(plain_ms: float, spec_ms: float, k: int, w_plain: float, w_dr
             "over_cand": {tau: fit["tpot_cand_ms"] * tau / spec_target for tau in taus}}
 
 
-def output_layer_bytes(variant: str, config: dict) -> int:
-    """The BF16 output layer's bytes (vocab x hidden x 2) of a shape-proxy or config-only rung, from its SOURCE's
-    config (scripts/weights/shape_proxy.py); a lever-built rung's from its PARENT's."""
+def output_layer_shape(variant: str, config: dict) -> tuple[int, int]:
+    """(rows, hidden) of the BF16 output layer of a shape-proxy or config-only rung, from its SOURCE's config
+    (scripts/weights/shape_proxy.py); a lever-built rung's from its PARENT's; PRUNE_KEEP rows where pruned."""
     from scripts.common.variants import VariantError, load_variant
     from scripts.weights.shape_proxy import CONFIGS
 
@@ -150,7 +151,20 @@ def output_layer_bytes(variant: str, config: dict) -> int:
     if not text:
         raise ProjectionError(f"{variant}: SOURCE {config.get('SOURCE')!r} is not a shape proxy or config-only shape of "
                               f"scripts/weights/shape_proxy.py, so its output layer's size is unknown here")
-    return min([text["vocab_size"], *keep]) * text["hidden_size"] * 2  # a pruned head keeps PRUNE_KEEP rows
+    return min([text["vocab_size"], *keep]), text["hidden_size"]
+
+
+def draft_vocabulary(variant: str, config: dict) -> int | None:
+    """The rows a draft's output layer keeps under a draft vocabulary (SGLang's token map given as one of the lab's
+    keep lists, scripts/gpu/sglang_text_only.py); None without one."""
+    value = config.get("SGLANG_SPECULATIVE_TOKEN_MAP")
+    if not value:
+        return None
+    path = Path(value) if Path(value).is_absolute() else paths.ROOT / value
+    try:
+        return len(json.loads(path.read_text())["kept_ids"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ProjectionError(f"{variant}: its token map {value} is not a readable keep list ({e})") from None
 
 
 def target_rows(plain: dict, rows: list[dict], args, taus: dict[int, list[float]]) -> tuple[dict, list[dict]]:
@@ -171,11 +185,14 @@ def target_rows(plain: dict, rows: list[dict], args, taus: dict[int, list[float]
     if missing:
         raise ProjectionError(f"--target-gbs: the plain rung's records carry no {', '.join(missing)} (a roofline "
                               f"measured in the same runs)")
-    w_draft = plain["mtp_bytes"] + output_layer_bytes(args.plain, plain["config"])
-    out = [{**r, "target": project_target(plain["tpot_ms"], r["tpot_ms"], r["k"], plain["weight_bytes"], w_draft,
-                                          plain["bandwidth"], e, fit["target"], fargs.target_gbs, taus.get(r["k"], []))}
-           for r in rows]
-    return {"args": fargs, "fit": fit, "e": e, "w_draft": w_draft}, out
+    head_rows, hidden = output_layer_shape(args.plain, plain["config"])
+    out = []
+    for r in rows:  # a draft vocabulary shrinks that rung's draft head only
+        w_draft = plain["mtp_bytes"] + min(head_rows, draft_vocabulary(r["variant"], r["config"]) or head_rows) * hidden * 2
+        out.append({**r, "w_draft": w_draft, "target": project_target(
+            plain["tpot_ms"], r["tpot_ms"], r["k"], plain["weight_bytes"], w_draft, plain["bandwidth"], e,
+            fit["target"], fargs.target_gbs, taus.get(r["k"], []))})
+    return {"args": fargs, "fit": fit, "e": e, "w_draft": plain["mtp_bytes"] + head_rows * hidden * 2}, out
 
 
 def parse_taus(items: list[str]) -> dict[int, list[float]]:
@@ -251,16 +268,17 @@ def target_markdown(args, plain: dict, rows: list[dict], target: dict) -> list[s
              f"{t['fixed_ms']:.3f} ms; e {target['e']:.3f} (BF16 GEMMs at M = 1, `{paths.shown(fa.gemm)}`).", "",
              f"On {plain['gpu']}: the plain step {plain['tpot_ms']:.3f} ms reads {plain['weight_bytes'] / 1e9:.2f} GB at "
              f"{plain['bandwidth'] / 1e12:.2f} TB/s (its records' copy bandwidth); a draft reads "
-             f"{target['w_draft'] / 1e9:.2f} GB (the MTP layer {plain['mtp_bytes'] / 1e9:.2f} GB + the BF16 output layer).",
-             "", "| rung | K | per draft, measured (ms) | its bytes (ms) | the rest (ms) | per draft on the target (ms) | "
+             f"{target['w_draft'] / 1e9:.2f} GB (the MTP layer {plain['mtp_bytes'] / 1e9:.2f} GB + the BF16 output layer; "
+             f"less under a draft vocabulary, its rung's column).",
+             "", "| rung | K | draft reads (GB) | per draft, measured (ms) | its bytes (ms) | the rest (ms) | per draft on the target (ms) | "
              "TPOT' (ms) | tokens a step to beat the 4-bit rung alone | × BF16 at tau | × the 4-bit rung alone at tau | "
-             "TPOT' and × BF16, the rest not scaled |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+             "TPOT' and × BF16, the rest not scaled |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     def at(d: dict) -> str:
         return ", ".join(f"{s:.2f}× at tau {tau:g}" for tau, s in d.items()) or "no published tau"
 
     for r in rows:
         x = r["target"]
-        lines.append(f"| {r['variant']} | {r['k']} | {x['per_draft_ms']:.3f} | {x['draft_bytes_ms']:.3f} | "
+        lines.append(f"| {r['variant']} | {r['k']} | {r['w_draft'] / 1e9:.2f} | {x['per_draft_ms']:.3f} | {x['draft_bytes_ms']:.3f} | "
                      f"{x['rest_ms']:.3f} | {x['per_draft_target_ms']:.3f} | {x['tpot_spec_target_ms']:.2f} | "
                      f"{x['break_even_target']:.2f} | "
                      f"{at(x['over_bf16'])} | {at(x['over_cand'])} | {x['tpot_spec_target_rest_as_measured_ms']:.2f} ms: "

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.common.variants import load_variant
 from scripts.report import mtp_projection as mp
 from scripts.report.projection import ProjectionError
 
@@ -90,18 +91,28 @@ def test_target_projection_by_hand():
                                                                 "tpot_bf16_ms": 20.0}, 600, [])
 
 
-def test_output_layer_bytes_from_the_shape_config():
-    assert mp.output_layer_bytes("v", {"SOURCE": "config-only:qwen35-4b"}) == 248320 * 2560 * 2
-    assert mp.output_layer_bytes("v", {"SOURCE": "config-only:qwen35-27b:w4a16"}) == 248320 * 5120 * 2
+def test_output_layer_shape_from_the_shape_config():
+    assert mp.output_layer_shape("v", {"SOURCE": "config-only:qwen35-4b"}) == (248320, 2560)
+    assert mp.output_layer_shape("v", {"SOURCE": "config-only:qwen35-27b:w4a16"}) == (248320, 5120)
     with pytest.raises(ProjectionError, match="output layer's size is unknown"):
-        mp.output_layer_bytes("v", {"SOURCE": "hf:Qwen/Qwen3.5-4B"})
+        mp.output_layer_shape("v", {"SOURCE": "hf:Qwen/Qwen3.5-4B"})
 
 
-def test_output_layer_bytes_of_a_lever_rung_from_its_parent():
+def test_output_layer_shape_of_a_lever_rung_from_its_parent():
     # qwen35-4b-proxy-fp8-static is SOURCE=lever, PARENT=qwen35-4b-proxy-bf16 (shape-proxy:qwen35-4b)
-    assert mp.output_layer_bytes("v", {"SOURCE": "lever", "PARENT": "qwen35-4b-proxy-bf16"}) == 248320 * 2560 * 2
+    assert mp.output_layer_shape("v", {"SOURCE": "lever", "PARENT": "qwen35-4b-proxy-bf16"}) == (248320, 2560)
 
 
-def test_output_layer_bytes_of_a_pruned_head():
-    assert mp.output_layer_bytes("v", {"SOURCE": "lever", "PARENT": "qwen35-4b-proxy-bf16", "PRUNE_KEEP": "65536"}) \
-        == 65536 * 2560 * 2
+def test_output_layer_shape_of_a_pruned_head():
+    assert mp.output_layer_shape("v", {"SOURCE": "lever", "PARENT": "qwen35-4b-proxy-bf16", "PRUNE_KEEP": "65536"}) \
+        == (65536, 2560)
+
+
+def test_a_draft_vocabulary_is_its_keep_lists_rows(tmp_path):
+    # the committed rung's token map: the vocabulary lever's 65,536-id keep list
+    assert mp.draft_vocabulary("v", load_variant("qwen35-4b-dummy-sglang-mtp3-hot64k").settings) == 65536
+    assert mp.draft_vocabulary("v", {"SGLANG_SPECULATIVE_NUM_STEPS": "3"}) is None
+    bad = tmp_path / "keep.json"
+    bad.write_text("{}")
+    with pytest.raises(ProjectionError, match="its token map .* is not a readable keep list"):
+        mp.draft_vocabulary("v", {"SGLANG_SPECULATIVE_TOKEN_MAP": str(bad)})
