@@ -312,7 +312,9 @@ PY
       echo "started $tag on :$port (pid $(cat $RUN/$tag.pid)) at $(date +%T)"
       if sgl_alone "$v"; then  # the next server starts once this one is ready (or gone), within WAIT of the call
         (wait_servers $t0 >/dev/null 2>&1)
-        ready $tag || { echo "$tag: not ready after $(( $(date +%s) - t0 )) s; not started: the specs after it"; break; }
+        # one that died freed its memory: the next starts; one still starting when WAIT ran out holds it: none does
+        ready $tag || { gone "$(cat $RUN/$tag.pid)" && { echo "$tag: GONE after $(( $(date +%s) - t0 )) s"; continue; }
+          echo "$tag: not ready after $(( $(date +%s) - t0 )) s; not started: the specs after it"; break; }
       fi
     done
     wait_servers $t0; echo "start $(( $(date +%s) - t0 )) s" ;;
