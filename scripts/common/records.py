@@ -200,7 +200,8 @@ def _write_record(record: dict[str, Any], directory: Path, kind: str, when: dt.d
 
 def tokens_a_step(record: dict) -> float | None:
     """A latency record's tokens a decode step under speculation (1 + accepted drafts), the engine's own count (vLLM's
-    mean acceptance length over the run); None where the engine reported none (no speculation, another engine)."""
+    mean acceptance length over the run, from its /metrics; SGLang's mean accept len, from its log); None where the
+    engine reported none (no speculation, an engine or a record without it)."""
     return (record.get("server_metrics") or {}).get("spec_decode_mean_acceptance_length")
 
 

@@ -231,6 +231,7 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
     for i, row in enumerate(rows[:WARMUP_REQUESTS]):
         stream_one(client, model[i % len(model)], row, "fixed", time.perf_counter(), 8, fixed)
     run_before = [scrape(u) for u in urls]
+    log_start = log.stat().st_size if log and log.exists() else None  # the timed levels' part of the server log
     jiffies = cpu_jiffies()
     failure = None
 
@@ -281,6 +282,8 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
         record["server_metrics"] = {"available": False, "replicas": per_server(urls, run_before) if healthy else None}
     else:
         record["server_metrics"] = server_counters(run_before[0], scrape(base_url) if healthy else None)
+        if variant.engine == "sglang" and log_start is not None:  # no /metrics without --enable-metrics: its log's
+            record["server_metrics"].update(sglang_acceptance(log.read_bytes()[log_start:].decode(errors="replace")))
     record["server_rss_mib"] = group_rss_mib(server.pid) if server else None  # after the run: weights, KV, adapters
     # how busy the whole machine was while the levels ran (this bench, the engine and anything else on it): on a GPU
     # machine, whether the pool's idle servers or other work took the host the engine schedules from
@@ -289,6 +292,20 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
     if failure:
         record["status"], record["failure"] = "failed", failure
     return record
+
+
+SGLANG_ACCEPT = re.compile(r"Decode batch.*?accept len: ([0-9.]+)")
+
+
+def sglang_acceptance(log_text: str) -> dict:
+    """SGLang's tokens a step under speculation, from its log: each "Decode batch" line of a speculative server says
+    "accept len: X" (1 + the drafts accepted a step, over its logging interval); their mean, with how many lines gave
+    it. Empty where no line says so (no speculation)."""
+    lens = [float(m) for m in SGLANG_ACCEPT.findall(log_text)]
+    if not lens:
+        return {}
+    return {"spec_decode_mean_acceptance_length": sum(lens) / len(lens),
+            "spec_decode_source": f"SGLang's log: the mean accept len of {len(lens)} decode-batch lines"}
 
 
 def run_variant(name: str, args, ladder_id: str | None = None) -> int:

@@ -6,8 +6,8 @@ with random weights.
         --tokens-per-step 4=3.4 --tokens-per-step 4=3.75 --source "the reference project's results/RESULTS.md"
 
 Random weights accept no draft, so a speculative rung's TPOT is the cost of one speculative step with its K drafts
-(each record's mean acceptance length is checked where the engine reports it, vLLM: a rung that accepted drafts is
-refused; the page says where it went unchecked). For a head that emits tau
+(each record's mean acceptance length is checked where the engine reports it, vLLM by its /metrics and SGLang in
+its log since 2026-12-07: a rung that accepted drafts is refused; the page says where it went unchecked). For a head that emits tau
 tokens a step (1 + its accepted drafts, 1 <= tau <= K + 1):
 
     cost ratio   r_K = TPOT_K / TPOT_plain     (c=1, TPOT p50, the median over the rounds of each)

@@ -191,3 +191,20 @@ def test_busy_share_of_two_cpu_readings():
     assert busy_share(None, (1, 2)) is None and busy_share((5, 10), (5, 10)) is None
     busy, total = cpu_jiffies()
     assert 0 <= busy <= total
+
+
+def test_sglangs_acceptance_from_its_log():
+    """SGLang (no /metrics without --enable-metrics) says its tokens a step in its log: the excerpt of a K=3 rung's log
+    from the 2026-12-07 round (random weights: 1.00) and lines of other values give their mean; a plain log none."""
+    from pathlib import Path
+
+    from scripts.common.records import tokens_a_step
+
+    logs = Path(__file__).resolve().parents[2] / "results/gpu-sglang-20261207c"
+    k3 = bench_latency.sglang_acceptance((logs / "qwen35-4b-dummy-sglang-mtp3-server.log").read_text())
+    assert k3["spec_decode_mean_acceptance_length"] == 1.0 and "decode-batch lines" in k3["spec_decode_source"]
+    assert bench_latency.sglang_acceptance((logs / "qwen35-4b-dummy-sglang-server.log").read_text()) == {}
+    line = "[2026-12-07 05:48:20] Decode batch, #running-req: 1, mamba usage: 0.19, accept len: {}, accept rate: 0.5"
+    got = bench_latency.sglang_acceptance("\n".join(line.format(x) for x in ("2.50", "3.50")))
+    assert got["spec_decode_mean_acceptance_length"] == 3.0
+    assert tokens_a_step({"server_metrics": {"available": False, **got}}) == 3.0
