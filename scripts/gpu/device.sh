@@ -273,7 +273,7 @@ PY
   start)
     export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
     embedded_gguf
-    mkdir -p $RUN; t0=$(date +%s)
+    mkdir -p $RUN; t0=$(date +%s); touch $RUN/starting  # `measure` waits for this start to end
     for spec in "$@"; do build "${spec%%+*}"; done  # variants that share a checkpoint build it once
     echo "weights $(( $(date +%s) - t0 )) s"; n=$(cat $RUN/servers* 2>/dev/null | wc -l)
     for spec in "$@"; do
@@ -313,11 +313,12 @@ PY
       if sgl_alone "$v"; then  # the next server starts once this one is ready (or gone), within WAIT of the call
         (wait_servers $t0 >/dev/null 2>&1)
         # one that died freed its memory: the next starts; one still starting when WAIT ran out holds it: none does
-        ready $tag || { gone "$(cat $RUN/$tag.pid)" && { echo "$tag: GONE after $(( $(date +%s) - t0 )) s"; continue; }
+        ready $tag || { pid=$(cat $RUN/$tag.pid 2>/dev/null); [ -n "$pid" ] && gone "$pid" && {
+          echo "$tag: GONE after $(( $(date +%s) - t0 )) s"; continue; }
           echo "$tag: not ready after $(( $(date +%s) - t0 )) s; not started: the specs after it"; break; }
       fi
     done
-    wait_servers $t0; echo "start $(( $(date +%s) - t0 )) s" ;;
+    wait_servers $t0; rm -f $RUN/starting; echo "start $(( $(date +%s) - t0 )) s" ;;
   wait)
     t0=$(date +%s); wait_servers $t0; echo "waited $(( $(date +%s) - t0 )) s" ;;
   measure)
@@ -326,6 +327,10 @@ PY
     # one ladder id for every bench of this call and each record's round: make compare pairs them round by round for
     # each ratio's 95% interval (ROUNDS >= 2: start order in odd rounds, reversed in even ones)
     lid=${LADDER_ID:-gpu-$(date +%Y%m%d-%H%M%S)}; rargs=()
+    # round 1 starts once every server is ready or gone: a rung still starting (a later SGLang rung under
+    # SGL_BUDGET_GB) shares the GPU with the benches (round 1 of results/gpu-sglang-20261207c/ overlapped one)
+    t1=$(date +%s); while [ -f $RUN/starting ] && [ $(( $(date +%s) - t1 )) -lt ${WAIT:-120} ]; do sleep 2; done
+    (wait_servers $t1 >/dev/null 2>&1)
     for round in $(seq ${ROUNDS:-1}); do
     [ ${ROUNDS:-1} -gt 1 ] && rargs=(--ladder-id $lid --round $round)
     while read -r tag v port pid extra <&3; do

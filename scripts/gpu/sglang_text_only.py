@@ -173,6 +173,9 @@ def separate_draft_head(model_cls) -> None:
         rows = torch.nn.Module()
         rows.weight = head  # what the logits processor reads of an unquantized head
         self.lm_head = rows
+        if torch.cuda.is_available():  # as SGLang's own method ends
+            torch.cuda.empty_cache()
+            torch.cuda.synchronize()
         print(f"lab: the tied draft's head keeps {head.shape[0]} of {embed.shape[0]} rows, its embedding all of them",
               file=sys.stderr, flush=True)
 

@@ -160,6 +160,9 @@ def draft_vocabulary(variant: str, config: dict) -> int | None:
     value = config.get("SGLANG_SPECULATIVE_TOKEN_MAP")
     if not value:
         return None
+    if not value.endswith(".json"):
+        raise ProjectionError(f"{variant}: its token map {value} is not one of the lab's keep lists (.json), so its "
+                              f"rows are unknown here")
     path = Path(value) if Path(value).is_absolute() else paths.ROOT / value
     try:
         return len(json.loads(path.read_text())["kept_ids"])

@@ -93,3 +93,32 @@ def test_a_tied_draft_keeps_its_whole_embedding_beside_the_kept_head_rows():
     whole = Patched(16, 4)
     whole.set_embed_and_head(embed, embed)  # no token map: SGLang's own path, still tied
     assert whole.lm_head is whole.model.embed_tokens and torch.equal(whole.lm_head.weight, embed)
+
+
+def test_every_spawned_process_patches_the_draft_head_only_when_asked(tmp_path):
+    """SGLang spawns its scheduler with multiprocessing's spawn, which runs the launcher again as __mp_main__ (as
+    runpy does here): with DRAFT_HEAD_ENV set there, the MTP class is patched; without it, or run as the launcher
+    itself, it is not. A stand-in sglang package holds the class (SGLang itself needs a GPU)."""
+    import os
+    import subprocess
+    import sys
+
+    models = tmp_path / "sglang" / "srt" / "models"
+    models.mkdir(parents=True)
+    for d in (tmp_path / "sglang", tmp_path / "sglang" / "srt", models):
+        (d / "__init__.py").write_text("")
+    (models / "qwen3_5_mtp.py").write_text(
+        "class Qwen3_5ForCausalLMMTP:\n    def set_embed_and_head(self, embed, head):\n        pass\n")
+    script = launcher.Path(launcher.__file__)
+    probe = ("import runpy, sys; runpy.run_path(sys.argv[1], run_name=sys.argv[2]); "
+             "from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP as C; "
+             "print(getattr(C.set_embed_and_head, 'separates_head', False))")
+    for env_set, run_name, patched in ((True, "__mp_main__", "True"), (False, "__mp_main__", "False")):
+        env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{launcher.ROOT}"}
+        env.pop(launcher.DRAFT_HEAD_ENV, None)
+        if env_set:
+            env[launcher.DRAFT_HEAD_ENV] = "1"
+        out = subprocess.run([sys.executable, "-c", probe, str(script), run_name], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip() == patched, (env_set, run_name, out.stdout, out.stderr[-500:])

@@ -116,3 +116,5 @@ def test_a_draft_vocabulary_is_its_keep_lists_rows(tmp_path):
     bad.write_text("{}")
     with pytest.raises(ProjectionError, match="its token map .* is not a readable keep list"):
         mp.draft_vocabulary("v", {"SGLANG_SPECULATIVE_TOKEN_MAP": str(bad)})
+    with pytest.raises(ProjectionError, match="not one of the lab's keep lists"):  # SGLang's own torch file
+        mp.draft_vocabulary("v", {"SGLANG_SPECULATIVE_TOKEN_MAP": "maps/hot.pt"})
