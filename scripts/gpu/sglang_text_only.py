@@ -141,9 +141,7 @@ def token_map_argv(argv: list[str], workdir: Path) -> list[str]:
     value = flag_value(argv, TOKEN_MAP_FLAG)
     if value is None or not value.endswith(".json"):
         return argv
-    path = Path(value)
-    if not path.is_absolute() and not path.exists():  # a variant names it from the repository's root
-        path = Path(ROOT) / path
+    path = Path(value)  # a variant's, made absolute by the serve plan (scripts/serve/command.py: flags)
     if not path.is_file():
         raise SystemExit(f"{TOKEN_MAP_FLAG} {value}: no such keep list; make it with python -m "
                          f"scripts.levers.vocab.analyze (the vocabulary lever's analysis)")

@@ -283,13 +283,15 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
     else:
         record["server_metrics"] = server_counters(run_before[0], scrape(base_url) if healthy else None)
         if variant.engine == "sglang" and log_start is not None:  # no /metrics without --enable-metrics: its log's
-            try:
-                text = log.read_bytes()
+            try:  # only what the timed levels wrote
+                with log.open("rb") as f:
+                    if f.seek(0, os.SEEK_END) < log_start:
+                        record["server_metrics"]["spec_decode_source"] = "SGLang's log is shorter than at the run's start"
+                    f.seek(log_start)
+                    text = f.read()
             except OSError as e:
                 text, record["server_metrics"]["spec_decode_source"] = b"", f"SGLang's log unreadable after the run ({e})"
-            if len(text) < log_start:
-                record["server_metrics"]["spec_decode_source"] = "SGLang's log is shorter than at the run's start"
-            record["server_metrics"].update(sglang_acceptance(text[log_start:].decode(errors="replace")))
+            record["server_metrics"].update(sglang_acceptance(text.decode(errors="replace")))
     record["server_rss_mib"] = group_rss_mib(server.pid) if server else None  # after the run: weights, KV, adapters
     # how busy the whole machine was while the levels ran (this bench, the engine and anything else on it): on a GPU
     # machine, whether the pool's idle servers or other work took the host the engine schedules from

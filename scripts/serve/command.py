@@ -161,8 +161,8 @@ def flags(serving: Serving) -> list[str]:
     """llama.cpp's and SGLang's flags from the variant's own keys: LLAMACPP_N_CTX=4096 -> --n_ctx 4096
     (llama-cpp-python's flags keep underscores); LLAMASERVER_PARALLEL=8 -> --parallel 8 and
     SGLANG_MEM_FRACTION_STATIC=0.2 -> --mem-fraction-static 0.2; 1/0 on a switch adds or leaves it out (SGLang's
-    enable-/disable- flags and SGLANG_SWITCHES, LLAMASERVER_SWITCHES). A llama-server value naming a file under the
-    repository (a draft GGUF) is made absolute."""
+    enable-/disable- flags and SGLANG_SWITCHES, LLAMASERVER_SWITCHES). A value naming a file under the repository (a
+    llama-server draft GGUF, an SGLang token map) is made absolute."""
     argv: list[str] = []
     for key, value in serving.flags.items():
         name = key.lower()
@@ -172,7 +172,9 @@ def flags(serving: Serving) -> list[str]:
                                         if serving.engine == "sglang" else name in LLAMASERVER_SWITCHES):
                 argv += [f"--{name}"] if value == "1" else []
                 continue
-            if serving.engine == "llamaserver" and value.endswith(".gguf") and not Path(value).is_absolute():
+            in_repo = (value.endswith(".gguf") if serving.engine == "llamaserver"
+                       else "/" in value and (paths.ROOT / value).is_file())
+            if in_repo and not Path(value).is_absolute():
                 value = str(paths.ROOT / value)
         argv += [f"--{name}", value]
     return argv
