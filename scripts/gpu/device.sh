@@ -25,6 +25,9 @@
 #                                               # KEEP=1: leave them running, e.g. for `profile`, then `stop`)
 #   SET="…" [ONLY="tag …"] bash scripts/gpu/device.sh profile   # decode-step profiles of running servers (below)
 #   bash scripts/gpu/device.sh stop             # stop every server `start` left running
+#   [ROUNDS=2] [SGL_BUDGET_GB=N] bash scripts/gpu/device.sh cycle V[+K=V] ...   # rounds of start, measure, stop with
+#                                               # one server at a time (only one fits: the 27B shape on an H100);
+#                                               # even rounds reversed, one ladder id (below)
 #   [ONLY="tag …"] [RUNS="fuzz"] bash scripts/gpu/device.sh reliability   # soak, storm and fuzz of the servers `start` left running
 #   [SCALE_ARGS=…] bash scripts/gpu/device.sh scale V   # scripts.measure.scale: one server, replicas behind
 #                                               # vllm-router (its wheels in the payload's whl/), router overhead;
@@ -359,6 +362,24 @@ PY
     [ -z "${KEEP:-}" ] && stop_servers
     tar cf $OUT/${TAR:-results}.tar -C $res . && ls -lR $res | head -40
     nvidia-smi --query-gpu=memory.used --format=csv,noheader; echo "measure $(( $(date +%s) - t0 )) s" ;;
+  cycle)
+    # ROUNDS (default 2) rounds over the specs with one server on the GPU at a time, for a shape of which only one
+    # server fits (the 27B shape in BF16 on an H100): each round starts each spec alone (`start`), benches it
+    # (`measure`, every record with the cycle's ladder id and its round) and stops it; specs in their order in odd
+    # rounds, reversed in even ones. Records gather in one folder, $OUT/${TAR:-results}.tar rewritten after each
+    # bench; a spec that does not start is reported and the cycle goes on. Longer than a call: run it under setsid
+    # with OUT set to a folder that outlives the call.
+    [ $# -gt 0 ] || { echo "cycle: name the specs to measure"; exit 2; }
+    export LADDER_ID=${LADDER_ID:-gpu-$(date +%Y%m%d-%H%M%S)} RES=${RES:-$RUN/res-$(date +%H%M%S)}; t0=$(date +%s)
+    for round in $(seq ${ROUNDS:-2}); do
+      order=("$@"); [ $((round % 2)) = 0 ] && mapfile -t order < <(printf '%s\n' "$@" | tac)
+      for spec in "${order[@]}"; do
+        echo "== cycle round $round: $spec $(date +%T)"
+        bash "$0" start "$spec"
+        ROUND=$round ROUNDS=1 bash "$0" measure  # stops the server
+      done
+    done
+    echo "cycle $(( $(date +%s) - t0 )) s" ;;
   redistill)
     export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
     v=$1; mkdir -p $RUN /root/heads .cache/prompts; rm -f /root/heads/DONE
