@@ -4,6 +4,7 @@ against the BF16 GEMM and the GPU's copy bandwidth measured in the same run (iss
     python -m scripts.measure.gemm_bench --list                       # kernels and layer shapes (no GPU needed)
     python -m scripts.measure.gemm_bench --quick                      # the whole grid, ~3 min on an H200
     python -m scripts.measure.gemm_bench --kernels bf16,vllm-marlin,vllm-machete --shapes qwen35-27b --m 1,8
+    python -m scripts.measure.gemm_bench --from-record RECORD --layers qkv_proj,o_proj   # its tables over those layers
     GEMM_ARGS=--quick bash scripts/gpu/device.sh gemm                 # on the lent GPU machine (scripts/gpu/README.md)
 
 What is timed: y = x @ W^T, x of M rows in BF16 (M = 1, 2, 4, 8 by default), W (N x K) in the compressed-tensors
@@ -995,16 +996,46 @@ def new_record(command: list[str], plan: Plan) -> dict:
     }
 
 
-def summarize(record: dict) -> str:
-    """Fill the record's summary from its rows; the markdown tables."""
+def only_layers(layers: dict[str, list[tuple[str, int, int, int]]],
+                names: list[str]) -> dict[str, list[tuple[str, int, int, int]]]:
+    """The shapes' layers restricted to `names` (e.g. those a served recipe holds in 4 bits: gptq-w4a16-gdn leaves
+    in_proj_ba and the output layer in BF16); BenchError naming one that no shape has."""
+    known = {name for shape in layers.values() for name, *_ in shape}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise BenchError(f"--layers: {', '.join(unknown)} is no layer of this record; its layers: "
+                         f"{', '.join(sorted(known))}")
+    return {s: [x for x in v if x[0] in names] for s, v in layers.items()}
+
+
+def summarize(record: dict, names: list[str] | None = None) -> str:
+    """Fill the record's summary from its rows; the markdown tables. `names`: only those layers are summed (the
+    summary then says so)."""
     copy_bw = (record.get("bandwidth") or {}).get("bytes_per_s")
     layers = {s: [tuple(x) for x in v] for s, v in record["inputs"]["shapes"].items()}
+    if names:
+        layers = only_layers(layers, names)
     models = model_level(record["samples"], layers, copy_bw)
     best, comp = best_per_shape(models), composite(record["samples"], layers, copy_bw)
     record["summary"] = {"copy_bandwidth_bytes_per_s": copy_bw, "models": models, "best": best, "composite": comp,
-                         "vllm_pick": record["summary"].get("vllm_pick", {})}
+                         "vllm_pick": record["summary"].get("vllm_pick", {}), **({"layers": names} if names else {})}
     gpu = (record["hardware"].get("gpu") or {}).get("name", "no GPU")
-    return markdown(models, best, comp, gpu=gpu, copy_bw=copy_bw, vllm_pick=record["summary"]["vllm_pick"])
+    picks = {shape: {layer: k for layer, k in by.items() if not names or layer in names}
+             for shape, by in record["summary"]["vllm_pick"].items()}
+    table = markdown(models, best, comp, gpu=gpu, copy_bw=copy_bw, vllm_pick=picks)
+    return f"Only the layers {', '.join(names)}.\n\n{table}" if names else table
+
+
+def resummarize(path: Path, names: list[str] | None) -> str:
+    """A written record's tables again, over `names` only where given (nothing is written)."""
+    try:
+        record = json.loads(path.read_text())
+        record["inputs"]["shapes"], record["samples"], record["hardware"]  # noqa: B018 - a gemm record's keys
+    except (OSError, ValueError) as e:
+        raise BenchError(f"--from-record {path}: unreadable ({one_line(e)})") from None
+    except (KeyError, TypeError):
+        raise BenchError(f"--from-record {path}: not a gemm_bench record (no inputs.shapes / samples)") from None
+    return summarize(record, names)
 
 
 def require_device(device: str) -> None:
@@ -1131,6 +1162,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help=f"folder of the record (default {paths.shown(DEFAULT_OUT)})")
     p.add_argument("--list", action="store_true", help="print the kernels and the layer shapes, measure nothing")
+    p.add_argument("--from-record", type=Path, metavar="RECORD",
+                   help="measure nothing: print a written record's tables again (with --layers, over those only)")
+    p.add_argument("--layers", help="with --from-record: comma-separated layers to sum, e.g. the ones a served recipe "
+                                    "holds in 4 bits (qkv_proj,o_proj,in_proj_qkvz,out_proj,gate_up_proj,down_proj)")
     return p
 
 
@@ -1165,6 +1200,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
+        if args.layers and not args.from_record:
+            raise BenchError("--layers goes with --from-record RECORD (a run times every layer)")
+        if args.from_record:
+            print(resummarize(args.from_record, parse_list(args.layers, "layers") if args.layers else None))
+            return 0
         plan = plan_from(args)
         if args.list:
             print(list_plan(plan))

@@ -186,6 +186,29 @@ def test_a_cpu_run_writes_a_valid_record(tmp_path, monkeypatch):
     assert models[("bf16", 1)]["complete"] and models[("bf16", 1)]["gbps"] > 0
 
 
+def test_a_records_tables_again_over_chosen_layers(tmp_path, monkeypatch, capsys):
+    record = cpu_run(tmp_path, monkeypatch, "bf16")
+    path = next((tmp_path / "out").glob("gemm_*.json"))
+    capsys.readouterr()
+    assert gb.main(["--from-record", str(path), "--layers", "gate_up_proj,down_proj"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Only the layers gate_up_proj, down_proj.") and "| bf16 (reference) |" in out
+    rows = [r for r in record["samples"] if r["m"] == 1 and r["layer"] in ("gate_up_proj", "down_proj")]
+    counts = {name: c for name, _, _, c in record["inputs"]["shapes"]["tiny"]}
+    again = json.loads(path.read_text())
+    gb.summarize(again, ["gate_up_proj", "down_proj"])
+    bf16 = next(e for e in again["summary"]["models"] if (e["kernel"], e["m"]) == ("bf16", 1))
+    assert bf16["bytes"] == sum(r["bytes"] * counts[r["layer"]] for r in rows)  # the other six layers left out
+    assert bf16["bytes"] < next(e for e in record["summary"]["models"] if (e["kernel"], e["m"]) == ("bf16", 1))["bytes"]
+    assert json.loads(path.read_text())["summary"] == record["summary"]  # nothing written
+    for argv, message in ((["--from-record", str(path), "--layers", "q_proj"], "q_proj is no layer of this record"),
+                          (["--layers", "down_proj"], "--layers goes with --from-record"),
+                          (["--from-record", str(tmp_path / "none.json")], "unreadable")):
+        assert gb.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_cpu_run_drives_vllms_own_kernel(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
     # bf16 too: a run where no kernel times a row fails as a whole ("no kernel produced a timed row")
