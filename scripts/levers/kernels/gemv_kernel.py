@@ -42,3 +42,114 @@ def gemv(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, s
         tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=ok)
     else:
         tl.atomic_add(out, acc, mask=ok)
+
+
+# The pairs form (w4a16_gemv(..., form="pairs")): the unpack and the products on packed BF16 pairs, in PTX (sm_80+).
+# A word's nibbles j and j + 4 (inputs 8i + j and 8i + j + 4) become one bf16x2 of 128 + u each by one LOP3 (u into
+# the mantissa of 128.0), and one bf16x2 FMA takes 136 off both (q = u - 8, exact in BF16); four bf16x2 FMAs then
+# multiply the word's eight weights with its eight inputs, summed in BF16 pairs, and the pair is added in float32.
+# Per weight that is ~2.4 instructions where the float32 form needs ~4.
+UNPACK_ASM = """{
+.reg .b32 t, m, c, one, k;
+mov.b32 m, 0x000F000F;
+mov.b32 c, 0x43004300;
+mov.b32 one, 0x3F803F80;
+mov.b32 k, 0xC308C308;
+lop3.b32 $0, $4, m, c, 0xea;
+fma.rn.bf16x2 $0, $0, one, k;
+shr.u32 t, $4, 4;
+lop3.b32 $1, t, m, c, 0xea;
+fma.rn.bf16x2 $1, $1, one, k;
+shr.u32 t, $4, 8;
+lop3.b32 $2, t, m, c, 0xea;
+fma.rn.bf16x2 $2, $2, one, k;
+shr.u32 t, $4, 12;
+lop3.b32 $3, t, m, c, 0xea;
+fma.rn.bf16x2 $3, $3, one, k;
+}"""
+DOT_ASM = """{
+.reg .b32 a, z, lo, hi;
+mov.b32 z, 0;
+fma.rn.bf16x2 a, $1, $5, z;
+fma.rn.bf16x2 a, $2, $6, a;
+fma.rn.bf16x2 a, $3, $7, a;
+fma.rn.bf16x2 a, $4, $8, a;
+shl.b32 lo, a, 16;
+and.b32 hi, a, 0xFFFF0000;
+add.f32 $0, lo, hi;
+}"""
+
+
+@triton.jit
+def _bf16_bits_to_f32(h):
+    """BF16 bits (int32, low 16 bits) as float32: exact."""
+    return (h << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _word_dot(packed, x_ptr_m, base, EMULATE: tl.constexpr):
+    """Per word of `packed` (BLOCK_N x WORDS int32): the sum of its eight weights (q = u - 8) times the inputs
+    x[base + j] (j = 0..7, base = the word's first input), float32. EMULATE: the same sum with float32 products, for
+    Triton's interpreter (which runs no PTX)."""
+    lo0 = tl.load(x_ptr_m + base + 0).to(tl.int32) & 0xFFFF
+    lo1 = tl.load(x_ptr_m + base + 1).to(tl.int32) & 0xFFFF
+    lo2 = tl.load(x_ptr_m + base + 2).to(tl.int32) & 0xFFFF
+    lo3 = tl.load(x_ptr_m + base + 3).to(tl.int32) & 0xFFFF
+    hi0 = tl.load(x_ptr_m + base + 4).to(tl.int32) & 0xFFFF
+    hi1 = tl.load(x_ptr_m + base + 5).to(tl.int32) & 0xFFFF
+    hi2 = tl.load(x_ptr_m + base + 6).to(tl.int32) & 0xFFFF
+    hi3 = tl.load(x_ptr_m + base + 7).to(tl.int32) & 0xFFFF
+    if EMULATE:
+        out = ((((packed >> 0) & 0xF) - 8).to(tl.float32) * _bf16_bits_to_f32(lo0)[None, :]
+               + (((packed >> 16) & 0xF) - 8).to(tl.float32) * _bf16_bits_to_f32(hi0)[None, :]
+               + (((packed >> 4) & 0xF) - 8).to(tl.float32) * _bf16_bits_to_f32(lo1)[None, :]
+               + (((packed >> 20) & 0xF) - 8).to(tl.float32) * _bf16_bits_to_f32(hi1)[None, :]
+               + (((packed >> 8) & 0xF) - 8).to(tl.float32) * _bf16_bits_to_f32(lo2)[None, :]
+               + (((packed >> 24) & 0xF) - 8).to(tl.float32) * _bf16_bits_to_f32(hi2)[None, :]
+               + (((packed >> 12) & 0xF) - 8).to(tl.float32) * _bf16_bits_to_f32(lo3)[None, :]
+               + (((packed >> 28) & 0xF) - 8).to(tl.float32) * _bf16_bits_to_f32(hi3)[None, :])
+    else:
+        q0, q1, q2, q3 = tl.inline_asm_elementwise(UNPACK_ASM, "=r,=r,=r,=r,r", [packed],
+                                                   dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True,
+                                                   pack=1)
+        out = tl.inline_asm_elementwise(
+            DOT_ASM, "=f,r,r,r,r,r,r,r,r",
+            [q0, q1, q2, q3, (lo0 | (hi0 << 16))[None, :], (lo1 | (hi1 << 16))[None, :],
+             (lo2 | (hi2 << 16))[None, :], (lo3 | (hi3 << 16))[None, :]],
+            dtype=tl.float32, is_pure=True, pack=1)
+    return out
+
+
+@triton.jit
+def gemv_pairs(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
+               M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+               GROUP_K: tl.constexpr, EMULATE: tl.constexpr):
+    """x_ptr: the inputs' BF16 bits as int16 (M x K); otherwise as gemv."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    span = K // SPLIT_K
+    k_lo = pid_k * span
+    WORDS: tl.constexpr = BLOCK_K // 8
+    groups: tl.constexpr = BLOCK_K // GROUP_K
+    ms = tl.arange(0, M_PAD)
+    acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_lo + span, BLOCK_K):
+        words = k0 // 8 + tl.arange(0, WORDS)
+        packed = tl.load(w_ptr + rows[:, None] * stride_wn + words[None, :], mask=row_ok[:, None], other=0)
+        g = k0 // GROUP_K + tl.arange(0, groups)
+        scale = tl.load(s_ptr + rows[:, None] * stride_sn + g[None, :], mask=row_ok[:, None], other=0.0)
+        scale = scale.to(tl.float32)
+        for m in tl.static_range(M_PAD):
+            xm_ptr = x_ptr + tl.where(m < M, m, 0) * stride_xm  # a padded row reads row 0 and is never stored
+            dot = _word_dot(packed, xm_ptr, words * 8, EMULATE)  # BLOCK_N x WORDS
+            per_group = tl.sum(tl.reshape(dot, (BLOCK_N, groups, GROUP_K // 8)), axis=2)
+            row_sum = tl.sum(per_group * scale, axis=1)
+            acc += tl.where(ms[:, None] == m, row_sum[None, :], 0.0)
+    out = y_ptr + ms[:, None] * stride_ym + rows[None, :]
+    ok = (ms[:, None] < M) & row_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=ok)
+    else:
+        tl.atomic_add(out, acc, mask=ok)

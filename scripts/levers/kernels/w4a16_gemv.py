@@ -89,14 +89,18 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+FORMS = ("float32", "pairs")  # how the nibbles become products (the module's docstring)
+
+
 @functools.cache
-def _kernels():
-    """(the jitted kernel, its autotuned form): imported and wrapped on first use, so importing this module needs no
-    Triton."""
+def _kernels(form: str = "float32"):
+    """(the jitted kernel of `form`, its autotuned form): imported and wrapped on first use, so importing this module
+    needs no Triton."""
     import triton
 
     from scripts.levers.kernels import gemv_kernel
 
+    kernel = gemv_kernel.gemv_pairs if form == "pairs" else gemv_kernel.gemv
     tiles = {c for k in (640, 2560, 5120, 6144, 9216, 17408) for c in candidates(k)}  # Gemma 3's, Qwen3.5's K
     tuned = triton.autotune(
         configs=[triton.Config({"BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "SPLIT_K": c.split_k},
@@ -105,16 +109,20 @@ def _kernels():
         prune_configs_by={"early_config_prune": lambda cfgs, named, **kw: [  # the tiles that split this K evenly
             c for c in cfgs if fits(Config(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]), named["K"])]},
         reset_to_zero=["y_ptr"],
-    )(gemv_kernel.gemv)
-    return gemv_kernel.gemv, tuned
+    )(kernel)
+    return kernel, tuned
 
 
-def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None):
+def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None, form: str = "float32"):
     """y = x @ W^T for x of M <= 8 rows (BF16), W the compressed-tensors W4A16 g128 weights; y in x's dtype.
-    `config` fixes the tile (else autotuned per M, N, K on a GPU)."""
+    `config` fixes the tile (else autotuned per M, N, K on a GPU); `form`: float32 or pairs (BF16 x only)."""
     import torch
     import triton
 
+    if form not in FORMS:
+        raise GemvError(f"form {form!r}: one of {', '.join(FORMS)}")
+    if form == "pairs" and x.dtype != torch.bfloat16:
+        raise GemvError(f"the pairs form takes BF16 inputs, not {x.dtype}")
     m, k = x.shape
     n = weight_packed.shape[0]
     check(m, n, k, tuple(weight_packed.shape), tuple(weight_scale.shape))
@@ -126,17 +134,19 @@ def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None):
     if config is None and interpreted():  # the interpreter has no device to tune on
         config = candidates(k)[0]
     x = x.contiguous()
-    raw, tuned = _kernels()
+    raw, tuned = _kernels(form)
     pad = m_pad(m)
     split = config.split_k if config is not None else None
     # the float32 sum of the spans, cast once; with SPLIT_K=1 the kernel stores into it all the same
     y32 = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-    args = (x, weight_packed, weight_scale, y32, m, n, k, x.stride(0), weight_packed.stride(0),
-            weight_scale.stride(0), y32.stride(0))
+    args = (x.view(torch.int16) if form == "pairs" else x, weight_packed, weight_scale, y32, m, n, k, x.stride(0),
+            weight_packed.stride(0), weight_scale.stride(0), y32.stride(0))
+    extra = {"EMULATE": interpreted()} if form == "pairs" else {}  # the interpreter runs no PTX
     if config is not None:
         grid = (triton.cdiv(n, config.block_n), split)
         raw[grid](*args, M_PAD=pad, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split, GROUP_K=GROUP,
-                  num_warps=config.num_warps, num_stages=config.num_stages)
+                  num_warps=config.num_warps, num_stages=config.num_stages, **extra)
     else:
-        tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, M_PAD=pad, GROUP_K=GROUP)
+        tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](*args, M_PAD=pad, GROUP_K=GROUP,
+                                                                               **extra)
     return y32.to(x.dtype)

@@ -17,18 +17,21 @@ from scripts.levers.kernels import w4a16_gemv as gemv_mod
 from scripts.levers.kernels.w4a16_gemv import Config, GemvError, check, fits
 
 CASES = [(1, Config(16, 256, 1)), (3, Config(16, 256, 2)), (8, Config(8, 512, 1)), (2, Config(32, 128, 4)), (1, None)]
+# the pairs form, as the interpreter runs it (its float32 emulation of the PTX: the data movement, the nibbles' pairing
+# with their inputs, the scales and split-K; the PTX itself is checked on a GPU by the microbench's comparison)
+PAIRS = [(1, Config(16, 256, 1)), (3, Config(16, 256, 2)), (8, Config(8, 512, 1)), (2, Config(32, 128, 4))]
 RUN = """
 import json, sys
 import torch
 from scripts.levers.kernels.w4a16_gemv import Config, w4a16_gemv
 from scripts.measure.gemm_bench import Weights, pack_compressed_tensors
 out = []
-for m, cfg, swap in json.loads(sys.argv[1]):
+for m, cfg, swap, form in json.loads(sys.argv[1]):
     n, k = 40, (640 if cfg is None else 512)  # 40 rows: the last tile of 16 or 32 is partly outside N; K = 640: 5 groups
     w = Weights(n, k, [n], seed=m, device="cpu")
     x = torch.randn((m, k), generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
     q = w.q.reshape(n, k // 8, 8)[:, :, [4, 5, 6, 7, 0, 1, 2, 3]].reshape(n, k) if swap else w.q
-    y = w4a16_gemv(x, pack_compressed_tensors(q), w.s, config=cfg and Config(*cfg))  # None: the first candidate
+    y = w4a16_gemv(x, pack_compressed_tensors(q), w.s, config=cfg and Config(*cfg), form=form)  # None: 1st candidate
     ref = w.reference(x)
     out.append({"shape": list(y.shape), "dtype": str(y.dtype),
                 "err": float((y.float() - ref).abs().max() / ref.abs().max())})
@@ -39,8 +42,10 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def results():
     pytest.importorskip("triton")
-    cases = [(m, c and [c.block_n, c.block_k, c.split_k], False) for m, c in CASES]
-    cases.append((1, [16, 256, 1], True))  # the halves of each word swapped: another product
+    cases = [(m, c and [c.block_n, c.block_k, c.split_k], False, "float32") for m, c in CASES]
+    cases += [(m, [c.block_n, c.block_k, c.split_k], False, "pairs") for m, c in PAIRS]
+    cases.append((1, [16, 256, 1], True, "pairs"))  # the halves of each word swapped: another product
+    cases.append((1, [16, 256, 1], True, "float32"))
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     p = subprocess.run([sys.executable, "-c", RUN, json.dumps(cases)], cwd=paths.ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
@@ -48,16 +53,25 @@ def results():
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("i", range(len(CASES)))
+@pytest.mark.parametrize("i", range(len(CASES) + len(PAIRS)))
 def test_matches_the_dequantized_product(results, i):
-    m, _ = CASES[i]
+    m, _ = (CASES + PAIRS)[i]
     assert results[i]["shape"] == [m, 40] and results[i]["dtype"] == "torch.bfloat16"
     assert results[i]["err"] < 8e-3  # BF16 output rounding (2^-8 relative) over float32 sums
 
 
 def test_a_wrong_nibble_order_is_caught(results):
     """The comparison can fail: weights packed with the halves of each word swapped give another product."""
-    assert results[-1]["err"] > 0.05
+    assert results[-1]["err"] > 0.05 and results[-2]["err"] > 0.05
+
+
+def test_the_pairs_form_takes_bf16_only():
+    torch = pytest.importorskip("torch")
+    x = torch.zeros((1, 256), dtype=torch.float16)
+    with pytest.raises(GemvError, match="BF16 inputs"):
+        gemv_mod.w4a16_gemv(x, torch.zeros((16, 32), dtype=torch.int32), torch.zeros((16, 2)), form="pairs")
+    with pytest.raises(GemvError, match="form 'half'"):
+        gemv_mod.w4a16_gemv(x, torch.zeros((16, 32), dtype=torch.int32), torch.zeros((16, 2)), form="half")
 
 
 def test_bad_shapes_are_one_line():
