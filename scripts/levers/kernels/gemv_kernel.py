@@ -50,33 +50,33 @@ def gemv(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, s
 # multiply the word's eight weights with its eight inputs, summed in BF16 pairs, and the pair is added in float32.
 # Per weight that is ~2.4 instructions where the float32 form needs ~4.
 UNPACK_ASM = """{
-.reg .b32 t, m, c, one, k;
-mov.b32 m, 0x000F000F;
-mov.b32 c, 0x43004300;
-mov.b32 one, 0x3F803F80;
-mov.b32 k, 0xC308C308;
-lop3.b32 $0, $4, m, c, 0xea;
-fma.rn.bf16x2 $0, $0, one, k;
-shr.u32 t, $4, 4;
-lop3.b32 $1, t, m, c, 0xea;
-fma.rn.bf16x2 $1, $1, one, k;
-shr.u32 t, $4, 8;
-lop3.b32 $2, t, m, c, 0xea;
-fma.rn.bf16x2 $2, $2, one, k;
-shr.u32 t, $4, 12;
-lop3.b32 $3, t, m, c, 0xea;
-fma.rn.bf16x2 $3, $3, one, k;
+.reg .b32 lab_t, lab_m, lab_c, lab_one, lab_k;
+mov.b32 lab_m, 0x000F000F;
+mov.b32 lab_c, 0x43004300;
+mov.b32 lab_one, 0x3F803F80;
+mov.b32 lab_k, 0xC308C308;
+lop3.b32 $0, $4, lab_m, lab_c, 0xea;
+fma.rn.bf16x2 $0, $0, lab_one, lab_k;
+shr.u32 lab_t, $4, 4;
+lop3.b32 $1, lab_t, lab_m, lab_c, 0xea;
+fma.rn.bf16x2 $1, $1, lab_one, lab_k;
+shr.u32 lab_t, $4, 8;
+lop3.b32 $2, lab_t, lab_m, lab_c, 0xea;
+fma.rn.bf16x2 $2, $2, lab_one, lab_k;
+shr.u32 lab_t, $4, 12;
+lop3.b32 $3, lab_t, lab_m, lab_c, 0xea;
+fma.rn.bf16x2 $3, $3, lab_one, lab_k;
 }"""
 DOT_ASM = """{
-.reg .b32 a, z, lo, hi;
-mov.b32 z, 0;
-fma.rn.bf16x2 a, $1, $5, z;
-fma.rn.bf16x2 a, $2, $6, a;
-fma.rn.bf16x2 a, $3, $7, a;
-fma.rn.bf16x2 a, $4, $8, a;
-shl.b32 lo, a, 16;
-and.b32 hi, a, 0xFFFF0000;
-add.f32 $0, lo, hi;
+.reg .b32 lab_a, lab_z, lab_lo, lab_hi;
+mov.b32 lab_z, 0;
+fma.rn.bf16x2 lab_a, $1, $5, lab_z;
+fma.rn.bf16x2 lab_a, $2, $6, lab_a;
+fma.rn.bf16x2 lab_a, $3, $7, lab_a;
+fma.rn.bf16x2 lab_a, $4, $8, lab_a;
+shl.b32 lab_lo, lab_a, 16;
+and.b32 lab_hi, lab_a, 0xFFFF0000;
+add.f32 $0, lab_lo, lab_hi;
 }"""
 
 
