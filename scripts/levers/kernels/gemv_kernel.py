@@ -49,7 +49,7 @@ def gemv(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, s
 # the mantissa of 128.0), and one bf16x2 FMA takes 136 off both (q = u - 8, exact in BF16); four bf16x2 FMAs then
 # multiply the word's eight weights with its eight inputs, summed in BF16 pairs, and the pair is added in float32.
 # Per weight that is ~2.4 instructions where the float32 form needs ~4.
-UNPACK_ASM = """{
+UNPACK_ASM = tl.constexpr("""{
 .reg .b32 lab_t, lab_m, lab_c, lab_one, lab_k;
 mov.b32 lab_m, 0x000F000F;
 mov.b32 lab_c, 0x43004300;
@@ -66,8 +66,8 @@ fma.rn.bf16x2 $2, $2, lab_one, lab_k;
 shr.u32 lab_t, $4, 12;
 lop3.b32 $3, lab_t, lab_m, lab_c, 0xea;
 fma.rn.bf16x2 $3, $3, lab_one, lab_k;
-}"""
-DOT_ASM = """{
+}""")  # a constexpr: a jit function reads no other global
+DOT_ASM = tl.constexpr("""{
 .reg .b32 lab_a, lab_z, lab_lo, lab_hi;
 mov.b32 lab_z, 0;
 fma.rn.bf16x2 lab_a, $1, $5, lab_z;
@@ -77,7 +77,7 @@ fma.rn.bf16x2 lab_a, $4, $8, lab_a;
 shl.b32 lab_lo, lab_a, 16;
 and.b32 lab_hi, lab_a, 0xFFFF0000;
 add.f32 $0, lab_lo, lab_hi;
-}"""
+}""")
 
 
 @triton.jit
