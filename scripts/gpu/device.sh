@@ -326,7 +326,7 @@ PY
     t0=$(date +%s); wait_servers $t0; echo "waited $(( $(date +%s) - t0 )) s" ;;
   measure)
     export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
-    res=$RUN/res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
+    res=${RES:-$RUN/res-$(date +%H%M%S)}; mkdir -p $res; t0=$(date +%s)  # RES: `cycle`'s one folder for its rounds
     # one ladder id for every bench of this call and each record's round: make compare pairs them round by round for
     # each ratio's 95% interval (ROUNDS >= 2: start order in odd rounds, reversed in even ones)
     lid=${LADDER_ID:-gpu-$(date +%Y%m%d-%H%M%S)}; rargs=()
@@ -336,6 +336,7 @@ PY
     (wait_servers $t1 >/dev/null 2>&1)
     for round in $(seq ${ROUNDS:-1}); do
     [ ${ROUNDS:-1} -gt 1 ] && rargs=(--ladder-id $lid --round $round)
+    [ -n "${ROUND:-}" ] && rargs=(--ladder-id $lid --round $ROUND)  # `cycle`: one round of its ladder a call
     while read -r tag v port pid extra <&3; do
       [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && continue  # ONLY="tag …": bench just those
       xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
@@ -356,7 +357,7 @@ PY
       fi
       [ "$(cfg "$v" ENGINE)" = sglang ] || sleep 11  # let vLLM's periodic stats (SpecDecoding metrics) reach the log
       { grep -m1 "sglang\|vllm" $RUN/$tag.serve; echo "--- excerpt"; grep -hiE "$EXCERPT" $RUN/$tag.log | grep -v Route | tail -60
-        echo "--- tail"; tail -${LOG_TAIL:-40} $RUN/$tag.log; } > $res/$tag/server.log
+        echo "--- tail"; tail -${LOG_TAIL:-40} $RUN/$tag.log; } > $res/$tag/server${ROUND:+-r$ROUND}.log
     done 3< <(if [ $((round % 2)) = 0 ]; then tac $RUN/servers; else cat $RUN/servers; fi)  # ABBA: even rounds reversed
     done
     [ -z "${KEEP:-}" ] && stop_servers
