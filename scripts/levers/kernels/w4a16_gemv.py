@@ -21,10 +21,18 @@ applied (one multiply a group, not a weight). With SPLIT_K > 1 the spans' sums a
 three launches (the zeroed sum, the GEMV, the cast). The tile sizes are tuned per (M, N, K) by triton.autotune on a
 GPU; `config` fixes them (tests, the interpreter).
 
-Measured (one H100, 2026-12-06, results/gpu-kernels-20261206/): correct on every 27B layer, 30% of the copy bandwidth
-at M = 1 over the model against Marlin's 49%, 6% at M = 8: bound by its CUDA-core instructions a weight. Nothing
-serves it; it is the microbench's row for the lab's own kernel until one with packed 16-bit unpacking and
-tensor-core products beats Marlin.
+The pairs form (form="pairs", gemv_kernel.gemv_pairs; BF16 inputs, sm_80+): the same tiles, with the unpack and the
+products on packed BF16 pairs in PTX. One LOP3 turns a word's nibbles j and j + 4 into a bf16x2 of 128 + u, one
+bf16x2 FMA takes 136 off both (q, exact), four bf16x2 FMAs multiply the word's eight weights with its eight inputs,
+and that pair is added in float32: ~2.4 instructions a weight against the float32 form's ~4, at the price of sums of
+four products in BF16 (relative error ~0.004 against ~0.002). Triton's interpreter runs no PTX: there the kernel
+computes the same sums in float32 (EMULATE), which checks everything but the PTX; the microbench checks that on a GPU.
+
+Measured (one H100, results/gpu-kernels-20261206/ and results/gpu-kernels-20261207/), over the layers the served
+W4A16 recipe holds in 4 bits at M = 1: the float32 form 31% of the copy bandwidth, the pairs form 58%, Marlin 64%.
+The pairs form ties Marlin on o_proj / out_proj and the output layer and is 5x faster on in_proj_ba, but is 6-25%
+slower on the big layers. Nothing serves it; it is the microbench's row for the lab's own kernel until it beats
+Marlin.
 """
 
 from __future__ import annotations
