@@ -6,46 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def gemv(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-         M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-         GROUP_K: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    span = K // SPLIT_K
-    k_lo = pid_k * span
-    groups: tl.constexpr = BLOCK_K // GROUP_K
-    ms = tl.arange(0, M_PAD)
-    shifts = (tl.arange(0, 8) * 4)[None, None, :]
-    acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_lo + span, BLOCK_K):
-        words = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        packed = tl.load(w_ptr + rows[:, None] * stride_wn + words[None, :], mask=row_ok[:, None], other=0)
-        nib = (packed[:, :, None] >> shifts) & 0xF  # BLOCK_N x BLOCK_K/8 x 8: input 8i + j at [:, i, j]
-        w = (nib | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0  # (2^23 + q + 8) - (2^23 + 8) = q
-        w = tl.reshape(w, (BLOCK_N, groups, GROUP_K))
-        g = k0 // GROUP_K + tl.arange(0, groups)
-        scale = tl.load(s_ptr + rows[:, None] * stride_sn + g[None, :], mask=row_ok[:, None], other=0.0)
-        scale = scale.to(tl.float32)
-        cols = k0 + tl.arange(0, BLOCK_K)
-        for m in tl.static_range(M_PAD):
-            xm = tl.load(x_ptr + m * stride_xm + cols, mask=(cols < K) & (cols * 0 + m < M), other=0.0).to(tl.float32)
-            per_group = tl.sum(w * tl.reshape(xm, (1, groups, GROUP_K)), axis=2)  # BLOCK_N x groups
-            row_sum = tl.sum(per_group * scale, axis=1)  # BLOCK_N
-            acc += tl.where(ms[:, None] == m, row_sum[None, :], 0.0)
-    out = y_ptr + ms[:, None] * stride_ym + rows[None, :]
-    ok = (ms[:, None] < M) & row_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=ok)
-    else:
-        tl.atomic_add(out, acc, mask=ok)
-
-
-# The pairs form (w4a16_gemv(..., form="pairs")): the unpack and the products on packed BF16 pairs, in PTX (sm_80+).
-# A word's nibbles j and j + 4 (inputs 8i + j and 8i + j + 4) become one bf16x2 of 128 + u each by one LOP3 (u into
+# The pairs form (w4a16_gemv(..., form="pairs"), gemv's PAIRS): the unpack and the products on packed BF16 pairs, in
+# PTX (sm_80+). A word's nibbles j and j + 4 (inputs 8i + j and 8i + j + 4) become one bf16x2 of 128 + u each by one LOP3 (u into
 # the mantissa of 128.0), and one bf16x2 FMA takes 136 off both (q = u - 8, exact in BF16); four bf16x2 FMAs then
 # multiply the word's eight weights with its eight inputs, summed in BF16 pairs, and the pair is added in float32.
 # Per weight that is ~2.4 instructions where the float32 form needs ~4.
@@ -121,31 +83,41 @@ def _word_dot(packed, x_ptr_m, base, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def gemv_pairs(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-               M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-               GROUP_K: tl.constexpr, EMULATE: tl.constexpr):
-    """x_ptr: the inputs' BF16 bits as int16 (M x K); otherwise as gemv."""
+def gemv(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
+         M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+         GROUP_K: tl.constexpr, PAIRS: tl.constexpr = False, EMULATE: tl.constexpr = False):
+    """PAIRS: the pairs form (below; x_ptr then holds the inputs' BF16 bits as int16); else the float32 form."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     span = K // SPLIT_K
     k_lo = pid_k * span
-    WORDS: tl.constexpr = BLOCK_K // 8
     groups: tl.constexpr = BLOCK_K // GROUP_K
     ms = tl.arange(0, M_PAD)
     acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_lo + span, BLOCK_K):
-        words = k0 // 8 + tl.arange(0, WORDS)
+        words = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         packed = tl.load(w_ptr + rows[:, None] * stride_wn + words[None, :], mask=row_ok[:, None], other=0)
+        if not PAIRS:
+            shifts = (tl.arange(0, 8) * 4)[None, None, :]
+            nib = (packed[:, :, None] >> shifts) & 0xF  # BLOCK_N x BLOCK_K/8 x 8: input 8i + j at [:, i, j]
+            w = (nib | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0  # (2^23 + q + 8) - (2^23 + 8) = q
+            w = tl.reshape(w, (BLOCK_N, groups, GROUP_K))
+            cols = k0 + tl.arange(0, BLOCK_K)
         g = k0 // GROUP_K + tl.arange(0, groups)
         scale = tl.load(s_ptr + rows[:, None] * stride_sn + g[None, :], mask=row_ok[:, None], other=0.0)
         scale = scale.to(tl.float32)
         for m in tl.static_range(M_PAD):
-            xm_ptr = x_ptr + tl.where(m < M, m, 0) * stride_xm  # a padded row reads row 0 and is never stored
-            dot = _word_dot(packed, xm_ptr, words * 8, EMULATE)  # BLOCK_N x WORDS
-            per_group = tl.sum(tl.reshape(dot, (BLOCK_N, groups, GROUP_K // 8)), axis=2)
-            row_sum = tl.sum(per_group * scale, axis=1)
+            if PAIRS:
+                xm_ptr = x_ptr + tl.where(m < M, m, 0) * stride_xm  # a padded row reads row 0 and is never stored
+                dot = _word_dot(packed, xm_ptr, words * 8, EMULATE)  # BLOCK_N x BLOCK_K/8
+                per_group = tl.sum(tl.reshape(dot, (BLOCK_N, groups, GROUP_K // 8)), axis=2)
+            else:
+                xm = tl.load(x_ptr + m * stride_xm + cols, mask=(cols < K) & (cols * 0 + m < M),
+                             other=0.0).to(tl.float32)
+                per_group = tl.sum(w * tl.reshape(xm, (1, groups, GROUP_K)), axis=2)  # BLOCK_N x groups
+            row_sum = tl.sum(per_group * scale, axis=1)  # BLOCK_N
             acc += tl.where(ms[:, None] == m, row_sum[None, :], 0.0)
     out = y_ptr + ms[:, None] * stride_ym + rows[None, :]
     ok = (ms[:, None] < M) & row_ok[None, :]

@@ -21,7 +21,7 @@ applied (one multiply a group, not a weight). With SPLIT_K > 1 the spans' sums a
 three launches (the zeroed sum, the GEMV, the cast). The tile sizes are tuned per (M, N, K) by triton.autotune on a
 GPU; `config` fixes them (tests, the interpreter).
 
-The pairs form (form="pairs", gemv_kernel.gemv_pairs; BF16 inputs, sm_80+): the same tiles, with the unpack and the
+The pairs form (form="pairs", gemv_kernel.gemv with PAIRS; BF16 inputs, sm_80+): the same tiles, with the unpack and the
 products on packed BF16 pairs in PTX. One LOP3 turns a word's nibbles j and j + 4 into a bf16x2 of 128 + u, one
 bf16x2 FMA takes 136 off both (q, exact), four bf16x2 FMAs multiply the word's eight weights with its eight inputs,
 and that pair is added in float32: ~2.4 instructions a weight against the float32 form's ~4, at the price of sums of
@@ -108,7 +108,7 @@ def _kernels(form: str = "float32"):
 
     from scripts.levers.kernels import gemv_kernel
 
-    kernel = gemv_kernel.gemv_pairs if form == "pairs" else gemv_kernel.gemv
+    kernel = gemv_kernel.gemv
     tiles = {c for k in (640, 2560, 5120, 6144, 9216, 17408) for c in candidates(k)}  # Gemma 3's, Qwen3.5's K
     tuned = triton.autotune(
         configs=[triton.Config({"BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "SPLIT_K": c.split_k},
@@ -149,7 +149,7 @@ def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None, for
     y32 = torch.zeros((m, n), dtype=torch.float32, device=x.device)
     args = (x.view(torch.int16) if form == "pairs" else x, weight_packed, weight_scale, y32, m, n, k, x.stride(0),
             weight_packed.stride(0), weight_scale.stride(0), y32.stride(0))
-    extra = {"EMULATE": interpreted()} if form == "pairs" else {}  # the interpreter runs no PTX
+    extra = {"PAIRS": True, "EMULATE": interpreted()} if form == "pairs" else {}  # the interpreter runs no PTX
     if config is not None:
         grid = (triton.cdiv(n, config.block_n), split)
         raw[grid](*args, M_PAD=pad, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split, GROUP_K=GROUP,
