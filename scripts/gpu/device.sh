@@ -307,7 +307,9 @@ PY
       fi
       # the server's own session leader writes its pid (setsid forks when its caller leads a process group); files of an
       # earlier start of the same tag go first (a stale pid read as "gone" marked a starting server failed, 2026-11-23)
-      rm -f $RUN/$tag.pid $RUN/$tag.serve
+      # and its log moves aside: a record reads the whole log (kernels), which must be this server's alone (the
+      # second round of a cycle read the first's lines too, 2026-12-07)
+      rm -f $RUN/$tag.pid $RUN/$tag.serve; [ -f $RUN/$tag.log ] && mv -f $RUN/$tag.log $RUN/$tag.log.prev
       setsid bash -c 'echo $$ > "$0"; exec "$@"' $RUN/$tag.pid python3 -m scripts.serve "$v" --port $port \
         "${vs[@]}" "${xs[@]}" --log $RUN/$tag.log --timeout 900 > $RUN/$tag.serve 2>&1 < /dev/null &
       for _ in $(seq 50); do [ -s $RUN/$tag.pid ] && break; sleep 0.1; done
@@ -336,7 +338,7 @@ PY
     (wait_servers $t1 >/dev/null 2>&1)
     for round in $(seq ${ROUNDS:-1}); do
     [ ${ROUNDS:-1} -gt 1 ] && rargs=(--ladder-id $lid --round $round)
-    [ -n "${ROUND:-}" ] && rargs=(--ladder-id $lid --round $ROUND)  # `cycle`: one round of its ladder a call
+    [ -n "${CYCLE_ROUND:-}" ] && rargs=(--ladder-id $lid --round $CYCLE_ROUND)  # `cycle`: one round of its ladder
     while read -r tag v port pid extra <&3; do
       [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && continue  # ONLY="tag …": bench just those
       xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
@@ -357,7 +359,7 @@ PY
       fi
       [ "$(cfg "$v" ENGINE)" = sglang ] || sleep 11  # let vLLM's periodic stats (SpecDecoding metrics) reach the log
       { grep -m1 "sglang\|vllm" $RUN/$tag.serve; echo "--- excerpt"; grep -hiE "$EXCERPT" $RUN/$tag.log | grep -v Route | tail -60
-        echo "--- tail"; tail -${LOG_TAIL:-40} $RUN/$tag.log; } > $res/$tag/server${ROUND:+-r$ROUND}.log
+        echo "--- tail"; tail -${LOG_TAIL:-40} $RUN/$tag.log; } > $res/$tag/server${CYCLE_ROUND:+-r$CYCLE_ROUND}.log
     done 3< <(if [ $((round % 2)) = 0 ]; then tac $RUN/servers; else cat $RUN/servers; fi)  # ABBA: even rounds reversed
     done
     [ -z "${KEEP:-}" ] && stop_servers
@@ -368,19 +370,28 @@ PY
     # server fits (the 27B shape in BF16 on an H100): each round starts each spec alone (`start`), benches it
     # (`measure`, every record with the cycle's ladder id and its round) and stops it; specs in their order in odd
     # rounds, reversed in even ones. Records gather in one folder, $OUT/${TAR:-results}.tar rewritten after each
-    # bench; a spec that does not start is reported and the cycle goes on. Longer than a call: run it under setsid
-    # with OUT set to a folder that outlives the call.
+    # bench; a spec that does not start is reported, the cycle goes on and exits 1 at the end. Longer than a call: run
+    # it under setsid with OUT set to a folder that outlives the call.
     [ $# -gt 0 ] || { echo "cycle: name the specs to measure"; exit 2; }
+    for spec in "$@"; do [ -f "experiments/${spec%%+*}/config.env" ] || {
+      echo "cycle: no variant ${spec%%+*} (experiments/${spec%%+*}/config.env)"; exit 2; }; done
+    [ -s $RUN/servers ] && { echo "cycle: servers of an earlier start are running (bash $0 stop first)"; exit 2; }
     export LADDER_ID=${LADDER_ID:-gpu-$(date +%Y%m%d-%H%M%S)} RES=${RES:-$RUN/res-$(date +%H%M%S)}; t0=$(date +%s)
+    failed=0
     for round in $(seq ${ROUNDS:-2}); do
       order=("$@"); [ $((round % 2)) = 0 ] && mapfile -t order < <(printf '%s\n' "$@" | tac)
       for spec in "${order[@]}"; do
         echo "== cycle round $round: $spec $(date +%T)"
         bash "$0" start "$spec"
-        ROUND=$round ROUNDS=1 bash "$0" measure  # stops the server
+        # KEEP and ONLY emptied: the server stops and no other is benched; measure stops it
+        KEEP= ONLY= CYCLE_ROUND=$round ROUNDS=1 bash "$0" measure | tee $RUN/cycle-measure.out
+        grep -qE "never became healthy|bench .* failed" $RUN/cycle-measure.out && failed=$((failed + 1))
+        # the next start sizes its budget from the memory free: wait (60 s at most) until the stopped one freed it
+        for _ in $(seq 60); do [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)" \
+          -lt 1024 ] 2>/dev/null && break; sleep 1; done
       done
     done
-    echo "cycle $(( $(date +%s) - t0 )) s" ;;
+    echo "cycle $(( $(date +%s) - t0 )) s, $failed bench(es) that did not run"; [ $failed = 0 ] ;;
   redistill)
     export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
     v=$1; mkdir -p $RUN /root/heads .cache/prompts; rm -f /root/heads/DONE

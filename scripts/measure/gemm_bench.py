@@ -1034,12 +1034,15 @@ def resummarize(path: Path, names: list[str] | None) -> str:
     """A written record's tables again, over `names` only where given (nothing is written)."""
     try:
         record = json.loads(path.read_text())
-        record["inputs"]["shapes"], record["samples"], record["hardware"]  # noqa: B018 - a gemm record's keys
     except (OSError, ValueError) as e:
         raise BenchError(f"--from-record {path}: unreadable ({one_line(e)})") from None
-    except (KeyError, TypeError):
-        raise BenchError(f"--from-record {path}: not a gemm_bench record (no inputs.shapes / samples)") from None
-    return summarize(record, names)
+    try:
+        return summarize(record, names)
+    except BenchError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise BenchError(f"--from-record {path}: not a gemm_bench record ({e.__class__.__name__}: {one_line(e)}); "
+                         f"records are results/gpu-kernels*/gemm_*.json") from None
 
 
 def require_device(device: str) -> None:
@@ -1204,10 +1207,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
-        if args.layers and not args.from_record:
+        if args.layers is not None and not args.from_record:
             raise BenchError("--layers goes with --from-record RECORD (a run times every layer)")
         if args.from_record:
-            print(resummarize(args.from_record, parse_list(args.layers, "layers") if args.layers else None))
+            table = resummarize(args.from_record, parse_list(args.layers, "layers") if args.layers is not None else None)
+            print(table)
             return 0
         plan = plan_from(args)
         if args.list:

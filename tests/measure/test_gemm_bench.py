@@ -201,9 +201,16 @@ def test_a_records_tables_again_over_chosen_layers(tmp_path, monkeypatch, capsys
     assert bf16["bytes"] == sum(r["bytes"] * counts[r["layer"]] for r in rows)  # the other six layers left out
     assert bf16["bytes"] < next(e for e in record["summary"]["models"] if (e["kernel"], e["m"]) == ("bf16", 1))["bytes"]
     assert json.loads(path.read_text())["summary"] == record["summary"]  # nothing written
+    notes, nulls = tmp_path / "notes.json", tmp_path / "nulls.json"
+    notes.write_text(json.dumps({"inputs": {"shapes": {}}, "samples": []}))  # no summary, no hardware
+    nulls.write_text(json.dumps({**record, "hardware": None}))
     for argv, message in ((["--from-record", str(path), "--layers", "q_proj"], "q_proj is no layer of this record"),
                           (["--layers", "down_proj"], "--layers goes with --from-record"),
-                          (["--from-record", str(tmp_path / "none.json")], "unreadable")):
+                          (["--from-record", str(tmp_path / "none.json")], "unreadable"),
+                          (["--from-record", str(path), "--layers", ""], "--layers: empty list"),
+                          (["--layers", ""], "--layers goes with --from-record"),
+                          (["--from-record", str(notes)], "not a gemm_bench record"),
+                          (["--from-record", str(nulls)], "not a gemm_bench record")):
         assert gb.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1

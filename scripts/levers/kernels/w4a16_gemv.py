@@ -102,8 +102,9 @@ FORMS = ("float32", "pairs")  # how the nibbles become products (the module's do
 
 @functools.cache
 def _kernels(form: str = "float32"):
-    """(the jitted kernel of `form`, its autotuned form): imported and wrapped on first use, so importing this module
-    needs no Triton."""
+    """(the jitted kernel, its autotuned form for `form`): imported and wrapped on first use, so importing this module
+    needs no Triton. One kernel for both forms, one autotuner each: the tuning key (M, N, K) does not hold the form,
+    so a shared one would give one form the other's tiles."""
     import triton
 
     from scripts.levers.kernels import gemv_kernel
@@ -131,6 +132,9 @@ def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None, for
         raise GemvError(f"form {form!r}: one of {', '.join(FORMS)}")
     if form == "pairs" and x.dtype != torch.bfloat16:
         raise GemvError(f"the pairs form takes BF16 inputs, not {x.dtype}")
+    if form == "pairs" and x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 0):
+        raise GemvError(f"the pairs form's bf16x2 PTX needs compute capability 8.0 or newer, not "
+                        f"{'.'.join(map(str, torch.cuda.get_device_capability(x.device)))}")
     m, k = x.shape
     n = weight_packed.shape[0]
     check(m, n, k, tuple(weight_packed.shape), tuple(weight_scale.shape))

@@ -110,3 +110,30 @@ def test_the_autotuned_form_wraps_the_kernel_with_every_tile():
             for c in gemv_mod.candidates(k)}
     got = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]) for c in tuned.configs}
     assert got == want and len(got) >= 6
+
+
+@pytest.mark.parametrize("pairs, m_pad, split_k", [(True, 1, 1), (True, 8, 4), (False, 1, 1), (False, 8, 4)])
+def test_the_kernel_compiles_for_hopper(pairs, m_pad, split_k):
+    """Triton compiles the kernel to an sm_90 cubin on a CPU (its own ptxas): the PTX blocks and the forms' constexpr
+    branches, which the interpreter never compiles (2026-12-07: the first GPU run refused globals a jit function may
+    not read)."""
+    pytest.importorskip("triton")
+    if gemv_mod.interpreted():
+        pytest.skip("TRITON_INTERPRET=1: Triton's jit runs the interpreter")
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:
+        pytest.skip(f"this Triton cannot compile ahead of time: {e}")
+    from scripts.levers.kernels import gemv_kernel
+
+    sig = {"x_ptr": "*i16" if pairs else "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32",
+           "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+    consts = {"M_PAD": m_pad, "BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": split_k, "GROUP_K": 128, "PAIRS": pairs,
+              "EMULATE": False}
+    sig.update({name: "constexpr" for name in consts})
+    kernel = triton.compile(ASTSource(fn=gemv_kernel.gemv, signature=sig, constexprs=consts),
+                            target=GPUTarget("cuda", 90, 32))
+    assert kernel.asm["cubin"]
+    assert ("fma.rn.bf16x2" in kernel.asm["ptx"]) == pairs
