@@ -29,7 +29,7 @@ with contextlib.suppress(ImportError):  # the .venv-quant lane has none (and no 
 
 from scripts.common import paths
 from scripts.common.hardware import cpu_model_and_flags, native_bf16
-from scripts.common.server import free_port, group_pids
+from scripts.common.server import PORT_RANGE_ENV, free_port, group_pids, port_range
 
 EMBEDDED_VARIANT = paths.DEFAULT_VARIANT
 # OpenMP threads that finish their work sleep at once instead of spinning (libiomp5 and libgomp spin ~200 ms by
@@ -191,6 +191,15 @@ SERVER_LANE_TOO = frozenset({"tests/measure/test_think_budget.py", "tests/serve/
 def pytest_addoption(parser):
     parser.addoption("--lane", choices=LANES, help="only the modules that share the session server (server) or only "
                      "the others (rest); make test runs both side by side")
+
+
+def pytest_configure(config):
+    """Each lane draws its servers' ports from its own half of free_port's range (the servers it starts inherit it)."""
+    lane = config.getoption("lane", default=None)
+    if lane is not None and PORT_RANGE_ENV not in os.environ:
+        low, high = port_range()
+        mid = (low + high) // 2
+        os.environ[PORT_RANGE_ENV] = f"{low}-{mid}" if lane == "server" else f"{mid}-{high}"
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -92,11 +92,32 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+PORT_RANGE_ENV = "LAB_PORT_RANGE"  # "LOW-HIGH": where free_port draws (each test lane its own, tests/conftest.py)
+
+
+def port_range() -> tuple[int, int]:
+    """(low, high) free_port draws from: 20000 up to the kernel's ephemeral range, or LAB_PORT_RANGE within it."""
+    low, high = 20000, _ephemeral_low()
+    text = os.environ.get(PORT_RANGE_ENV)
+    if text:
+        try:
+            a, b = (int(x) for x in text.split("-"))
+        except ValueError:
+            raise ServerError(f"{PORT_RANGE_ENV}={text!r}: expected LOW-HIGH, e.g. 20000-26000") from None
+        if not 1024 <= a < b:
+            raise ServerError(f"{PORT_RANGE_ENV}={text!r}: expected 1024 <= LOW < HIGH")
+        low, high = a, min(b, high)
+    return low, high
+
+
 def free_port(count: int = 1) -> int:
     """The first of `count` consecutive free ports on 127.0.0.1, drawn below the kernel's ephemeral range: a port
     bind(0) hands out is also the source port of some client connection, and a server that binds it a moment later
-    fails with 'Address already in use' (seen with replica ports while another test lane ran)."""
-    low, high = 20000, _ephemeral_low() - count
+    fails with 'Address already in use' (seen with replica ports while another test lane ran). Two test lanes draw
+    from halves of the range (LAB_PORT_RANGE): a port one lane checked free could be taken by the other's server
+    before its own bound it (2026-12-07, the replicas' router port)."""
+    low, high = port_range()
+    high -= count
     for _ in range(200):
         base = low + int.from_bytes(os.urandom(4), "big") % max(1, high - low)
         try:
