@@ -101,7 +101,7 @@ class Kernel:
     library: str  # the import the kernel needs: vllm, torch, gemlite, torchao, mslk, fbgemm
     what: str
     default: bool = True
-    target: str | None = None  # vLLM's class name, or gemlite's matmul type
+    target: str | None = None  # vLLM's class name, gemlite's matmul type, or the lab GEMV's form
 
 
 KERNELS = (
@@ -133,9 +133,9 @@ KERNELS = (
     Kernel("fbgemm-rowwise", "fbgemm", "FBGEMM GenAI bf16i4bf16_rowwise"),
     Kernel("fbgemm-shuffled", "fbgemm", "FBGEMM GenAI bf16i4bf16_shuffled (preshuffled int4)"),
     Kernel("lab-gemv", "lab", "the lab's split-K W4A16 GEMV in Triton on the checkpoint's own tensors, tiles autotuned "
-           "per M, N, K (scripts/levers/kernels/w4a16_gemv.py; M <= 8)"),
+           "per M, N, K (scripts/levers/kernels/w4a16_gemv.py; M <= 8)", target="float32"),
     Kernel("lab-gemv-pairs", "lab", "the lab's GEMV in its pairs form: unpack and products on packed BF16 pairs in "
-           "PTX, float32 sums a word (w4a16_gemv form='pairs'; M <= 8, sm_80+)"),
+           "PTX, float32 sums a word (w4a16_gemv form='pairs'; M <= 8, sm_80+)", target="pairs"),
 )
 BY_NAME = {k.name: k for k in KERNELS}
 # what imports each library (run in a subprocess first: an extension built for another torch can crash on load)
@@ -713,8 +713,7 @@ def prepare_lab(kernel: Kernel, w: Weights, env: Env) -> Prepared:
 
     if env.device != "cuda" and not interpreted():
         raise Unsupported("a Triton kernel: on a CPU only under TRITON_INTERPRET=1 (set before Triton is imported)")
-    form = "pairs" if kernel.name == "lab-gemv-pairs" else "float32"
-    return Prepared((pack_compressed_tensors(w.q), w.s.clone()), lambda st, x: w4a16_gemv(x, *st, form=form),
+    return Prepared((pack_compressed_tensors(w.q), w.s.clone()), lambda st, x: w4a16_gemv(x, *st, form=kernel.target),
                     clone_tensors)
 
 

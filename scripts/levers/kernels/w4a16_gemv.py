@@ -109,7 +109,6 @@ def _kernels(form: str = "float32"):
 
     from scripts.levers.kernels import gemv_kernel
 
-    kernel = gemv_kernel.gemv
     tiles = {c for k in (640, 2560, 5120, 6144, 9216, 17408) for c in candidates(k)}  # Gemma 3's, Qwen3.5's K
     tuned = triton.autotune(
         configs=[triton.Config({"BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "SPLIT_K": c.split_k},
@@ -118,8 +117,8 @@ def _kernels(form: str = "float32"):
         prune_configs_by={"early_config_prune": lambda cfgs, named, **kw: [  # the tiles that split this K evenly
             c for c in cfgs if fits(Config(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT_K"]), named["K"])]},
         reset_to_zero=["y_ptr"],
-    )(kernel)
-    return kernel, tuned
+    )(gemv_kernel.gemv)
+    return gemv_kernel.gemv, tuned
 
 
 def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None, form: str = "float32"):
@@ -130,11 +129,12 @@ def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None, for
 
     if form not in FORMS:
         raise GemvError(f"form {form!r}: one of {', '.join(FORMS)}")
-    if form == "pairs" and x.dtype != torch.bfloat16:
-        raise GemvError(f"the pairs form takes BF16 inputs, not {x.dtype}")
-    if form == "pairs" and x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 0):
-        raise GemvError(f"the pairs form's bf16x2 PTX needs compute capability 8.0 or newer, not "
-                        f"{'.'.join(map(str, torch.cuda.get_device_capability(x.device)))}")
+    if form == "pairs":
+        if x.dtype != torch.bfloat16:
+            raise GemvError(f"the pairs form takes BF16 inputs, not {x.dtype}")
+        cc = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
+        if cc is not None and cc < (8, 0):
+            raise GemvError(f"the pairs form's bf16x2 PTX needs compute capability 8.0 or newer, not {cc[0]}.{cc[1]}")
     m, k = x.shape
     n = weight_packed.shape[0]
     check(m, n, k, tuple(weight_packed.shape), tuple(weight_scale.shape))
