@@ -136,6 +136,9 @@ KERNELS = (
            "per M, N, K (scripts/levers/kernels/w4a16_gemv.py; M <= 8)", target="float32"),
     Kernel("lab-gemv-pairs", "lab", "the lab's GEMV in its pairs form: unpack and products on packed BF16 pairs in "
            "PTX, float32 sums a word (w4a16_gemv form='pairs'; M <= 8, sm_80+)", target="pairs"),
+    Kernel("lab-gemv-stream", "lab", "the lab's GEMV in its stream form: 128-bit weight loads a step ahead, the pairs "
+           "form's PTX a word, one reduction a program, one launch without split-K; tiles tuned per M, N, K as whole "
+           "calls from HBM (w4a16_gemv form='stream'; written for M = 1, sm_80+)", target="stream"),
 )
 BY_NAME = {k.name: k for k in KERNELS}
 # what imports each library (run in a subprocess first: an extension built for another torch can crash on load)

@@ -125,3 +125,97 @@ def gemv(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, s
         tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=ok)
     else:
         tl.atomic_add(out, acc, mask=ok)
+
+
+# The stream form (w4a16_gemv(..., form="stream"), gemv_stream): a word's unpack and its dot with its eight inputs in
+# one PTX block. $1 is the word, $2..$5 the inputs paired as the unpack pairs the nibbles: (8i + j, 8i + j + 4) in the
+# low and high halves, j = 0..3. The two BF16 halves of the pair sum are added in float32.
+WORD_DOT_ASM = tl.constexpr("""{
+.reg .b32 lab_t, lab_m, lab_c, lab_one, lab_k, lab_q, lab_a, lab_z, lab_lo, lab_hi;
+mov.b32 lab_m, 0x000F000F;
+mov.b32 lab_c, 0x43004300;
+mov.b32 lab_one, 0x3F803F80;
+mov.b32 lab_k, 0xC308C308;
+mov.b32 lab_z, 0;
+lop3.b32 lab_q, $1, lab_m, lab_c, 0xea;
+fma.rn.bf16x2 lab_q, lab_q, lab_one, lab_k;
+fma.rn.bf16x2 lab_a, lab_q, $2, lab_z;
+shr.u32 lab_t, $1, 4;
+lop3.b32 lab_q, lab_t, lab_m, lab_c, 0xea;
+fma.rn.bf16x2 lab_q, lab_q, lab_one, lab_k;
+fma.rn.bf16x2 lab_a, lab_q, $3, lab_a;
+shr.u32 lab_t, $1, 8;
+lop3.b32 lab_q, lab_t, lab_m, lab_c, 0xea;
+fma.rn.bf16x2 lab_q, lab_q, lab_one, lab_k;
+fma.rn.bf16x2 lab_a, lab_q, $4, lab_a;
+shr.u32 lab_t, $1, 12;
+lop3.b32 lab_q, lab_t, lab_m, lab_c, 0xea;
+fma.rn.bf16x2 lab_q, lab_q, lab_one, lab_k;
+fma.rn.bf16x2 lab_a, lab_q, $5, lab_a;
+shl.b32 lab_lo, lab_a, 16;
+and.b32 lab_hi, lab_a, 0xFFFF0000;
+add.f32 $0, lab_lo, lab_hi;
+}""")
+
+
+@triton.jit
+def _paired_dot(packed, p0, p1, p2, p3, EMULATE: tl.constexpr):
+    """Per word of `packed`: its eight weights (q = u - 8) times the paired inputs p0..p3 (the low half of pj is input
+    8i + j, the high half 8i + j + 4), float32. EMULATE: float32 products (Triton's interpreter runs no PTX)."""
+    if EMULATE:
+        out = tl.zeros(packed.shape, dtype=tl.float32)
+        for j in tl.static_range(4):
+            p = p0 if j == 0 else (p1 if j == 1 else (p2 if j == 2 else p3))
+            lo = (((packed >> (4 * j)) & 0xF) - 8).to(tl.float32)
+            hi = (((packed >> (4 * j + 16)) & 0xF) - 8).to(tl.float32)
+            out += lo * _bf16_bits_to_f32(p & 0xFFFF) + hi * _bf16_bits_to_f32((p >> 16) & 0xFFFF)
+    else:
+        out = tl.inline_asm_elementwise(WORD_DOT_ASM, "=f,r,r,r,r,r", [packed, p0, p1, p2, p3], dtype=tl.float32,
+                                        is_pure=True, pack=1)
+    return out
+
+
+@triton.jit
+def gemv_stream(x_ptr, w_ptr, s_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
+                BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, SPLIT_K: tl.constexpr, EMULATE: tl.constexpr = False):
+    """The stream form: x_ptr holds the inputs as int32 (BF16 pairs; stride_xm in pairs). Program (n, k, m) owns
+    BLOCK_N rows, one of SPLIT_K spans of whole groups and input row m (a batch re-reads the weights, from L2 at
+    best: the form is written for M = 1), and walks its span GROUPS groups (16 words a row each) at a time, the next
+    step's words loaded before this step's products. Sums stay per word, scaled by the word's group scale, until the
+    span ends: one reduction a program. y_ptr: the output in x's dtype (SPLIT_K == 1) or float32 sums added
+    atomically."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_read = tl.minimum(rows, N - 1)  # the last tile's rows past N read row N - 1 and are never stored
+    steps = K // 128 // SPLIT_K // GROUPS
+    g_lo = pid_k * steps * GROUPS
+    gi = tl.arange(0, GROUPS)
+    word = gi[:, None] * 16 + tl.arange(0, 16)[None, :]  # GROUPS x 16: a step's words, from its first
+    w_tile = w_ptr + rows_read[:, None, None] * stride_wn + word[None, :, :]  # BLOCK_N x GROUPS x 16
+    s_tile = s_ptr + rows_read[:, None] * stride_sn + gi[None, :]  # BLOCK_N x GROUPS
+    x_tile = x_ptr + pid_m * stride_xm + word[:, :, None] * 4 + tl.arange(0, 4)[None, None, :]  # a word's 4 pairs
+    acc = tl.zeros((BLOCK_N, GROUPS, 16), dtype=tl.float32)
+    nxt = tl.load(w_tile + g_lo * 16)
+    for step in range(steps):
+        g = g_lo + step * GROUPS
+        packed = nxt
+        nxt = tl.load(w_tile + (g_lo + tl.minimum(step + 1, steps - 1) * GROUPS) * 16)  # the last step's again at the end
+        scale = tl.load(s_tile + g).to(tl.float32)[:, :, None]
+        # a word's inputs as int32 pairs: a0 (0 1), a1 (2 3), a2 (4 5), a3 (6 7); split takes the last axis, so pair
+        # 2i + j is [i, j] and the first split gives the even pairs
+        even, odd = tl.split(tl.reshape(tl.load(x_tile + g * 64), (GROUPS, 16, 2, 2)))
+        a0, a2 = tl.split(even)
+        a1, a3 = tl.split(odd)
+        p0 = (a0 & 0xFFFF) | (a2 << 16)  # inputs (8i, 8i + 4)
+        p1 = ((a0 >> 16) & 0xFFFF) | (a2 & -65536)  # (8i + 1, 8i + 5); -65536: 0xFFFF0000 as int32
+        p2 = (a1 & 0xFFFF) | (a3 << 16)
+        p3 = ((a1 >> 16) & 0xFFFF) | (a3 & -65536)
+        acc += _paired_dot(packed, p0[None, :, :], p1[None, :, :], p2[None, :, :], p3[None, :, :], EMULATE) * scale
+    out = tl.sum(tl.sum(acc, axis=2), axis=1)
+    ok = rows < N
+    if SPLIT_K == 1:
+        tl.store(y_ptr + pid_m * stride_ym + rows, out.to(y_ptr.dtype.element_ty), mask=ok)
+    else:
+        tl.atomic_add(y_ptr + pid_m * stride_ym + rows, out, mask=ok)

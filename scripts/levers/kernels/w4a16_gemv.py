@@ -97,7 +97,37 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-FORMS = ("float32", "pairs")  # how the nibbles become products (the module's docstring)
+FORMS = ("float32", "pairs", "stream")  # how the nibbles become products (the module's docstring)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """The stream form's tile: BLOCK_N rows, GROUPS groups of 128 inputs a step, SPLIT_K spans of K."""
+    block_n: int
+    groups: int
+    split_k: int
+    num_warps: int = 4
+
+
+def stream_fits(cfg: StreamConfig, k: int) -> bool:
+    """Whether the spans hold whole steps of whole groups."""
+    return k % GROUP == 0 and (k // GROUP) % (cfg.groups * cfg.split_k) == 0
+
+
+def stream_candidates(k: int) -> list[StreamConfig]:
+    """The stream form's tiles for K inputs: per row count and split, the largest step (of 4, 2, 1 groups) that fits."""
+    out = []
+    for block_n in (16, 32, 64):
+        for split_k in (1, 2, 4, 8):
+            for groups in (4, 2, 1):
+                cfg = StreamConfig(block_n, groups, split_k)
+                if stream_fits(cfg, k):
+                    out.append(cfg)
+                    break
+    return out
+
+
+_STREAM_TUNED: dict[tuple[int, int, int], StreamConfig] = {}  # (M, N, K): the tile measured fastest on this GPU
 
 
 @functools.cache
@@ -121,26 +151,109 @@ def _kernels(form: str = "float32"):
     return gemv_kernel.gemv, tuned
 
 
+def _stream_call(x, weight_packed, weight_scale, cfg: StreamConfig):
+    """One call of the stream form with a fixed tile: one launch (BF16 out) without split-K, three with it."""
+    import torch
+    import triton
+
+    from scripts.levers.kernels import gemv_kernel
+
+    m, k = x.shape
+    n = weight_packed.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device) if cfg.split_k == 1 else \
+        torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    xi = x.view(torch.int32)  # BF16 pairs
+    gemv_kernel.gemv_stream[(triton.cdiv(n, cfg.block_n), cfg.split_k, m)](
+        xi, weight_packed, weight_scale, y, n, k, xi.stride(0), weight_packed.stride(0), weight_scale.stride(0),
+        y.stride(0), BLOCK_N=cfg.block_n, GROUPS=cfg.groups, SPLIT_K=cfg.split_k, EMULATE=interpreted(),
+        num_warps=cfg.num_warps)
+    return y if cfg.split_k == 1 else y.to(x.dtype)
+
+
+def _stream(x, weight_packed, weight_scale, config: StreamConfig | None):
+    m, k = x.shape
+    n = weight_packed.shape[0]
+    if config is not None and not stream_fits(config, k):
+        raise GemvError(f"tile {config} does not split K={k} into whole steps of whole groups")
+    if config is None:
+        if interpreted():  # the interpreter has no device to tune on
+            config = stream_candidates(k)[0]
+        else:
+            config = _STREAM_TUNED.get((m, n, k)) or _stream_tune(x, weight_packed, weight_scale)
+    return _stream_call(x, weight_packed, weight_scale, config)
+
+
+def _stream_tune(x, weight_packed, weight_scale, l2_multiple: int = 4, reps: int = 5) -> StreamConfig:
+    """The fastest stream tile for this (M, N, K) on this GPU, remembered: every candidate timed as whole calls (its
+    launches and buffers) in one CUDA graph over copies of random weights holding l2_multiple times the L2 cache, so
+    each call reads from HBM as a served layer does (the median of `reps` replays)."""
+    import statistics
+
+    import torch
+
+    m, k = x.shape
+    n = weight_packed.shape[0]
+    props = torch.cuda.get_device_properties(x.device)
+    per_copy = weight_packed.numel() * 4 + weight_scale.numel() * weight_scale.element_size()
+    copies = max(2, min(64, -(-l2_multiple * props.L2_cache_size // per_copy)))
+    gen = torch.Generator(device=x.device).manual_seed(0)
+    ws = [torch.randint(-2**31, 2**31 - 1, weight_packed.shape, dtype=torch.int32, device=x.device, generator=gen)
+          for _ in range(copies)]
+    ss = [(torch.rand(weight_scale.shape, device=x.device, generator=gen) * 0.01).to(weight_scale.dtype)
+          for _ in range(copies)]
+    best, best_t = None, float("inf")
+    for cfg in stream_candidates(k):
+        for w_, s_ in zip(ws[:2], ss[:2]):  # compile and warm up outside the graph
+            _stream_call(x, w_, s_, cfg)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            for w_, s_ in zip(ws, ss):
+                _stream_call(x, w_, s_, cfg)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph.replay()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        t = statistics.median(times)
+        if t < best_t:
+            best, best_t = cfg, t
+        del graph
+    _STREAM_TUNED[(m, n, k)] = best
+    return best
+
+
 def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None, form: str = "float32"):
     """y = x @ W^T for x of M <= 8 rows (BF16), W the compressed-tensors W4A16 g128 weights; y in x's dtype.
-    `config` fixes the tile (else autotuned per M, N, K on a GPU); `form`: float32 or pairs (BF16 x only)."""
+    `config` fixes the tile (else tuned per M, N, K on a GPU; a StreamConfig for the stream form); `form`: float32,
+    pairs or stream (BF16 x only)."""
     import torch
     import triton
 
     if form not in FORMS:
         raise GemvError(f"form {form!r}: one of {', '.join(FORMS)}")
-    if form == "pairs":
+    if form in ("pairs", "stream"):
         if x.dtype != torch.bfloat16:
-            raise GemvError(f"the pairs form takes BF16 inputs, not {x.dtype}")
+            raise GemvError(f"the {form} form takes BF16 inputs, not {x.dtype}")
         cc = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
         if cc is not None and cc < (8, 0):
-            raise GemvError(f"the pairs form's bf16x2 PTX needs compute capability 8.0 or newer, not {cc[0]}.{cc[1]}")
+            raise GemvError(f"the {form} form's bf16x2 PTX needs compute capability 8.0 or newer, not {cc[0]}.{cc[1]}")
     m, k = x.shape
     n = weight_packed.shape[0]
     check(m, n, k, tuple(weight_packed.shape), tuple(weight_scale.shape))
     if weight_packed.dtype != torch.int32:
         raise GemvError(f"weight_packed is {weight_packed.dtype}, expected torch.int32 (eight 4-bit inputs a word)")
     weight_packed, weight_scale = weight_packed.contiguous(), weight_scale.contiguous()  # the kernel steps K by one
+    if form == "stream":
+        if config is not None and not isinstance(config, StreamConfig):
+            raise GemvError(f"the stream form takes a StreamConfig, not {config}")
+        return _stream(x.contiguous(), weight_packed, weight_scale, config)
     if config is not None and not fits(config, k):
         raise GemvError(f"tile {config} does not split K={k} evenly")
     if config is None and interpreted():  # the interpreter has no device to tune on

@@ -20,6 +20,25 @@ CASES = [(1, Config(16, 256, 1)), (3, Config(16, 256, 2)), (8, Config(8, 512, 1)
 # the pairs form, as the interpreter runs it (its float32 emulation of the PTX: the data movement, the nibbles' pairing
 # with their inputs, the scales and split-K; the PTX itself is checked on a GPU by the microbench's comparison)
 PAIRS = [(1, Config(16, 256, 1)), (3, Config(16, 256, 2)), (8, Config(8, 512, 1)), (2, Config(32, 128, 4))]
+# the stream form: (M, N, K, tile): split-K, a last tile partly past N, steps of 1, 2 and 4 groups, K = 640 tuned
+STREAM = [(1, 40, 512, (16, 2, 1)), (3, 40, 1024, (32, 2, 2)), (1, 70, 1024, (64, 4, 2)), (2, 40, 1024, (16, 1, 8)),
+          (1, 40, 640, None)]
+RUN_STREAM = """
+import json, sys
+import torch
+from scripts.levers.kernels.w4a16_gemv import StreamConfig, w4a16_gemv
+from scripts.measure.gemm_bench import Weights, pack_compressed_tensors
+out = []
+for m, n, k, cfg, swap in json.loads(sys.argv[1]):
+    w = Weights(n, k, [n], seed=m, device="cpu")
+    x = torch.randn((m, k), generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    q = w.q.reshape(n, k // 8, 8)[:, :, [4, 5, 6, 7, 0, 1, 2, 3]].reshape(n, k) if swap else w.q
+    y = w4a16_gemv(x, pack_compressed_tensors(q), w.s, config=cfg and StreamConfig(*cfg), form="stream")
+    ref = w.reference(x)
+    out.append({"shape": list(y.shape), "dtype": str(y.dtype),
+                "err": float((y.float() - ref).abs().max() / ref.abs().max())})
+print(json.dumps(out))
+"""
 RUN = """
 import json, sys
 import torch
@@ -51,6 +70,46 @@ def results():
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def stream_results():
+    pytest.importorskip("triton")
+    cases = [list(c) + [False] for c in STREAM] + [[1, 40, 512, (16, 2, 1), True]]  # last: halves swapped
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", RUN_STREAM, json.dumps(cases)], cwd=paths.ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("i", range(len(STREAM)))
+def test_the_stream_form_matches_the_dequantized_product(stream_results, i):
+    m, n = STREAM[i][:2]
+    assert stream_results[i]["shape"] == [m, n] and stream_results[i]["dtype"] == "torch.bfloat16"
+    assert stream_results[i]["err"] < 8e-3
+
+
+def test_the_stream_form_catches_a_wrong_nibble_order(stream_results):
+    assert stream_results[-1]["err"] > 0.05
+
+
+def test_stream_tiles_split_k_into_whole_steps():
+    for k in (640, 2560, 5120, 6144, 9216, 17408):
+        cands = gemv_mod.stream_candidates(k)
+        assert cands and all(gemv_mod.stream_fits(c, k) for c in cands)
+        assert {c.block_n for c in cands} == {16, 32, 64}
+    assert {c.groups for c in gemv_mod.stream_candidates(5120) if c.split_k == 1} == {4}
+    assert {c.split_k for c in gemv_mod.stream_candidates(640)} == {1}  # 5 groups: no even split
+    assert not gemv_mod.stream_fits(gemv_mod.StreamConfig(16, 4, 4), 5120)  # 40 groups are not 4 spans of 4-group steps
+    torch = pytest.importorskip("torch")
+    with pytest.raises(GemvError, match="whole steps"):
+        gemv_mod.w4a16_gemv(torch.zeros((1, 640), dtype=torch.bfloat16), torch.zeros((16, 80), dtype=torch.int32),
+                            torch.zeros((16, 5), dtype=torch.bfloat16), config=gemv_mod.StreamConfig(16, 2, 1),
+                            form="stream")
+    with pytest.raises(GemvError, match="takes a StreamConfig"):
+        gemv_mod.w4a16_gemv(torch.zeros((1, 640), dtype=torch.bfloat16), torch.zeros((16, 80), dtype=torch.int32),
+                            torch.zeros((16, 5), dtype=torch.bfloat16), config=Config(16, 128, 1), form="stream")
 
 
 @pytest.mark.parametrize("i", range(len(CASES) + len(PAIRS)))
@@ -137,3 +196,31 @@ def test_the_kernel_compiles_for_hopper(pairs, m_pad, split_k):
                             target=GPUTarget("cuda", 90, 32))
     assert kernel.asm["cubin"]
     assert ("fma.rn.bf16x2" in kernel.asm["ptx"]) == pairs
+
+
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_the_stream_form_compiles_for_hopper_with_wide_loads(split_k):
+    """The stream form's cubin for sm_90, with the divisibility a GPU call specializes on (16-byte aligned pointers,
+    strides and sizes that are multiples of 16): the weights must come in 128-bit loads and a step's products must be
+    the PTX's (2026-12-07: without that specialization the pairs form loaded 32 bits a thread at a time)."""
+    pytest.importorskip("triton")
+    if gemv_mod.interpreted():
+        pytest.skip("TRITON_INTERPRET=1: Triton's jit runs the interpreter")
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:
+        pytest.skip(f"this Triton cannot compile ahead of time: {e}")
+    from scripts.levers.kernels import gemv_kernel
+
+    sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*bf16" if split_k == 1 else "*fp32",
+           "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+    aligned = [i for i, name in enumerate(sig) if name != "stride_sn"]
+    consts = {"BLOCK_N": 64, "GROUPS": 4, "SPLIT_K": split_k, "EMULATE": False}
+    sig.update({name: "constexpr" for name in consts})
+    src = ASTSource(fn=gemv_kernel.gemv_stream, signature=sig, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    assert "ld.global.v4.b32" in ptx and "fma.rn.bf16x2" in ptx
+    assert ("atom.global" in ptx or "red.global" in ptx) == (split_k > 1)
