@@ -521,6 +521,7 @@ class Prepared:
     state: Any
     run: Any  # (state, x) -> y
     clone: Any  # state -> a copy with its own tensors
+    tile: Any = None  # (m, n, k) -> the tile a self-tuning kernel chose, or None
 
 
 @dataclass
@@ -712,12 +713,12 @@ def prepare_meta(kernel: Kernel, w: Weights, env: Env) -> Prepared:
 
 def prepare_lab(kernel: Kernel, w: Weights, env: Env) -> Prepared:
     """The lab's GEMV on the checkpoint's tensors as vLLM loads them (weight_packed, weight_scale): no repacking."""
-    from scripts.levers.kernels.w4a16_gemv import interpreted, w4a16_gemv
+    from scripts.levers.kernels.w4a16_gemv import interpreted, stream_tile, w4a16_gemv
 
     if env.device != "cuda" and not interpreted():
         raise Unsupported("a Triton kernel: on a CPU only under TRITON_INTERPRET=1 (set before Triton is imported)")
     return Prepared((pack_compressed_tensors(w.q), w.s.clone()), lambda st, x: w4a16_gemv(x, *st, form=kernel.target),
-                    clone_tensors)
+                    clone_tensors, tile=stream_tile if kernel.target == "stream" else None)
 
 
 PREPARE = {"vllm": prepare_vllm, "torch": prepare_bf16, "gemlite": prepare_gemlite, "torchao": prepare_torchao,
@@ -914,11 +915,12 @@ def bench_layer(plan: Plan, env: Env, shape: str, layer: tuple[str, list[int], i
                                    env.device)
                 us = t["graph_us"] or t["eager_us"]
                 bw = row_bytes(kname, n, k, m) / (us * 1e-6)
+                tile = prep.tile and prep.tile(m, n, k)
                 add(row(kernel, m, "ok", t.get("graph_error") and f"no graph time: {t['graph_error']}",
                                 graph_us=t["graph_us"], eager_us=t["eager_us"], time_us=us, gbps=bw / 1e9,
                                 pct_copy=100 * bw / env.copy_bw if env.copy_bw else None,
                                 max_rel_err=err, graph_us_reps=t.get("graph_us_reps"),
-                                eager_us_reps=t["eager_us_reps"], **extra))
+                                eager_us_reps=t["eager_us_reps"], **extra, **({"tile": str(tile)} if tile else {})))
                 pct = f" {rows[-1]['pct_copy']:.0f}%" if rows[-1]["pct_copy"] is not None else ""
                 done.append(f"M={m} {us:.1f} us {bw / 1e9:,.0f} GB/s{pct}")
             except torch.cuda.OutOfMemoryError as e:

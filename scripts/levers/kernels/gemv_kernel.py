@@ -182,7 +182,7 @@ def gemv_stream(x_ptr, w_ptr, s_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_s
     BLOCK_N rows, one of SPLIT_K spans of whole groups and input row m (a batch re-reads the weights, from L2 at
     best: the form is written for M = 1), and walks its span GROUPS groups (16 words a row each) at a time, the next
     step's words loaded before this step's products. Sums stay per word, scaled by the word's group scale, until the
-    span ends: one reduction a program. y_ptr: the output in x's dtype (SPLIT_K == 1) or float32 sums added
+    span ends: one reduction a program. y_ptr: the output in x's dtype, stored (SPLIT_K == 1) or added into zeros
     atomically."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -217,5 +217,5 @@ def gemv_stream(x_ptr, w_ptr, s_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_s
     ok = rows < N
     if SPLIT_K == 1:
         tl.store(y_ptr + pid_m * stride_ym + rows, out.to(y_ptr.dtype.element_ty), mask=ok)
-    else:
-        tl.atomic_add(y_ptr + pid_m * stride_ym + rows, out, mask=ok)
+    else:  # the spans' sums added in the output's dtype (BF16 atomics on sm_90: no float32 buffer, no cast)
+        tl.atomic_add(y_ptr + pid_m * stride_ym + rows, out.to(y_ptr.dtype.element_ty), mask=ok, sem="relaxed")

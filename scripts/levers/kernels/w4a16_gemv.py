@@ -115,16 +115,22 @@ def stream_fits(cfg: StreamConfig, k: int) -> bool:
 
 
 def stream_candidates(k: int) -> list[StreamConfig]:
-    """The stream form's tiles for K inputs: per row count and split, the largest step (of 4, 2, 1 groups) that fits."""
+    """The stream form's tiles for K inputs: per row count, warps and split, the largest step (of 4, 2, 1 groups)
+    that fits."""
     out = []
-    for block_n in (16, 32, 64):
+    for block_n, warps in ((16, 4), (32, 4), (64, 4), (32, 8), (64, 8)):
         for split_k in (1, 2, 4, 8):
             for groups in (4, 2, 1):
-                cfg = StreamConfig(block_n, groups, split_k)
+                cfg = StreamConfig(block_n, groups, split_k, warps)
                 if stream_fits(cfg, k):
                     out.append(cfg)
                     break
     return out
+
+
+def stream_tile(m: int, n: int, k: int) -> StreamConfig | None:
+    """The tile the stream form tuned for (M, N, K) in this process, if it has."""
+    return _STREAM_TUNED.get((m, n, k))
 
 
 _STREAM_TUNED: dict[tuple[int, int, int], StreamConfig] = {}  # (M, N, K): the tile measured fastest on this GPU
@@ -152,7 +158,7 @@ def _kernels(form: str = "float32"):
 
 
 def _stream_call(x, weight_packed, weight_scale, cfg: StreamConfig):
-    """One call of the stream form with a fixed tile: one launch (BF16 out) without split-K, three with it."""
+    """One call of the stream form with a fixed tile: one launch without split-K, two with it (the zeroed output)."""
     import torch
     import triton
 
@@ -160,14 +166,15 @@ def _stream_call(x, weight_packed, weight_scale, cfg: StreamConfig):
 
     m, k = x.shape
     n = weight_packed.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device) if cfg.split_k == 1 else \
-        torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    # Triton's interpreter has no BF16 atomics: there the spans are added in float32 and cast after
+    out_dtype = torch.float32 if cfg.split_k > 1 and interpreted() else x.dtype
+    y = (torch.empty if cfg.split_k == 1 else torch.zeros)((m, n), dtype=out_dtype, device=x.device)
     xi = x.view(torch.int32)  # BF16 pairs
     gemv_kernel.gemv_stream[(triton.cdiv(n, cfg.block_n), cfg.split_k, m)](
         xi, weight_packed, weight_scale, y, n, k, xi.stride(0), weight_packed.stride(0), weight_scale.stride(0),
         y.stride(0), BLOCK_N=cfg.block_n, GROUPS=cfg.groups, SPLIT_K=cfg.split_k, EMULATE=interpreted(),
         num_warps=cfg.num_warps)
-    return y if cfg.split_k == 1 else y.to(x.dtype)
+    return y.to(x.dtype)
 
 
 def _stream(x, weight_packed, weight_scale, config: StreamConfig | None):
@@ -201,15 +208,19 @@ def _stream_tune(x, weight_packed, weight_scale, l2_multiple: int = 4, reps: int
           for _ in range(copies)]
     ss = [(torch.rand(weight_scale.shape, device=x.device, generator=gen) * 0.01).to(weight_scale.dtype)
           for _ in range(copies)]
-    best, best_t = None, float("inf")
+    best, best_t, errors = None, float("inf"), []
     for cfg in stream_candidates(k):
-        for w_, s_ in zip(ws[:2], ss[:2]):  # compile and warm up outside the graph
-            _stream_call(x, w_, s_, cfg)
+        try:
+            for w_, s_ in zip(ws[:2], ss[:2], strict=True):  # compile and warm up outside the graph
+                _stream_call(x, w_, s_, cfg)
+        except Exception as e:  # noqa: BLE001 - a tile this GPU's Triton cannot build is left out
+            errors.append(f"{cfg}: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
+            continue
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            for w_, s_ in zip(ws, ss):
+            for w_, s_ in zip(ws, ss, strict=True):
                 _stream_call(x, w_, s_, cfg)
         torch.cuda.current_stream().wait_stream(stream)
         graph.replay()
@@ -225,6 +236,8 @@ def _stream_tune(x, weight_packed, weight_scale, l2_multiple: int = 4, reps: int
         if t < best_t:
             best, best_t = cfg, t
         del graph
+    if best is None:
+        raise GemvError(f"no stream tile ran for N={n}, K={k}: {errors[0]}")
     _STREAM_TUNED[(m, n, k)] = best
     return best
 
