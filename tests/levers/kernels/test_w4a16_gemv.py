@@ -99,7 +99,8 @@ def test_stream_tiles_split_k_into_whole_steps():
         cands = gemv_mod.stream_candidates(k)
         assert cands and all(gemv_mod.stream_fits(c, k) for c in cands)
         assert {c.block_n for c in cands} == {16, 32, 64}
-    assert {c.groups for c in gemv_mod.stream_candidates(5120) if c.split_k == 1} == {4}
+    assert {c.groups for c in gemv_mod.stream_candidates(5120) if c.split_k == 1} == {4, 8}  # 8 only at 16, 32 rows
+    assert {c.block_n for c in gemv_mod.stream_candidates(5120) if c.groups == 8} == {16, 32}
     assert {c.split_k for c in gemv_mod.stream_candidates(640)} == {1}  # 5 groups: no even split
     assert not gemv_mod.stream_fits(gemv_mod.StreamConfig(16, 4, 4), 5120)  # 40 groups are not 4 spans of 4-group steps
     torch = pytest.importorskip("torch")
