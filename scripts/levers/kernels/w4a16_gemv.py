@@ -5,7 +5,8 @@ item 2: at M = 1 no 4-bit kernel vLLM 0.26 can select read at more than 57% of t
 
     from scripts.levers.kernels.w4a16_gemv import w4a16_gemv
     y = w4a16_gemv(x, weight_packed, weight_scale)         # x: M x K BF16, y: M x N BF16
-    python -m scripts.measure.gemm_bench --kernels bf16,vllm-marlin,lab-gemv --m 1,8   # timed beside vLLM's kernels
+    y = w4a16_gemv(x, weight_packed, weight_scale, form="stream")   # the fastest form at M = 1 (below)
+    python -m scripts.measure.gemm_bench --kernels bf16,vllm-marlin,lab-gemv-stream --m 1   # timed beside vLLM's
     python -m pytest tests/levers/kernels       # on a CPU: the kernel run by Triton's interpreter (its own process)
 
 The weights are llm-compressor's `pack-quantized` W4A16 g128 symmetric layout, as the checkpoint stores them:
@@ -28,11 +29,20 @@ and that pair is added in float32: ~2.4 instructions a weight against the float3
 four products in BF16 (relative error ~0.004 against ~0.002). Triton's interpreter runs no PTX: there the kernel
 computes the same sums in float32 (EMULATE), which checks everything but the PTX; the microbench checks that on a GPU.
 
-Measured (one H100, results/gpu-kernels-20261206/ and results/gpu-kernels-20261207/), over the layers the served
-W4A16 recipe holds in 4 bits at M = 1: the float32 form 31% of the copy bandwidth, the pairs form 58%, Marlin 64%.
-The pairs form ties Marlin on o_proj / out_proj and the output layer and is 5x faster on in_proj_ba, but is 6-25%
-slower on the big layers. Nothing serves it; it is the microbench's row for the lab's own kernel until it beats
-Marlin.
+The stream form (form="stream", gemv_kernel.gemv_stream; BF16 inputs, sm_80+): the pairs form's arithmetic with
+other data movement. A program reads its rows' words as a [rows x groups x 16] tile in 128-bit loads, the next step's
+tile before this step's products; a word's unpack and dot are one PTX block, and its float32 sum, scaled by its group
+scale, stays per word until the span ends (one reduction a program, none in the K loop). The inputs arrive as int32
+pairs, 128 bits a word, and are paired (8i + j, 8i + j + 4) once a step for all of the thread's rows. Without split-K
+a call is one launch storing BF16; with it, the spans are added into a zeroed BF16 output by BF16 atomics. The tile
+(StreamConfig: rows, groups a step, split-K, warps) is tuned per (M, N, K) by timing whole calls in a CUDA graph over
+random weights holding 4x the L2 cache (_stream_tune), so it must run before a caller captures graphs of its own.
+A program reads one input row: a batch re-reads the weights, so the form is for M = 1.
+
+Measured (one H100, M = 1, over the layers the served W4A16 recipe holds in 4 bits; results/gpu-kernels-20261206/,
+-20261207/, -20261207b/): the float32 form 31% of the copy bandwidth, the pairs form 58%, Marlin 65%, the stream form
+68-70% (every 27B layer in 4 bits: 68% against Marlin's 51%; the output layer 97%). The stream form is the fastest at
+M = 1 on every layer of both Qwen3.5 shapes; at M = 8 it reads at 12%. Nothing serves it yet.
 """
 
 from __future__ import annotations
