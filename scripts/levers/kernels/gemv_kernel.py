@@ -177,11 +177,12 @@ def _paired_dot(packed, p0, p1, p2, p3, EMULATE: tl.constexpr):
 
 @triton.jit
 def gemv_stream(x_ptr, w_ptr, s_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-                BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, SPLIT_K: tl.constexpr, EMULATE: tl.constexpr = False):
+                BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, SPLIT_K: tl.constexpr, AHEAD: tl.constexpr = 1,
+                EMULATE: tl.constexpr = False):
     """The stream form: x_ptr holds the inputs as int32 (BF16 pairs; stride_xm in pairs). Program (n, k, m) owns
     BLOCK_N rows, one of SPLIT_K spans of whole groups and input row m (a batch re-reads the weights, from L2 at
     best: the form is written for M = 1), and walks its span GROUPS groups (16 words a row each) at a time, the next
-    step's words loaded before this step's products. Sums stay per word, scaled by the word's group scale, until the
+    step's words (AHEAD = 2: the next two steps') loaded before this step's products. Sums stay per word, scaled by the word's group scale, until the
     span ends: one reduction a program. y_ptr: the output in x's dtype, stored (SPLIT_K == 1) or added into zeros
     atomically."""
     pid_n = tl.program_id(0)
@@ -198,10 +199,16 @@ def gemv_stream(x_ptr, w_ptr, s_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_s
     x_tile = x_ptr + pid_m * stride_xm + word[:, :, None] * 4 + tl.arange(0, 4)[None, None, :]  # a word's 4 pairs
     acc = tl.zeros((BLOCK_N, GROUPS, 16), dtype=tl.float32)
     nxt = tl.load(w_tile + g_lo * 16)
+    if AHEAD == 2:
+        nxt2 = tl.load(w_tile + (g_lo + tl.minimum(1, steps - 1) * GROUPS) * 16)
     for step in range(steps):
         g = g_lo + step * GROUPS
         packed = nxt
-        nxt = tl.load(w_tile + (g_lo + tl.minimum(step + 1, steps - 1) * GROUPS) * 16)  # the last step's again at the end
+        if AHEAD == 2:
+            nxt = nxt2
+            nxt2 = tl.load(w_tile + (g_lo + tl.minimum(step + 2, steps - 1) * GROUPS) * 16)
+        else:  # the last step's words are loaded again at the end
+            nxt = tl.load(w_tile + (g_lo + tl.minimum(step + 1, steps - 1) * GROUPS) * 16)
         scale = tl.load(s_tile + g).to(tl.float32)[:, :, None]
         # a word's inputs as int32 pairs: a0 (0 1), a1 (2 3), a2 (4 5), a3 (6 7); split takes the last axis, so pair
         # 2i + j is [i, j] and the first split gives the even pairs

@@ -112,11 +112,13 @@ FORMS = ("float32", "pairs", "stream")  # how the nibbles become products (the m
 
 @dataclass(frozen=True)
 class StreamConfig:
-    """The stream form's tile: BLOCK_N rows, GROUPS groups of 128 inputs a step, SPLIT_K spans of K."""
+    """The stream form's tile: BLOCK_N rows, GROUPS groups of 128 inputs a step, SPLIT_K spans of K, warps, and how
+    many steps ahead the weights are loaded (1 or 2)."""
     block_n: int
     groups: int
     split_k: int
     num_warps: int = 4
+    ahead: int = 1
 
 
 def stream_fits(cfg: StreamConfig, k: int) -> bool:
@@ -126,7 +128,8 @@ def stream_fits(cfg: StreamConfig, k: int) -> bool:
 
 def stream_candidates(k: int) -> list[StreamConfig]:
     """The stream form's tiles for K inputs: per row count, warps and split, the largest step of 4, 2 or 1 groups
-    that fits, and a step of 8 groups (more bytes in flight a thread) where that fits too."""
+    that fits; on tiles of up to 32 rows also a step of 8 groups where that fits, and (split at most 2) loads two
+    steps ahead: more bytes in flight a thread, for the layers too narrow to fill the GPU with programs."""
     out = []
     for block_n, warps in ((16, 4), (32, 4), (64, 4), (32, 8), (64, 8)):
         for split_k in (1, 2, 4, 8):
@@ -134,6 +137,8 @@ def stream_candidates(k: int) -> list[StreamConfig]:
             out += [StreamConfig(block_n, g, split_k, warps) for g in fitting[:1]]
             if block_n <= 32 and stream_fits(StreamConfig(block_n, 8, split_k, warps), k):
                 out.append(StreamConfig(block_n, 8, split_k, warps))
+            if block_n <= 32 and split_k <= 2 and fitting:
+                out.append(StreamConfig(block_n, fitting[0], split_k, warps, ahead=2))
     return out
 
 
@@ -181,7 +186,7 @@ def _stream_call(x, weight_packed, weight_scale, cfg: StreamConfig):
     xi = x.view(torch.int32)  # BF16 pairs
     gemv_kernel.gemv_stream[(triton.cdiv(n, cfg.block_n), cfg.split_k, m)](
         xi, weight_packed, weight_scale, y, n, k, xi.stride(0), weight_packed.stride(0), weight_scale.stride(0),
-        y.stride(0), BLOCK_N=cfg.block_n, GROUPS=cfg.groups, SPLIT_K=cfg.split_k, EMULATE=interpreted(),
+        y.stride(0), BLOCK_N=cfg.block_n, GROUPS=cfg.groups, SPLIT_K=cfg.split_k, AHEAD=cfg.ahead, EMULATE=interpreted(),
         num_warps=cfg.num_warps)
     return y.to(x.dtype)
 

@@ -22,7 +22,7 @@ CASES = [(1, Config(16, 256, 1)), (3, Config(16, 256, 2)), (8, Config(8, 512, 1)
 PAIRS = [(1, Config(16, 256, 1)), (3, Config(16, 256, 2)), (8, Config(8, 512, 1)), (2, Config(32, 128, 4))]
 # the stream form: (M, N, K, tile): split-K, a last tile partly past N, steps of 1, 2 and 4 groups, K = 640 tuned
 STREAM = [(1, 40, 512, (16, 2, 1)), (3, 40, 1024, (32, 2, 2)), (1, 70, 1024, (64, 4, 2)), (2, 40, 1024, (16, 1, 8)),
-          (1, 40, 640, None)]
+          (1, 40, 640, None), (1, 40, 1536, (16, 4, 1, 4, 2)), (1, 40, 256, (16, 2, 1, 4, 2))]  # 2 ahead: 3 steps, 1
 RUN_STREAM = """
 import json, sys
 import torch
@@ -101,6 +101,8 @@ def test_stream_tiles_split_k_into_whole_steps():
         assert {c.block_n for c in cands} == {16, 32, 64}
     assert {c.groups for c in gemv_mod.stream_candidates(5120) if c.split_k == 1} == {4, 8}  # 8 only at 16, 32 rows
     assert {c.block_n for c in gemv_mod.stream_candidates(5120) if c.groups == 8} == {16, 32}
+    assert {c.ahead for c in gemv_mod.stream_candidates(5120)} == {1, 2}
+    assert all(c.block_n <= 32 and c.split_k <= 2 for c in gemv_mod.stream_candidates(5120) if c.ahead == 2)
     assert {c.split_k for c in gemv_mod.stream_candidates(640)} == {1}  # 5 groups: no even split
     assert not gemv_mod.stream_fits(gemv_mod.StreamConfig(16, 4, 4), 5120)  # 40 groups are not 4 spans of 4-group steps
     torch = pytest.importorskip("torch")
@@ -218,7 +220,7 @@ def test_the_stream_form_compiles_for_hopper_with_wide_loads(split_k):
     sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*bf16",
            "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
     aligned = [i for i, name in enumerate(sig) if name != "stride_sn"]
-    consts = {"BLOCK_N": 64, "GROUPS": 4, "SPLIT_K": split_k, "EMULATE": False}
+    consts = {"BLOCK_N": 64, "GROUPS": 4, "SPLIT_K": split_k, "AHEAD": 2 if split_k == 1 else 1, "EMULATE": False}
     sig.update({name: "constexpr" for name in consts})
     src = ASTSource(fn=gemv_kernel.gemv_stream, signature=sig, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
