@@ -136,6 +136,9 @@ KERNELS = (
            "per M, N, K (scripts/levers/kernels/w4a16_gemv.py; M <= 8)", target="float32"),
     Kernel("lab-gemv-pairs", "lab", "the lab's GEMV in its pairs form: unpack and products on packed BF16 pairs in "
            "PTX, float32 sums a word (w4a16_gemv form='pairs'; M <= 8, sm_80+)", target="pairs"),
+    Kernel("lab-stream-vllm", "vllm", "the lab's vLLM kernel class (plugin LAB_W4A16_KERNEL=stream): the stream form "
+           "at M = 1, Marlin above, driven as vLLM drives it (scripts/levers/kernels/vllm_kernel.py)",
+           target="scripts.levers.kernels.vllm_kernel:LabStreamLinearKernel"),
     Kernel("lab-gemv-stream", "lab", "the lab's GEMV in its stream form: 128-bit weight loads a step ahead, the pairs "
            "form's PTX a word, one reduction a program, one launch without split-K; tiles tuned per M, N, K as whole "
            "calls from HBM (w4a16_gemv form='stream'; written for M = 1, sm_80+)", target="stream"),
@@ -617,7 +620,11 @@ def vllm_layer(kernel_cls, w: Weights, device: str = "cuda"):
 def prepare_vllm(kernel: Kernel, w: Weights, env: Env) -> Prepared:
     import vllm.model_executor.kernels.linear as lin
 
-    cls = getattr(lin, kernel.target or "", None)
+    if ":" in (kernel.target or ""):  # a class the lab's plugin registers: module:Class
+        module, _, name = kernel.target.partition(":")
+        cls = getattr(importlib.import_module(module), name, None)
+    else:
+        cls = getattr(lin, kernel.target or "", None)
     if cls is None:
         import vllm
 

@@ -192,6 +192,8 @@ def _stream_call(x, weight_packed, weight_scale, cfg: StreamConfig):
 
 
 def _stream(x, weight_packed, weight_scale, config: StreamConfig | None):
+    import torch
+
     m, k = x.shape
     n = weight_packed.shape[0]
     if config is not None and not stream_fits(config, k):
@@ -199,9 +201,35 @@ def _stream(x, weight_packed, weight_scale, config: StreamConfig | None):
     if config is None:
         if interpreted():  # the interpreter has no device to tune on
             config = stream_candidates(k)[0]
+        elif (m, n, k) in _STREAM_TUNED:
+            config = _STREAM_TUNED[(m, n, k)]
+        elif torch.cuda.is_current_stream_capturing():
+            raise GemvError(f"no tuned stream tile for M={m}, N={n}, K={k} while a CUDA graph is captured: "
+                            "tune_stream before capturing")
         else:
-            config = _STREAM_TUNED.get((m, n, k)) or _stream_tune(x, weight_packed, weight_scale)
+            config = _stream_tune(x, weight_packed, weight_scale)
     return _stream_call(x, weight_packed, weight_scale, config)
+
+
+def tune_stream(m: int, weight_packed, weight_scale) -> StreamConfig:
+    """Tune the stream form's tile for M input rows on these weights' (N, K) now (a server does it at load, before it
+    captures CUDA graphs); the random input is BF16 on the weights' device."""
+    import torch
+
+    x = torch.randn((m, weight_scale.shape[1] * GROUP), device=weight_packed.device).to(torch.bfloat16)
+    return _stream_tune(x, weight_packed.contiguous(), weight_scale.contiguous())
+
+
+def dequantize(weight_packed, weight_scale):
+    """The float32 weights (N x K) of the compressed-tensors W4A16 g128 tensors: (q - 8) * scale, nibble j of word i
+    being input 8i + j."""
+    import torch
+
+    n = weight_packed.shape[0]
+    shifts = torch.arange(0, 32, 4, device=weight_packed.device, dtype=torch.int32)
+    nib = (weight_packed[:, :, None] >> shifts) & 0xF  # the sign bits shifted in are masked away
+    q = nib.reshape(n, -1).float() - 8.0
+    return q * weight_scale.float().repeat_interleave(GROUP, dim=1)
 
 
 def _stream_tune(x, weight_packed, weight_scale, l2_multiple: int = 4, reps: int = 7, finalists: int = 3) -> StreamConfig:
