@@ -13,7 +13,8 @@ A lever the GPU or the model cannot take is listed with the first reason vLLM gi
 
 Every CUDA GPU gets: an FP8 KV cache, max_num_seqs and CUDA-graph capture sizes matched to the concurrency levels,
 n-gram speculation, the checkpoint's own MTP head where it carries one; W4A16 (GPTQ, group 128 where K allows) on vLLM's choice and
-on each other kernel it admits; FP8 W8A8 with static activation scales where the scheme's capability allows, else FP8
+on each other kernel it admits, and on the lab's own kernel class (scripts/levers/kernels/vllm_kernel.py, the rung's
+ENV_LAB_W4A16_KERNEL=stream) where that class admits every layer; FP8 W8A8 with static activation scales where the scheme's capability allows, else FP8
 weights served weight-only and W8A8 INT8; W4A8 where its scheme and kernel allow; SGLang serving the BF16 weights
 where SGLang is installed. The plan module adds the pruned output layer and committed EAGLE-3 heads on every machine.
 A shape proxy (random weights) gets its quantized forms written config-only (served with vLLM's random weights) and
@@ -112,40 +113,59 @@ def kernel_verdicts(shapes: dict[str, tuple[int, int]], cc: int, act: str = "bf1
     for 4-bit symmetric weights with `act` activations: bf16 (W4A16, each layer's group the calibrate lever gives it:
     the largest power of two <= 128 dividing its input width) or fp8 (W4A8, group 128). Kernels with no backend name
     (vLLM cannot be told to use them) are left out."""
-    import torch
-    from vllm.model_executor.kernels.linear.mixed_precision import MPLinearLayerConfig
-    from vllm.scalar_type import scalar_types
-
-    act_type = torch.bfloat16 if act == "bf16" else torch.float8_e4m3fn
-    weight = scalar_types.uint4b8 if act == "bf16" else scalar_types.int4
     kernels, names = _kernel_table()
-    fields = {"weight_type": weight, "act_type": act_type, "zero_points": False, "out_type": torch.bfloat16}
-    if "has_g_idx" in {f.name for f in dataclasses.fields(MPLinearLayerConfig)}:  # vLLM 0.26 (GPTQ act-order)
-        fields["has_g_idx"] = False
     out: dict[str, str | None] = {}
     for k in kernels:
         if k not in names or names[k] in out:
             continue
-        reason = None
-        if k.get_min_capability() > cc:
-            reason = f"{k.__name__} requires capability {k.get_min_capability()}, this GPU's is {cc}"
-        for family, (n, kk) in shapes.items():
-            if reason:
-                break
-            try:  # W4A16: the group the calibrate lever gives this layer; W4A8: its recipe demands 128
-                group = group_size_for(kk, GROUP, family) if act == "bf16" else GROUP
-            except CalibrateError as e:
-                reason = str(e)
-                break
-            cfg = MPLinearLayerConfig(**fields, group_size=group, full_weight_shape=(kk, n), partition_weight_shape=(kk, n))
-            try:
-                ok, why = k.can_implement(cfg)
-            except Exception as e:  # a kernel whose check needs a package or op this vLLM build lacks
-                ok, why = False, one_line(e)
-            if not ok:
-                reason = f"{k.__name__} cannot implement {family} (N={n}, K={kk}): {why}"
-        out[names[k]] = reason
+        out[names[k]] = class_verdict(k, shapes, cc, act)
     return out
+
+
+def _layer_fields(act: str) -> dict:
+    """MPLinearLayerConfig's fields of a 4-bit symmetric layer with `act` activations (bf16: W4A16, fp8: W4A8),
+    besides its shape and group."""
+    import torch
+    from vllm.model_executor.kernels.linear.mixed_precision import MPLinearLayerConfig
+    from vllm.scalar_type import scalar_types
+
+    fields = {"weight_type": scalar_types.uint4b8 if act == "bf16" else scalar_types.int4,
+              "act_type": torch.bfloat16 if act == "bf16" else torch.float8_e4m3fn, "zero_points": False,
+              "out_type": torch.bfloat16}
+    if "has_g_idx" in {f.name for f in dataclasses.fields(MPLinearLayerConfig)}:  # vLLM 0.26 (GPTQ act-order)
+        fields["has_g_idx"] = False
+    return fields
+
+
+def class_verdict(k, shapes: dict[str, tuple[int, int]], cc: int, act: str = "bf16") -> str | None:
+    """None where kernel class k implements every layer of `shapes` at capability cc with `act` activations, else the
+    first reason."""
+    from vllm.model_executor.kernels.linear.mixed_precision import MPLinearLayerConfig
+
+    fields = _layer_fields(act)
+    if k.get_min_capability() > cc:
+        return f"{k.__name__} requires capability {k.get_min_capability()}, this GPU's is {cc}"
+    for family, (n, kk) in shapes.items():
+        try:  # W4A16: the group the calibrate lever gives this layer; W4A8: its recipe demands 128
+            group = group_size_for(kk, GROUP, family) if act == "bf16" else GROUP
+        except CalibrateError as e:
+            return str(e)
+        cfg = MPLinearLayerConfig(**fields, group_size=group, full_weight_shape=(kk, n), partition_weight_shape=(kk, n))
+        try:
+            ok, why = k.can_implement(cfg)
+        except Exception as e:  # a kernel whose check needs a package or op this vLLM build lacks
+            ok, why = False, one_line(e)
+        if not ok:
+            return f"{k.__name__} cannot implement {family} (N={n}, K={kk}): {why}"
+    return None
+
+
+def lab_kernel_verdict(shapes: dict[str, tuple[int, int]], cc: int) -> str | None:
+    """The lab's W4A16 kernel class (scripts/levers/kernels/vllm_kernel.py, served with LAB_W4A16_KERNEL=stream) on
+    the W4A16 layers: None where it implements every one at capability cc, else the first reason."""
+    from scripts.levers.kernels.vllm_kernel import LabStreamLinearKernel
+
+    return class_verdict(LabStreamLinearKernel, shapes, cc)
 
 
 def scheme_capabilities() -> dict[str, int]:
@@ -262,6 +282,16 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
                                       "GATE_REFERENCE": r, "GATE_QUALITY_OF": f"{base}-w4a16", **LOSSY_GATE},
                                      ["w4a16"] if "CALIBRATE_RECIPE" in w4 else [])  # config-only: make weights
             left += [{"lever": f"W4A16 on the {b} kernel", "why": why} for b, why in kernels.items() if why]
+            # the lab's own kernel: the stream form at M = 1, Marlin above (results/gpu-27b-20261207/)
+            if (why := lab_kernel_verdict(targeted(shapes, recipe), cc)) is None:
+                out["w4a16-stream"] = ("W4A16 (GPTQ) on the lab's stream kernel at one token a step, Marlin above "
+                                       "(LAB_W4A16_KERNEL=stream)", "vllm",
+                                       {**{k: v for k, v in w4.items() if k != "CALIBRATE_RECIPE" and k not in LOSSY_GATE},
+                                        "PARENT": f"{base}-w4a16", "ENV_LAB_W4A16_KERNEL": "stream",
+                                        "GATE_REFERENCE": r, "GATE_QUALITY_OF": f"{base}-w4a16", **LOSSY_GATE},
+                                       ["w4a16"] if "CALIBRATE_RECIPE" in w4 else [])
+            else:
+                left.append({"lever": "W4A16 on the lab's stream kernel", "why": why})
     if cc >= caps["fp8_w8a8"]:
         out["fp8-static"] = (f"FP8 W8A8, static per-tensor activation scales ({made}): vLLM's norm and "
                              "activation fusions apply", "vllm",

@@ -87,6 +87,9 @@ def test_ampere(tmp_path, device, cc):
     marlin = out["w4a16-marlin"]
     assert marlin[2]["SERVE_LINEAR_BACKEND"] == "marlin" and marlin[3] == ["w4a16"]
     assert marlin[2]["GATE_QUALITY_OF"] == "m-w4a16" and "CALIBRATE_RECIPE" not in marlin[2]
+    stream = out["w4a16-stream"]  # the lab's kernel class: no --linear-backend (vLLM's would keep only its own)
+    assert stream[2]["ENV_LAB_W4A16_KERNEL"] == "stream" and "SERVE_LINEAR_BACKEND" not in stream[2]
+    assert stream[2]["PARENT"] == "m-w4a16" and stream[3] == ["w4a16"] and "CALIBRATE_RECIPE" not in stream[2]
 
 
 def test_ada(tmp_path, device):
@@ -183,3 +186,16 @@ def test_gated_deltanet_projections_go_to_4_bits_where_the_model_has_them(tmp_pa
     monkeypatch.setattr(gpu, "linear_shapes", own)  # the checkpoint's own layers: attention and MLP only
     out, _ = gpu.templates("m", REF, folder, config, 90, [1, 8])
     assert out["w4a16"][2]["CALIBRATE_RECIPE"] == "gptq-w4a16" and "Gated-DeltaNet" not in out["w4a16"][0]
+
+
+def test_the_labs_kernel_is_judged_by_its_own_check(device):
+    """LabStreamLinearKernel's minimum capability and its group: a layer whose K the calibrate lever gives a group
+    below 128 keeps the lever out, with the class's reason."""
+    device(75)
+    assert gpu.lab_kernel_verdict({"mlp.down_proj": (256, 512)}, 75) == \
+        "LabStreamLinearKernel requires capability 80, this GPU's is 75"
+    device(90)
+    assert gpu.lab_kernel_verdict({"mlp.down_proj": (256, 512)}, 90) is None
+    assert gpu.lab_kernel_verdict({"mlp.down_proj": (256, 320)}, 90) == (
+        "LabStreamLinearKernel cannot implement mlp.down_proj (N=256, K=320): group size 64: the stream form reads "
+        "groups of 128")
