@@ -98,9 +98,9 @@ def test_stream_tiles_split_k_into_whole_steps():
     for k in (640, 2560, 5120, 6144, 9216, 17408):
         cands = gemv_mod.stream_candidates(k)
         assert cands and all(gemv_mod.stream_fits(c, k) for c in cands)
-        assert {c.block_n for c in cands} == {16, 32, 64}
+        assert {c.block_n for c in cands} == {8, 16, 32, 64}
     assert {c.groups for c in gemv_mod.stream_candidates(5120) if c.split_k == 1} == {4, 8}  # 8 only at 16, 32 rows
-    assert {c.block_n for c in gemv_mod.stream_candidates(5120) if c.groups == 8} == {16, 32}
+    assert {c.block_n for c in gemv_mod.stream_candidates(5120) if c.groups == 8} == {8, 16, 32}
     assert {c.ahead for c in gemv_mod.stream_candidates(5120)} == {1, 2}
     assert all(c.block_n <= 32 and c.split_k <= 2 for c in gemv_mod.stream_candidates(5120) if c.ahead == 2)
     assert {c.split_k for c in gemv_mod.stream_candidates(640)} == {1}  # 5 groups: no even split
