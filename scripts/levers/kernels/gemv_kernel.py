@@ -130,32 +130,23 @@ def gemv(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, s
 # The stream form (w4a16_gemv(..., form="stream"), gemv_stream): a word's unpack and its dot with its eight inputs in
 # one PTX block. $1 is the word, $2..$5 the inputs paired as the unpack pairs the nibbles: (8i + j, 8i + j + 4) in the
 # low and high halves, j = 0..3. The two BF16 halves of the pair sum are added in float32.
-WORD_DOT_ASM = tl.constexpr("""{
-.reg .b32 lab_t, lab_m, lab_c, lab_one, lab_k, lab_q, lab_a, lab_z, lab_lo, lab_hi;
-mov.b32 lab_m, 0x000F000F;
-mov.b32 lab_c, 0x43004300;
-mov.b32 lab_one, 0x3F803F80;
-mov.b32 lab_k, 0xC308C308;
-mov.b32 lab_z, 0;
-lop3.b32 lab_q, $1, lab_m, lab_c, 0xea;
-fma.rn.bf16x2 lab_q, lab_q, lab_one, lab_k;
-fma.rn.bf16x2 lab_a, lab_q, $2, lab_z;
-shr.u32 lab_t, $1, 4;
-lop3.b32 lab_q, lab_t, lab_m, lab_c, 0xea;
-fma.rn.bf16x2 lab_q, lab_q, lab_one, lab_k;
-fma.rn.bf16x2 lab_a, lab_q, $3, lab_a;
-shr.u32 lab_t, $1, 8;
-lop3.b32 lab_q, lab_t, lab_m, lab_c, 0xea;
-fma.rn.bf16x2 lab_q, lab_q, lab_one, lab_k;
-fma.rn.bf16x2 lab_a, lab_q, $4, lab_a;
-shr.u32 lab_t, $1, 12;
-lop3.b32 lab_q, lab_t, lab_m, lab_c, 0xea;
-fma.rn.bf16x2 lab_q, lab_q, lab_one, lab_k;
-fma.rn.bf16x2 lab_a, lab_q, $5, lab_a;
-shl.b32 lab_lo, lab_a, 16;
-and.b32 lab_hi, lab_a, 0xFFFF0000;
-add.f32 $0, lab_lo, lab_hi;
-}""")
+def _word_dot_asm() -> str:
+    """WORD_DOT_ASM's text: per nibble pair j (the word shifted by 4j), the unpack into a bf16x2 of q and one bf16x2
+    FMA with input pair $(2 + j), summed in the pair; then the two halves added in float32."""
+    lines = [".reg .b32 lab_t, lab_m, lab_c, lab_one, lab_k, lab_q, lab_a, lab_lo, lab_hi;", "mov.b32 lab_m, 0x000F000F;",
+             "mov.b32 lab_c, 0x43004300;", "mov.b32 lab_one, 0x3F803F80;", "mov.b32 lab_k, 0xC308C308;",
+             "mov.b32 lab_a, 0;"]
+    for j in range(4):
+        src = "$1" if j == 0 else "lab_t"
+        if j:
+            lines.append(f"shr.u32 lab_t, $1, {4 * j};")
+        lines += [f"lop3.b32 lab_q, {src}, lab_m, lab_c, 0xea;", "fma.rn.bf16x2 lab_q, lab_q, lab_one, lab_k;",
+                  f"fma.rn.bf16x2 lab_a, lab_q, ${2 + j}, lab_a;"]
+    lines += ["shl.b32 lab_lo, lab_a, 16;", "and.b32 lab_hi, lab_a, 0xFFFF0000;", "add.f32 $0, lab_lo, lab_hi;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+WORD_DOT_ASM = tl.constexpr(_word_dot_asm())
 
 
 @triton.jit

@@ -179,6 +179,21 @@ def test_the_kernel_compiles_for_hopper(pairs, m_pad, split_k):
     """Triton compiles the kernel to an sm_90 cubin on a CPU (its own ptxas): the PTX blocks and the forms' constexpr
     branches, which the interpreter never compiles (2026-12-07: the first GPU run refused globals a jit function may
     not read)."""
+    from scripts.levers.kernels import gemv_kernel
+
+    sig = {"x_ptr": "*i16" if pairs else "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32",
+           "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+    consts = {"M_PAD": m_pad, "BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": split_k, "GROUP_K": 128, "PAIRS": pairs,
+              "EMULATE": False}
+    asm = compile_for_hopper(gemv_kernel.gemv, sig, consts)
+    assert asm["cubin"]
+    assert ("fma.rn.bf16x2" in asm["ptx"]) == pairs
+
+
+def compile_for_hopper(fn, sig: dict, consts: dict, aligned: tuple[str, ...] = ()) -> dict:
+    """Triton's sm_90 compile of a jit function on a CPU (its own ptxas), `aligned` arguments marked as a GPU call
+    specializes them (16-byte aligned pointers, integers that are multiples of 16); its asm (ptx, cubin). Skips where
+    this Triton cannot compile ahead of time or runs the interpreter."""
     pytest.importorskip("triton")
     if gemv_mod.interpreted():
         pytest.skip("TRITON_INTERPRET=1: Triton's jit runs the interpreter")
@@ -188,17 +203,10 @@ def test_the_kernel_compiles_for_hopper(pairs, m_pad, split_k):
         from triton.compiler import ASTSource
     except ImportError as e:
         pytest.skip(f"this Triton cannot compile ahead of time: {e}")
-    from scripts.levers.kernels import gemv_kernel
-
-    sig = {"x_ptr": "*i16" if pairs else "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32",
-           "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
-    consts = {"M_PAD": m_pad, "BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": split_k, "GROUP_K": 128, "PAIRS": pairs,
-              "EMULATE": False}
-    sig.update({name: "constexpr" for name in consts})
-    kernel = triton.compile(ASTSource(fn=gemv_kernel.gemv, signature=sig, constexprs=consts),
-                            target=GPUTarget("cuda", 90, 32))
-    assert kernel.asm["cubin"]
-    assert ("fma.rn.bf16x2" in kernel.asm["ptx"]) == pairs
+    sig = {**sig, **{name: "constexpr" for name in consts}}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(sig) if name in aligned}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32)).asm
 
 
 @pytest.mark.parametrize("split_k", [1, 4])
@@ -206,24 +214,11 @@ def test_the_stream_form_compiles_for_hopper_with_wide_loads(split_k):
     """The stream form's cubin for sm_90, with the divisibility a GPU call specializes on (16-byte aligned pointers,
     strides and sizes that are multiples of 16): the weights must come in 128-bit loads and a step's products must be
     the PTX's (2026-12-07: without that specialization the pairs form loaded 32 bits a thread at a time)."""
-    pytest.importorskip("triton")
-    if gemv_mod.interpreted():
-        pytest.skip("TRITON_INTERPRET=1: Triton's jit runs the interpreter")
-    try:
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as e:
-        pytest.skip(f"this Triton cannot compile ahead of time: {e}")
     from scripts.levers.kernels import gemv_kernel
 
     sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*bf16",
            "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
-    aligned = [i for i, name in enumerate(sig) if name != "stride_sn"]
     consts = {"BLOCK_N": 64, "GROUPS": 4, "SPLIT_K": split_k, "AHEAD": 2 if split_k == 1 else 1, "EMULATE": False}
-    sig.update({name: "constexpr" for name in consts})
-    src = ASTSource(fn=gemv_kernel.gemv_stream, signature=sig, constexprs=consts,
-                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    ptx = compile_for_hopper(gemv_kernel.gemv_stream, sig, consts, aligned=tuple(n for n in sig if n != "stride_sn"))["ptx"]
     assert "ld.global.v4.b32" in ptx and "fma.rn.bf16x2" in ptx
     assert ("add.noftz.bf16" in ptx) == (split_k > 1)  # split-K adds into the BF16 output: no float32 pass
