@@ -12,10 +12,11 @@ vLLM's checks, as the installed vLLM has them (0.26.0 on the lent H200, the same
 A lever the GPU or the model cannot take is listed with the first reason vLLM gives.
 
 Every CUDA GPU gets: an FP8 KV cache, max_num_seqs and CUDA-graph capture sizes matched to the concurrency levels,
-n-gram speculation, the checkpoint's own MTP head where it carries one; W4A16 (GPTQ, group 128 where K allows) on vLLM's choice and
-on each other kernel it admits, and on the lab's own kernel class (scripts/levers/kernels/vllm_kernel.py, the rung's
-ENV_LAB_W4A16_KERNEL=stream) where that class admits every layer; FP8 W8A8 with static activation scales where the scheme's capability allows, else FP8
-weights served weight-only and W8A8 INT8; W4A8 where its scheme and kernel allow; SGLang serving the BF16 weights
+n-gram speculation, the checkpoint's own MTP head where it carries one; W4A16 (GPTQ, group 128 where K allows) on
+vLLM's choice and on each other kernel it admits, and on the lab's own kernel class (scripts/levers/kernels/
+vllm_kernel.py, the rung's ENV_LAB_W4A16_KERNEL=stream: it holds the 4-bit weights twice) where that class admits
+every layer; FP8 W8A8 with static activation scales where the scheme's capability allows, else FP8 weights served
+weight-only and W8A8 INT8; W4A8 where its scheme and kernel allow; SGLang serving the BF16 weights
 where SGLang is installed. The plan module adds the pruned output layer and committed EAGLE-3 heads on every machine.
 A shape proxy (random weights) gets its quantized forms written config-only (served with vLLM's random weights) and
 no speculation; on Qwen3.5's Gated-DeltaNet layers W4A16 takes their projections too (gptq-w4a16-gdn).
@@ -163,8 +164,10 @@ def class_verdict(k, shapes: dict[str, tuple[int, int]], cc: int, act: str = "bf
 def lab_kernel_verdict(shapes: dict[str, tuple[int, int]], cc: int) -> str | None:
     """The lab's W4A16 kernel class (scripts/levers/kernels/vllm_kernel.py, served with LAB_W4A16_KERNEL=stream) on
     the W4A16 layers: None where it implements every one at capability cc, else the first reason."""
-    from scripts.levers.kernels.vllm_kernel import LabStreamLinearKernel
-
+    try:
+        from scripts.levers.kernels.vllm_kernel import LabStreamLinearKernel
+    except ImportError as e:  # a vLLM whose kernel modules moved
+        return f"the lab's kernel class does not import with this vLLM: {one_line(e)}"
     return class_verdict(LabStreamLinearKernel, shapes, cc)
 
 
@@ -275,21 +278,22 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
         else:
             gdn = ", Gated-DeltaNet projections included" if recipe.endswith("-gdn") else ""
             out["w4a16"] = (f"W4A16 (GPTQ, group 128{gdn}, {made}) on vLLM's own kernel choice", "vllm", w4, [])
+            def on_w4a16(setting: dict) -> tuple[dict, list[str]]:
+                """The W4A16 rung's checkpoint served another way: its settings with `setting`, judged on its quality
+                records (the same file); it waits for the W4A16 rung's build where that calibrates."""
+                return ({**{k: v for k, v in w4.items() if k != "CALIBRATE_RECIPE" and k not in LOSSY_GATE},
+                         "PARENT": f"{base}-w4a16", **setting, "GATE_REFERENCE": r,
+                         "GATE_QUALITY_OF": f"{base}-w4a16", **LOSSY_GATE},
+                        ["w4a16"] if "CALIBRATE_RECIPE" in w4 else [])  # config-only: make weights
+
             for b in admitted:
                 out[f"w4a16-{b}"] = (f"W4A16 (GPTQ) on the {b} kernel (--linear-backend {b})", "vllm",
-                                     {**{k: v for k, v in w4.items() if k != "CALIBRATE_RECIPE" and k not in LOSSY_GATE},
-                                      "PARENT": f"{base}-w4a16", "SERVE_LINEAR_BACKEND": b,
-                                      "GATE_REFERENCE": r, "GATE_QUALITY_OF": f"{base}-w4a16", **LOSSY_GATE},
-                                     ["w4a16"] if "CALIBRATE_RECIPE" in w4 else [])  # config-only: make weights
+                                     *on_w4a16({"SERVE_LINEAR_BACKEND": b}))
             left += [{"lever": f"W4A16 on the {b} kernel", "why": why} for b, why in kernels.items() if why]
             # the lab's own kernel: the stream form at M = 1, Marlin above (results/gpu-27b-20261207/)
             if (why := lab_kernel_verdict(targeted(shapes, recipe), cc)) is None:
                 out["w4a16-stream"] = ("W4A16 (GPTQ) on the lab's stream kernel at one token a step, Marlin above "
-                                       "(LAB_W4A16_KERNEL=stream)", "vllm",
-                                       {**{k: v for k, v in w4.items() if k != "CALIBRATE_RECIPE" and k not in LOSSY_GATE},
-                                        "PARENT": f"{base}-w4a16", "ENV_LAB_W4A16_KERNEL": "stream",
-                                        "GATE_REFERENCE": r, "GATE_QUALITY_OF": f"{base}-w4a16", **LOSSY_GATE},
-                                       ["w4a16"] if "CALIBRATE_RECIPE" in w4 else [])
+                                       "(LAB_W4A16_KERNEL=stream)", "vllm", *on_w4a16({"ENV_LAB_W4A16_KERNEL": "stream"}))
             else:
                 left.append({"lever": "W4A16 on the lab's stream kernel", "why": why})
     if cc >= caps["fp8_w8a8"]:

@@ -173,9 +173,10 @@ def gemv_stream(x_ptr, w_ptr, s_ptr, y_ptr, N, K, stride_xm, stride_wn, stride_s
     """The stream form: x_ptr holds the inputs as int32 (BF16 pairs; stride_xm in pairs). Program (n, k, m) owns
     BLOCK_N rows, one of SPLIT_K spans of whole groups and input row m (a batch re-reads the weights, from L2 at
     best: the form is written for M = 1), and walks its span GROUPS groups (16 words a row each) at a time, the next
-    step's words (AHEAD = 2: the next two steps') loaded before this step's products. Sums stay per word, scaled by the word's group scale, until the
-    span ends: one reduction a program. y_ptr: the output in x's dtype, stored (SPLIT_K == 1) or added into zeros
-    atomically."""
+    step's words (AHEAD = 2: the next two steps') loaded before this step's products. Sums stay per word, scaled by
+    the word's group scale, until the span ends: one reduction a program. y_ptr: the output in x's dtype, stored
+    (SPLIT_K == 1) or added atomically into zeros (the order of the spans' BF16 additions varies from call to call,
+    so with split-K the last bits of an output may too)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)

@@ -11,9 +11,10 @@ activations, sm_80+, and what Marlin takes), and logs "Using LabStreamLinearKern
 
 Per layer at load (process_weights_after_loading):
 - the checkpoint's tensors (weight_packed N x K/8, weight_scale N x K/128) are kept as the stream form reads them;
+- the stream form's tile is tuned for M = 1 (once per N, K), before vLLM captures CUDA graphs; the tuning's weight
+  copies (4x the L2 cache, at least two of the layer) are freed before the next layer loads;
 - the stream form's output for a random input is checked against the float32 product of the dequantized weights on
   the layer's first and last 64 rows: above TOLERANCE the load fails with one line naming the layer and the error;
-- the stream form's tile is tuned for M = 1 (once per N, K), before vLLM captures CUDA graphs;
 - Marlin repacks its own copy of the weights (vLLM's MarlinLinearKernel, unchanged): the 4-bit weights are held
   twice, ~14 GB more for the Qwen3.5-27B shape's W4A16 recipe.
 
@@ -44,7 +45,7 @@ def stream_or_marlin(x: torch.Tensor, w_q: torch.Tensor, w_s: torch.Tensor, m_q:
                      k: int, is_k_full: bool) -> torch.Tensor:
     """y = x @ W^T for x (M x K, BF16): the stream form on the checkpoint's tensors (w_q, w_s) for M <= MAX_M, else
     Marlin on its repacked copy (m_*)."""
-    if x.shape[0] <= MAX_M:
+    if 1 <= x.shape[0] <= MAX_M:
         return gemv.w4a16_gemv(x, w_q, w_s, form="stream")
     return apply_gptq_marlin_linear(input=x, weight=m_q, weight_scale=m_s, weight_zp=m_zp, g_idx=g_idx,
                                     g_idx_sort_indices=g_perm, workspace=workspace, wtype=scalar_types.uint4b8,
@@ -88,7 +89,7 @@ class LabStreamLinearKernel(MPLinearKernel):
             return False, f"weight type {c.weight_type}: the stream form reads uint4b8 (symmetric 4-bit) only"
         if c.group_size != gemv.GROUP:
             return False, f"group size {c.group_size}: the stream form reads groups of {gemv.GROUP}"
-        if c.zero_points or getattr(c, "has_g_idx", False):  # vLLM releases after 0.26 drop the field
+        if c.zero_points or getattr(c, "has_g_idx", False):  # the lab's CPU vLLM build (0.32) has no such field
             return False, "zero points or act-order: the stream form reads symmetric weights in order"
         if c.act_type != torch.bfloat16:
             return False, f"activations {c.act_type}: the stream form's PTX multiplies BF16 pairs"
@@ -104,17 +105,18 @@ class LabStreamLinearKernel(MPLinearKernel):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         k, n = self.config.partition_weight_shape
         w_q, w_s = getattr(layer, self.w_q_name), getattr(layer, self.w_s_name)
+        name = getattr(layer, "prefix", "") or "a W4A16 layer"
         if tuple(w_q.shape) != (n, k // 8) or tuple(w_s.shape) != (n, k // gemv.GROUP):
-            raise gemv.GemvError(f"{getattr(layer, 'prefix', '')}: weight_packed {tuple(w_q.shape)} / weight_scale "
+            raise gemv.GemvError(f"{name}: weight_packed {tuple(w_q.shape)} / weight_scale "
                                  f"{tuple(w_s.shape)}, expected the checkpoint's ({n}, {k // 8}) / ({n}, "
                                  f"{k // gemv.GROUP})")
         layer.lab_w_q = w_q.data.contiguous().clone()
         layer.lab_w_s = w_s.data.to(torch.bfloat16).contiguous().clone()
         bias = getattr(layer, "bias", None)
         layer.lab_bias = None if bias is None else bias.data.clone()  # Marlin permutes its own
-        check_layer(getattr(layer, "prefix", ""), layer.lab_w_q, layer.lab_w_s)
-        if gemv.stream_tile(1, n, k) is None:
+        if gemv.stream_tile(1, n, k) is None:  # once per (N, K), before vLLM captures its graphs
             gemv.tune_stream(1, layer.lab_w_q, layer.lab_w_s)
+        check_layer(name, layer.lab_w_q, layer.lab_w_s)
         self.marlin.process_weights_after_loading(layer)
 
     def apply_weights(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

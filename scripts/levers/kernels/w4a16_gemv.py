@@ -35,15 +35,16 @@ tile before this step's products; a word's unpack and dot are one PTX block, and
 scale, stays per word until the span ends (one reduction a program, none in the K loop). The inputs arrive as int32
 pairs, 128 bits a word, and are paired (8i + j, 8i + j + 4) once a step for all of the thread's rows. Without split-K
 a call is one launch storing BF16; with it, the spans are added into a zeroed BF16 output by BF16 atomics. The tile
-(StreamConfig: rows, groups a step, split-K, warps) is tuned per (M, N, K) by timing whole calls in a CUDA graph over
-random weights holding 4x the L2 cache (_stream_tune), so it must run before a caller captures graphs of its own.
-A program reads one input row: a batch re-reads the weights, so the form is for M = 1.
+(StreamConfig: rows, groups a step, split-K, warps, steps loaded ahead) is tuned per (M, N, K) by timing whole calls
+in a CUDA graph over random weights holding 4x the L2 cache (tune_stream), so it must run before a caller captures
+graphs of its own. A program reads one input row: a batch re-reads the weights, so the form is for M = 1.
 
 Measured (one H100, M = 1, over the layers the served W4A16 recipe holds in 4 bits; results/gpu-kernels-20261206/,
--20261207/, -20261207b/): the float32 form 31% of the copy bandwidth, the pairs form 58%, Marlin 65%, the stream form
-68-70% (every 27B layer in 4 bits: 68% against Marlin's 51%; the output layer 97%). The stream form is the fastest at
-M = 1 on every layer of both Qwen3.5 shapes; at M = 8 it reads at 12%. vllm_kernel.LabStreamLinearKernel serves it
-in vLLM at M = 1 (results/gpu-27b-20261207/: the 27B shape's c=1 step 8.805 -> 8.298 ms against Marlin, one round).
+-20261207/, -20261207b/; one --quick run each): the float32 form 31% of the copy bandwidth, the pairs form 58%, Marlin
+65%, the stream form 68-70% at trees 57a944d to 0ec1782 (every 27B layer in 4 bits: 68% against Marlin's 51%; the
+output layer 96-97%), faster than Marlin on every layer of both Qwen3.5 shapes in the last two runs; at M = 8 it reads
+at 12%. The two-warp tiles came after (4c620d3) and have not run on a GPU. vllm_kernel.LabStreamLinearKernel serves
+it in vLLM at M = 1 (results/gpu-27b-20261207/: the 27B shape's c=1 step 8.805 -> 8.298 ms against Marlin, one round).
 """
 
 from __future__ import annotations
@@ -189,8 +190,8 @@ def _stream_call(x, weight_packed, weight_scale, cfg: StreamConfig):
     xi = x.view(torch.int32)  # BF16 pairs
     gemv_kernel.gemv_stream[(triton.cdiv(n, cfg.block_n), cfg.split_k, m)](
         xi, weight_packed, weight_scale, y, n, k, xi.stride(0), weight_packed.stride(0), weight_scale.stride(0),
-        y.stride(0), BLOCK_N=cfg.block_n, GROUPS=cfg.groups, SPLIT_K=cfg.split_k, AHEAD=cfg.ahead, EMULATE=interpreted(),
-        num_warps=cfg.num_warps)
+        y.stride(0), BLOCK_N=cfg.block_n, GROUPS=cfg.groups, SPLIT_K=cfg.split_k, AHEAD=cfg.ahead,
+        EMULATE=interpreted(), num_warps=cfg.num_warps)
     return y.to(x.dtype)
 
 
@@ -235,13 +236,12 @@ def dequantize(weight_packed, weight_scale):
     return q * weight_scale.float().repeat_interleave(GROUP, dim=1)
 
 
-def _stream_tune(x, weight_packed, weight_scale, l2_multiple: int = 4, reps: int = 7, finalists: int = 3) -> StreamConfig:
+def _stream_tune(x, weight_packed, weight_scale, l2_multiple: int = 4, reps: int = 7,
+                 finalists: int = 3) -> StreamConfig:
     """The fastest stream tile for this (M, N, K) on this GPU, remembered: every candidate timed as whole calls (its
     launches and buffers) in one CUDA graph over copies of random weights holding l2_multiple times the L2 cache, so
     each call reads from HBM as a served layer does (the median of `reps` replays); the `finalists` fastest are timed
     again, and the lowest median over both rounds wins."""
-    import statistics
-
     import torch
 
     m, k = x.shape
@@ -283,15 +283,25 @@ def _stream_tune(x, weight_packed, weight_scale, l2_multiple: int = 4, reps: int
             out.append(start.elapsed_time(end))
         return out
 
-    times = {cfg: timed(g) for cfg, g in graphs.items()}
-    for cfg in sorted(times, key=lambda c: statistics.median(times[c]))[:finalists]:
-        times[cfg] += timed(graphs[cfg])
-    best = min(times, key=lambda c: statistics.median(times[c])) if times else None
-    del graphs
+    best = fastest({cfg: timed(g) for cfg, g in graphs.items()}, lambda cfg: timed(graphs[cfg]), finalists)
+    for held in (graphs, ws, ss):
+        held.clear()
+    torch.cuda.empty_cache()  # the copies' memory back to the device (a server tunes while it loads)
     if best is None:
         raise GemvError(f"no stream tile ran for N={n}, K={k}: {errors[0]}")
     _STREAM_TUNED[(m, n, k)] = best
     return best
+
+
+def fastest(times: dict, again, finalists: int = 3):
+    """The key of `times` ({tile: [ms, ...]}) with the lowest median after the `finalists` fastest were timed again
+    (again(tile) -> more times, added to theirs); None where `times` is empty."""
+    import statistics
+
+    times = {k: list(v) for k, v in times.items()}
+    for key in sorted(times, key=lambda c: statistics.median(times[c]))[:finalists]:
+        times[key] += again(key)
+    return min(times, key=lambda c: statistics.median(times[c])) if times else None
 
 
 def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None, form: str = "float32"):

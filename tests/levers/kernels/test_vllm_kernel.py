@@ -52,7 +52,8 @@ def test_the_plugin_puts_the_class_first_only_when_asked(monkeypatch):
         plugin.register()
 
 
-def test_the_class_refuses_what_the_stream_form_does_not_read():
+def test_the_class_refuses_what_the_stream_form_does_not_read(monkeypatch):
+    from vllm.platforms import current_platform
     from vllm.scalar_type import scalar_types
 
     from scripts.levers.kernels.vllm_kernel import LabStreamLinearKernel as K
@@ -63,7 +64,8 @@ def test_the_class_refuses_what_the_stream_form_does_not_read():
     assert "uint4b8" in K.can_implement(config(weight_type=scalar_types.uint8b128))[1]
     assert "activations torch.float16" in K.can_implement(config(act_type=torch.float16))[1]
     assert "not whole groups" in K.can_implement(config(partition_weight_shape=(5000, 6144)))[1]
-    ok, why = K.can_implement(config())  # what it reads: then Marlin's verdict (no CUDA here: refused by Marlin)
+    monkeypatch.setattr(current_platform, "is_cuda", lambda: False, raising=False)
+    ok, why = K.can_implement(config())  # what it reads: then Marlin's verdict (not CUDA: refused by Marlin)
     assert not ok and "Marlin" in why
 
 
@@ -88,8 +90,9 @@ def test_the_load_check_names_the_layer_when_the_kernel_is_wrong(monkeypatch):
     monkeypatch.setattr(gemv, "w4a16_gemv", right)
     assert vllm_kernel.check_layer("model.layers.3.mlp.down_proj", wq, w.s) < 1e-2
     monkeypatch.setattr(gemv, "w4a16_gemv", lambda x, q, s, form: right(x, q, s, form) * 1.05)
-    with pytest.raises(gemv.GemvError, match=r"model.layers.3.mlp.down_proj \(N=200, K=512\): the stream form "
-                                             r"differs from the dequantized product by 0.0\d+ > 0.02; LabStreamLinearKernel not used"):
+    want = (r"model.layers.3.mlp.down_proj \(N=200, K=512\): the stream form differs from the dequantized product by "
+            r"0.0\d+ > 0.02; LabStreamLinearKernel not used")
+    with pytest.raises(gemv.GemvError, match=want):
         vllm_kernel.check_layer("model.layers.3.mlp.down_proj", wq, w.s)
 
 

@@ -20,7 +20,8 @@ CASES = [(1, Config(16, 256, 1)), (3, Config(16, 256, 2)), (8, Config(8, 512, 1)
 # the pairs form, as the interpreter runs it (its float32 emulation of the PTX: the data movement, the nibbles' pairing
 # with their inputs, the scales and split-K; the PTX itself is checked on a GPU by the microbench's comparison)
 PAIRS = [(1, Config(16, 256, 1)), (3, Config(16, 256, 2)), (8, Config(8, 512, 1)), (2, Config(32, 128, 4))]
-# the stream form: (M, N, K, tile): split-K, a last tile partly past N, steps of 1, 2 and 4 groups, K = 640 tuned
+# the stream form: (M, N, K, tile): split-K, a last tile partly past N, steps of 1, 2 and 4 groups, K = 640 with no
+# tile given (the interpreter takes the first candidate), two steps loaded ahead
 STREAM = [(1, 40, 512, (16, 2, 1)), (3, 40, 1024, (32, 2, 2)), (1, 70, 1024, (64, 4, 2)), (2, 40, 1024, (16, 1, 8)),
           (1, 40, 640, None), (1, 40, 1536, (16, 4, 1, 4, 2)), (1, 40, 256, (16, 2, 1, 4, 2))]  # 2 ahead: 3 steps, 1
 RUN_STREAM = """
@@ -99,7 +100,7 @@ def test_stream_tiles_split_k_into_whole_steps():
         cands = gemv_mod.stream_candidates(k)
         assert cands and all(gemv_mod.stream_fits(c, k) for c in cands)
         assert {c.block_n for c in cands} == {8, 16, 32, 64}
-    assert {c.groups for c in gemv_mod.stream_candidates(5120) if c.split_k == 1} == {4, 8}  # 8 only at 16, 32 rows
+    assert {c.groups for c in gemv_mod.stream_candidates(5120) if c.split_k == 1} == {4, 8}  # 8: up to 32 rows
     assert {c.block_n for c in gemv_mod.stream_candidates(5120) if c.groups == 8} == {8, 16, 32}
     assert {c.ahead for c in gemv_mod.stream_candidates(5120)} == {1, 2}
     assert all(c.block_n <= 32 and c.split_k <= 2 for c in gemv_mod.stream_candidates(5120) if c.ahead == 2)
@@ -219,6 +220,23 @@ def test_the_stream_form_compiles_for_hopper_with_wide_loads(split_k):
     sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*bf16",
            "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
     consts = {"BLOCK_N": 64, "GROUPS": 4, "SPLIT_K": split_k, "AHEAD": 2 if split_k == 1 else 1, "EMULATE": False}
-    ptx = compile_for_hopper(gemv_kernel.gemv_stream, sig, consts, aligned=tuple(n for n in sig if n != "stride_sn"))["ptx"]
+    aligned = tuple(n for n in sig if n != "stride_sn")
+    ptx = compile_for_hopper(gemv_kernel.gemv_stream, sig, consts, aligned=aligned)["ptx"]
     assert "ld.global.v4.b32" in ptx and "fma.rn.bf16x2" in ptx
     assert ("add.noftz.bf16" in ptx) == (split_k > 1)  # split-K adds into the BF16 output: no float32 pass
+
+
+def test_the_tuner_times_its_finalists_again_before_it_keeps_one():
+    """The tile kept is the lowest median over both rounds of the finalists: a first round's lucky reading loses."""
+    first = {"a": [1.0, 1.0, 1.0], "b": [1.1, 1.1, 1.1], "c": [1.2, 1.2, 1.2], "d": [5.0, 5.0, 5.0]}
+    again = {"a": [2.0, 2.0, 2.0, 2.0], "b": [1.1, 1.1, 1.1], "c": [1.2, 1.2, 1.2]}
+    asked = []
+
+    def retime(tile):
+        asked.append(tile)
+        return again[tile]
+
+    assert gemv_mod.fastest(first, retime, finalists=3) == "b"
+    assert sorted(asked) == ["a", "b", "c"] and first["a"] == [1.0, 1.0, 1.0]  # "d" not again; the input kept
+    assert gemv_mod.fastest(first, retime, finalists=0) == "a"
+    assert gemv_mod.fastest({}, retime) is None
