@@ -94,14 +94,15 @@ def test_ampere(tmp_path, device, cc):
 
 def test_ada(tmp_path, device):
     out, left = plan_for(89, *checkpoint(tmp_path, 256), device)
-    assert {"fp8-static", "w4a16-marlin"} <= set(out) and not {"fp8", "int8", "w4a8", "w4a16-machete"} & set(out)
+    assert {"fp8-static", "w4a16-marlin", "w4a16-stream"} <= set(out)
+    assert not {"fp8", "int8", "w4a8", "w4a16-machete"} & set(out)
     assert out["fp8-static"][2]["CALIBRATE_RECIPE"] == "fp8-w8a8-static"
     assert "capability 89, this GPU's is 89" in left["W8A8 INT8"]
 
 
 def test_hopper(tmp_path, device):
     out, left = plan_for(90, *checkpoint(tmp_path, 256, mtp=True), device)
-    assert {"fp8-static", "w4a8", "w4a16", "w4a16-marlin", "w4a16-machete", "mtp3"} <= set(out)
+    assert {"fp8-static", "w4a8", "w4a16", "w4a16-marlin", "w4a16-machete", "w4a16-stream", "mtp3"} <= set(out)
     assert json.loads(out["mtp3"][2]["SERVE_SPECULATIVE_CONFIG"]) == {"method": "mtp", "num_speculative_tokens": 3}
 
 
