@@ -224,6 +224,30 @@ def tune_stream(m: int, weight_packed, weight_scale) -> StreamConfig:
     return _stream_tune(x, weight_packed.contiguous(), weight_scale.contiguous())
 
 
+CHECK_TOLERANCE = 2e-2  # max |y - y_ref| / max |y_ref|, as the GEMM microbench's check
+CHECK_ROWS = 64  # the rows checked at each end of a layer
+
+
+def check_stream(name: str, weight_packed, weight_scale) -> float:
+    """The stream form's max relative error against the dequantized product on the first and last CHECK_ROWS rows of
+    a layer for one random input row (a server checks each layer so at load); raises GemvError naming the layer above
+    CHECK_TOLERANCE."""
+    import torch
+
+    n, k = weight_packed.shape[0], weight_scale.shape[1] * GROUP
+    gen = torch.Generator(device=weight_packed.device).manual_seed(n * 7919 + k)
+    x = torch.randn((1, k), generator=gen, device=weight_packed.device).to(torch.bfloat16)
+    rows = torch.unique(torch.cat([torch.arange(min(CHECK_ROWS, n)), torch.arange(max(0, n - CHECK_ROWS), n)]))
+    rows = rows.to(weight_packed.device)
+    y = w4a16_gemv(x, weight_packed, weight_scale, form="stream").float()[:, rows]
+    ref = x.float() @ dequantize(weight_packed[rows], weight_scale[rows]).T
+    err = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+    if not err <= CHECK_TOLERANCE:  # NaN fails too
+        raise GemvError(f"{name or 'a W4A16 layer'} (N={n}, K={k}): the stream form differs from the dequantized "
+                        f"product by {err:.3g} > {CHECK_TOLERANCE:g}; the lab's kernel is not used for it")
+    return err
+
+
 def dequantize(weight_packed, weight_scale):
     """The float32 weights (N x K) of the compressed-tensors W4A16 g128 tensors: (q - 8) * scale, nibble j of word i
     being input 8i + j."""

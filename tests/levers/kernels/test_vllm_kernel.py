@@ -80,7 +80,6 @@ def test_dequantize_matches_the_benchs_weights():
 
 
 def test_the_load_check_names_the_layer_when_the_kernel_is_wrong(monkeypatch):
-    from scripts.levers.kernels import vllm_kernel
     from scripts.levers.kernels import w4a16_gemv as gemv
     from scripts.measure.gemm_bench import Weights, pack_compressed_tensors
 
@@ -88,20 +87,20 @@ def test_the_load_check_names_the_layer_when_the_kernel_is_wrong(monkeypatch):
     wq = pack_compressed_tensors(w.q)
     right = lambda x, q, s, form: (x.float() @ gemv.dequantize(q, s).T).to(x.dtype)  # noqa: E731
     monkeypatch.setattr(gemv, "w4a16_gemv", right)
-    assert vllm_kernel.check_layer("model.layers.3.mlp.down_proj", wq, w.s) < 1e-2
+    assert gemv.check_stream("model.layers.3.mlp.down_proj", wq, w.s) < 1e-2
     monkeypatch.setattr(gemv, "w4a16_gemv", lambda x, q, s, form: right(x, q, s, form) * 1.05)
     want = (r"model.layers.3.mlp.down_proj \(N=200, K=512\): the stream form differs from the dequantized product by "
-            r"0.0\d+ > 0.02; LabStreamLinearKernel not used")
+            r"0.0\d+ > 0.02; the lab's kernel is not used for it")
     with pytest.raises(gemv.GemvError, match=want):
-        vllm_kernel.check_layer("model.layers.3.mlp.down_proj", wq, w.s)
+        gemv.check_stream("model.layers.3.mlp.down_proj", wq, w.s)
 
 
 RUN = """
 import json
-from scripts.levers.kernels import vllm_kernel
+from scripts.levers.kernels.w4a16_gemv import check_stream
 from scripts.measure.gemm_bench import Weights, pack_compressed_tensors
-w = Weights(200, 1024, [200], seed=5, device="cpu")
-print(json.dumps(vllm_kernel.check_layer("layer", pack_compressed_tensors(w.q), w.s)))
+w = Weights(130, 256, [130], seed=5, device="cpu")  # both ends of 64 rows, two groups
+print(json.dumps(check_stream("layer", pack_compressed_tensors(w.q), w.s)))
 """
 
 
