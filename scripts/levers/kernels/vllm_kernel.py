@@ -17,7 +17,8 @@ Per layer at load (process_weights_after_loading):
   the layer's first and last 64 rows (w4a16_gemv.check_stream): above 0.02 the load fails with one line naming the
   layer and the error;
 - Marlin repacks its own copy of the weights (vLLM's MarlinLinearKernel, unchanged): the 4-bit weights are held
-  twice, ~14 GB more for the Qwen3.5-27B shape's W4A16 recipe.
+  twice (the Qwen3.5-27B shape's gptq-w4a16-gdn checkpoint: 29.03 GiB at load against Marlin's 16.84 GiB,
+  results/gpu-27b-20261207/).
 
 At run time one custom op (`lab::w4a16_stream_or_marlin`, opaque to torch.compile, so the batch size is read when it
 runs, not when vLLM traces the model) calls the stream form for one input row and Marlin for more. A batch re-reads
@@ -42,8 +43,8 @@ MAX_M = 1  # input rows the stream form takes; more go to Marlin
 def stream_or_marlin(x: torch.Tensor, w_q: torch.Tensor, w_s: torch.Tensor, m_q: torch.Tensor, m_s: torch.Tensor,
                      m_zp: torch.Tensor, g_idx: torch.Tensor, g_perm: torch.Tensor, workspace: torch.Tensor, n: int,
                      k: int, is_k_full: bool) -> torch.Tensor:
-    """y = x @ W^T for x (M x K, BF16): the stream form on the checkpoint's tensors (w_q, w_s) for M <= MAX_M, else
-    Marlin on its repacked copy (m_*)."""
+    """y = x @ W^T for x (M x K, BF16): the stream form on the checkpoint's tensors (w_q, w_s) for 1 <= M <= MAX_M,
+    else Marlin on its repacked copy (m_*)."""
     if 1 <= x.shape[0] <= MAX_M:
         return gemv.w4a16_gemv(x, w_q, w_s, form="stream")
     return apply_gptq_marlin_linear(input=x, weight=m_q, weight_scale=m_s, weight_zp=m_zp, g_idx=g_idx,
