@@ -67,6 +67,7 @@ from typing import Any
 
 from scripts.common import paths
 from scripts.common import records as rec
+from scripts.common.cudagraph import capture, replay_ms
 from scripts.common.records import one_line
 from scripts.common.server import free_port
 from scripts.weights.shape_proxy import QWEN35_4B_TEXT, QWEN35_27B_TEXT
@@ -789,19 +790,8 @@ def time_calls(call, launches: int, timing: Timing, device: str = "cuda") -> dic
                 call(i)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(launches):
-                call(i)
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(timing.reps):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / launches)
+        graph = capture(lambda: [call(i) for i in range(launches)])
+        times = [ms * 1e3 / launches for ms in replay_ms(graph, timing.reps)]
         out.update(graph_us=statistics.median(times), graph_us_reps=times)
     except Exception as e:  # noqa: BLE001 - eager time stands; the row says why there is no graph time
         out["graph_error"] = one_line(e)
@@ -1221,8 +1211,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.layers is not None and not args.from_record:
             raise BenchError("--layers goes with --from-record RECORD (a run times every layer)")
         if args.from_record:
-            table = resummarize(args.from_record, parse_list(args.layers, "layers") if args.layers is not None else None)
-            print(table)
+            print(resummarize(args.from_record,
+                              parse_list(args.layers, "layers") if args.layers is not None else None))
             return 0
         plan = plan_from(args)
         if args.list:

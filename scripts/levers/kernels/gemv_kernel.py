@@ -6,29 +6,34 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# The unpack shared by both forms' PTX. Its constants: a nibble pair's mask, 128.0 twice (the magic the nibbles are
+# OR-ed into), 1.0 twice and -136.0 twice. The blocks are constexpr globals: a jit function reads no other global.
+_UNPACK_REGS = ["mov.b32 lab_m, 0x000F000F;", "mov.b32 lab_c, 0x43004300;", "mov.b32 lab_one, 0x3F803F80;",
+                "mov.b32 lab_k, 0xC308C308;"]
+
+
+def _unpack(word: str, j: int, dst: str) -> list[str]:
+    """PTX lines that put nibble pair j of `word` (nibbles j and j + 4) into `dst` as a bf16x2 of q = u - 8."""
+    src = word
+    lines = []
+    if j:
+        lines.append(f"shr.u32 lab_t, {word}, {4 * j};")
+        src = "lab_t"
+    return lines + [f"lop3.b32 {dst}, {src}, lab_m, lab_c, 0xea;", f"fma.rn.bf16x2 {dst}, {dst}, lab_one, lab_k;"]
+
+
+def _asm(regs: str, lines: list[str]) -> str:
+    """A PTX block: its registers, the unpack's constants, then `lines`."""
+    return "{\n" + "\n".join([f".reg .b32 {regs};", *_UNPACK_REGS, *lines]) + "\n}"
+
+
 # The pairs form (w4a16_gemv(..., form="pairs"), gemv's PAIRS): the unpack and the products on packed BF16 pairs, in
-# PTX (sm_80+). A word's nibbles j and j + 4 (inputs 8i + j and 8i + j + 4) become one bf16x2 of 128 + u each by one LOP3 (u into
-# the mantissa of 128.0), and one bf16x2 FMA takes 136 off both (q = u - 8, exact in BF16); four bf16x2 FMAs then
-# multiply the word's eight weights with its eight inputs, summed in BF16 pairs, and the pair is added in float32.
-# Per weight that is ~2.4 instructions where the float32 form needs ~4.
-UNPACK_ASM = tl.constexpr("""{
-.reg .b32 lab_t, lab_m, lab_c, lab_one, lab_k;
-mov.b32 lab_m, 0x000F000F;
-mov.b32 lab_c, 0x43004300;
-mov.b32 lab_one, 0x3F803F80;
-mov.b32 lab_k, 0xC308C308;
-lop3.b32 $0, $4, lab_m, lab_c, 0xea;
-fma.rn.bf16x2 $0, $0, lab_one, lab_k;
-shr.u32 lab_t, $4, 4;
-lop3.b32 $1, lab_t, lab_m, lab_c, 0xea;
-fma.rn.bf16x2 $1, $1, lab_one, lab_k;
-shr.u32 lab_t, $4, 8;
-lop3.b32 $2, lab_t, lab_m, lab_c, 0xea;
-fma.rn.bf16x2 $2, $2, lab_one, lab_k;
-shr.u32 lab_t, $4, 12;
-lop3.b32 $3, lab_t, lab_m, lab_c, 0xea;
-fma.rn.bf16x2 $3, $3, lab_one, lab_k;
-}""")  # a constexpr: a jit function reads no other global
+# PTX (sm_80+). A word's nibbles j and j + 4 (inputs 8i + j and 8i + j + 4) become one bf16x2 of 128 + u each by one
+# LOP3 (u into the mantissa of 128.0), and one bf16x2 FMA takes 136 off both (q = u - 8, exact in BF16); four bf16x2
+# FMAs then multiply the word's eight weights with its eight inputs, summed in BF16 pairs, and the pair is added in
+# float32. Per weight that is ~2.4 instructions where the float32 form needs ~4.
+UNPACK_ASM = tl.constexpr(_asm("lab_t, lab_m, lab_c, lab_one, lab_k",
+                               [x for j in range(4) for x in _unpack("$4", j, f"${j}")]))
 DOT_ASM = tl.constexpr("""{
 .reg .b32 lab_a, lab_z, lab_lo, lab_hi;
 mov.b32 lab_z, 0;
@@ -133,17 +138,11 @@ def gemv(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, s
 def _word_dot_asm() -> str:
     """WORD_DOT_ASM's text: per nibble pair j (the word shifted by 4j), the unpack into a bf16x2 of q and one bf16x2
     FMA with input pair $(2 + j), summed in the pair; then the two halves added in float32."""
-    lines = [".reg .b32 lab_t, lab_m, lab_c, lab_one, lab_k, lab_q, lab_a, lab_lo, lab_hi;", "mov.b32 lab_m, 0x000F000F;",
-             "mov.b32 lab_c, 0x43004300;", "mov.b32 lab_one, 0x3F803F80;", "mov.b32 lab_k, 0xC308C308;",
-             "mov.b32 lab_a, 0;"]
+    lines = ["mov.b32 lab_a, 0;"]
     for j in range(4):
-        src = "$1" if j == 0 else "lab_t"
-        if j:
-            lines.append(f"shr.u32 lab_t, $1, {4 * j};")
-        lines += [f"lop3.b32 lab_q, {src}, lab_m, lab_c, 0xea;", "fma.rn.bf16x2 lab_q, lab_q, lab_one, lab_k;",
-                  f"fma.rn.bf16x2 lab_a, lab_q, ${2 + j}, lab_a;"]
+        lines += [*_unpack("$1", j, "lab_q"), f"fma.rn.bf16x2 lab_a, lab_q, ${2 + j}, lab_a;"]
     lines += ["shl.b32 lab_lo, lab_a, 16;", "and.b32 lab_hi, lab_a, 0xFFFF0000;", "add.f32 $0, lab_lo, lab_hi;"]
-    return "{\n" + "\n".join(lines) + "\n}"
+    return _asm("lab_t, lab_m, lab_c, lab_one, lab_k, lab_q, lab_a, lab_lo, lab_hi", lines)
 
 
 WORD_DOT_ASM = tl.constexpr(_word_dot_asm())

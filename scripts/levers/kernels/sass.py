@@ -53,8 +53,26 @@ def loops(sass: str) -> list[list[str]]:
     return out
 
 
-def compile_sass(fn, sig: dict, consts: dict, num_warps: int, aligned: tuple[str, ...]) -> str:
-    """The sm_90 SASS of a jit function (its cubin through Triton's cuobjdump)."""
+def stream_signature() -> dict:
+    """gemv_stream's argument types as a served call passes them (int32 input pairs, a BF16 output)."""
+    return {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "i32",
+            "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+
+
+def gemv_signature(pairs: bool) -> dict:
+    """gemv's argument types (the pairs form takes the inputs' BF16 bits as int16; float32 sums out)."""
+    return {"x_ptr": "*i16" if pairs else "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32",
+            "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+
+
+def aligned(sig: dict) -> tuple[str, ...]:
+    """The arguments a GPU call specializes as 16-divisible here: all but the scales' row stride (K/128)."""
+    return tuple(n for n in sig if n != "stride_sn")
+
+
+def compile_sm90(fn, sig: dict, consts: dict, num_warps: int = 4, aligned: tuple[str, ...] = ()) -> dict:
+    """Triton's sm_90 compile of a jit function on this machine (its own ptxas), `aligned` arguments marked as a GPU
+    call specializes them (16-byte aligned pointers, integers that are multiples of 16): its asm (ptx, cubin)."""
     try:
         import triton
         from triton.backends.compiler import GPUTarget
@@ -63,13 +81,20 @@ def compile_sass(fn, sig: dict, consts: dict, num_warps: int, aligned: tuple[str
         raise SassError(f"this Triton cannot compile ahead of time: {e}") from e
     sig = {**sig, **{name: "constexpr" for name in consts}}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(sig) if name in aligned}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm
+
+
+def compile_sass(fn, sig: dict, consts: dict, num_warps: int, aligned: tuple[str, ...]) -> str:
+    """The sm_90 SASS of a jit function (its cubin through Triton's cuobjdump)."""
+    import triton
+
+    cubin = compile_sm90(fn, sig, consts, num_warps, aligned)["cubin"]
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(tool):
         raise SassError(f"no cuobjdump in this Triton ({tool})")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
+        f.write(cubin)
         f.flush()
         return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
 
@@ -78,10 +103,9 @@ def stream_loop(block_n: int, groups: int, split_k: int = 1, num_warps: int = 4,
     """The stream form's K loop for one tile (a BF16 output: the served path)."""
     from scripts.levers.kernels import gemv_kernel
 
-    sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "i32",
-           "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+    sig = stream_signature()
     consts = {"BLOCK_N": block_n, "GROUPS": groups, "SPLIT_K": split_k, "AHEAD": ahead, "EMULATE": False}
-    sass = compile_sass(gemv_kernel.gemv_stream, sig, consts, num_warps, tuple(n for n in sig if n != "stride_sn"))
+    sass = compile_sass(gemv_kernel.gemv_stream, sig, consts, num_warps, aligned(sig))
     return _loop(sass, block_n * groups * 16 * 8 / (num_warps * 32))
 
 
@@ -89,11 +113,10 @@ def pairs_loop(block_n: int, block_k: int, split_k: int = 1, num_warps: int = 4)
     """The pairs form's K loop for one tile at M = 1."""
     from scripts.levers.kernels import gemv_kernel
 
-    sig = {"x_ptr": "*i16", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
-           "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+    sig = gemv_signature(pairs=True)
     consts = {"M_PAD": 1, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k, "GROUP_K": 128, "PAIRS": True,
               "EMULATE": False}
-    sass = compile_sass(gemv_kernel.gemv, sig, consts, num_warps, tuple(n for n in sig if n != "stride_sn"))
+    sass = compile_sass(gemv_kernel.gemv, sig, consts, num_warps, aligned(sig))
     return _loop(sass, block_n * block_k / (num_warps * 32))
 
 

@@ -23,7 +23,7 @@ Per layer at load (process_weights_after_loading):
 At run time one custom op (`lab::w4a16_stream_or_marlin`, opaque to torch.compile, so the batch size is read when it
 runs, not when vLLM traces the model) calls the stream form for one input row and Marlin for more. A batch re-reads
 the weights in the stream form (results/gpu-kernels-20261207b/: 12 % of the copy bandwidth at M = 8, Marlin 50 %), so
-MAX_M is 1.
+STREAM_ROWS is 1.
 """
 
 from __future__ import annotations
@@ -36,17 +36,17 @@ from vllm.scalar_type import scalar_types
 
 from scripts.levers.kernels import w4a16_gemv as gemv
 
-MAX_M = 1  # input rows the stream form takes; more go to Marlin
+STREAM_ROWS = 1  # input rows the stream form takes (w4a16_gemv's MAX_M is what it could take); more go to Marlin
 
 
 @torch.library.custom_op("lab::w4a16_stream_or_marlin", mutates_args=())
 def stream_or_marlin(x: torch.Tensor, w_q: torch.Tensor, w_s: torch.Tensor, m_q: torch.Tensor, m_s: torch.Tensor,
                      m_zp: torch.Tensor, g_idx: torch.Tensor, g_perm: torch.Tensor, workspace: torch.Tensor, n: int,
                      k: int, is_k_full: bool) -> torch.Tensor:
-    """y = x @ W^T for x (M x K, BF16): the stream form on the checkpoint's tensors (w_q, w_s) for 1 <= M <= MAX_M,
-    else Marlin on its repacked copy (m_*)."""
-    if 1 <= x.shape[0] <= MAX_M:
-        return gemv.w4a16_gemv(x, w_q, w_s, form="stream")
+    """y = x @ W^T for x (M x K, BF16): the stream form on the checkpoint's tensors (w_q, w_s) for 1 <= M <=
+    STREAM_ROWS (shapes checked once, at load: no per-call checks), else Marlin on its repacked copy (m_*)."""
+    if 1 <= x.shape[0] <= STREAM_ROWS:
+        return gemv.stream_gemv(x.contiguous(), w_q, w_s)
     return apply_gptq_marlin_linear(input=x, weight=m_q, weight_scale=m_s, weight_zp=m_zp, g_idx=g_idx,
                                     g_idx_sort_indices=g_perm, workspace=workspace, wtype=scalar_types.uint4b8,
                                     input_size_per_partition=k, output_size_per_partition=n, is_k_full=is_k_full,

@@ -195,7 +195,10 @@ def _stream_call(x, weight_packed, weight_scale, cfg: StreamConfig):
     return y.to(x.dtype)
 
 
-def _stream(x, weight_packed, weight_scale, config: StreamConfig | None):
+def stream_gemv(x, weight_packed, weight_scale, config: StreamConfig | None = None):
+    """The stream form without w4a16_gemv's checks, for a caller that checked its shapes once (vllm_kernel, at load):
+    x contiguous BF16 (M x K), the checkpoint's tensors; `config` fixes the tile, else the tuned one (tuned now where
+    none is, unless a CUDA graph is being captured)."""
     import torch
 
     m, k = x.shape
@@ -211,17 +214,8 @@ def _stream(x, weight_packed, weight_scale, config: StreamConfig | None):
             raise GemvError(f"no tuned stream tile for M={m}, N={n}, K={k} while a CUDA graph is captured: "
                             "tune_stream before capturing")
         else:
-            config = _stream_tune(x, weight_packed, weight_scale)
+            config = tune_stream(m, weight_packed, weight_scale)
     return _stream_call(x, weight_packed, weight_scale, config)
-
-
-def tune_stream(m: int, weight_packed, weight_scale) -> StreamConfig:
-    """Tune the stream form's tile for M input rows on these weights' (N, K) now (a server does it at load, before it
-    captures CUDA graphs); the random input is BF16 on the weights' device."""
-    import torch
-
-    x = torch.randn((m, weight_scale.shape[1] * GROUP), device=weight_packed.device).to(torch.bfloat16)
-    return _stream_tune(x, weight_packed.contiguous(), weight_scale.contiguous())
 
 
 CHECK_TOLERANCE = 2e-2  # max |y - y_ref| / max |y_ref|, as the GEMM microbench's check
@@ -260,16 +254,20 @@ def dequantize(weight_packed, weight_scale):
     return q * weight_scale.float().repeat_interleave(GROUP, dim=1)
 
 
-def _stream_tune(x, weight_packed, weight_scale, l2_multiple: int = 4, reps: int = 7,
-                 finalists: int = 3) -> StreamConfig:
-    """The fastest stream tile for this (M, N, K) on this GPU, remembered: every candidate timed as whole calls (its
-    launches and buffers) in one CUDA graph over copies of random weights holding l2_multiple times the L2 cache, so
-    each call reads from HBM as a served layer does (the median of `reps` replays); the `finalists` fastest are timed
-    again, and the lowest median over both rounds wins."""
+def tune_stream(m: int, weight_packed, weight_scale, l2_multiple: int = 4, reps: int = 7,
+                finalists: int = 3) -> StreamConfig:
+    """The fastest stream tile for M input rows on these weights' (N, K) on this GPU, remembered (a server tunes at
+    load, before it captures CUDA graphs): every candidate timed as whole calls (its launches and buffers) on a random
+    BF16 input, in one CUDA graph over copies of random weights holding l2_multiple times the L2 cache, so each call
+    reads from HBM as a served layer does (the median of `reps` replays); the `finalists` fastest are timed again, and
+    the lowest median over both rounds wins."""
     import torch
 
-    m, k = x.shape
-    n = weight_packed.shape[0]
+    from scripts.common.cudagraph import capture, replay_ms
+    from scripts.common.records import one_line
+
+    n, k = weight_packed.shape[0], weight_scale.shape[1] * GROUP
+    x = torch.randn((m, k), device=weight_packed.device).to(torch.bfloat16)
     props = torch.cuda.get_device_properties(x.device)
     per_copy = weight_packed.numel() * 4 + weight_scale.numel() * weight_scale.element_size()
     copies = max(2, min(64, -(-l2_multiple * props.L2_cache_size // per_copy)))
@@ -284,30 +282,11 @@ def _stream_tune(x, weight_packed, weight_scale, l2_multiple: int = 4, reps: int
             for w_, s_ in zip(ws[:2], ss[:2], strict=True):  # compile and warm up outside the graph
                 _stream_call(x, w_, s_, cfg)
         except Exception as e:  # noqa: BLE001 - a tile this GPU's Triton cannot build is left out
-            errors.append(f"{cfg}: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
+            errors.append(f"{cfg}: {one_line(e, 200)}")
             continue
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            for w_, s_ in zip(ws, ss, strict=True):
-                _stream_call(x, w_, s_, cfg)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph.replay()
-        graphs[cfg] = graph
-
-    def timed(graph) -> list[float]:
-        out = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end))
-        return out
-
-    best = fastest({cfg: timed(g) for cfg, g in graphs.items()}, lambda cfg: timed(graphs[cfg]), finalists)
+        graphs[cfg] = capture(lambda cfg=cfg: [_stream_call(x, w_, s_, cfg) for w_, s_ in zip(ws, ss, strict=True)])
+    best = fastest({cfg: replay_ms(g, reps) for cfg, g in graphs.items()}, lambda cfg: replay_ms(graphs[cfg], reps),
+                   finalists)
     for held in (graphs, ws, ss):
         held.clear()
     torch.cuda.empty_cache()  # the copies' memory back to the device (a server tunes while it loads)
@@ -352,7 +331,7 @@ def w4a16_gemv(x, weight_packed, weight_scale, config: Config | None = None, for
     if form == "stream":
         if config is not None and not isinstance(config, StreamConfig):
             raise GemvError(f"the stream form takes a StreamConfig, not {config}")
-        return _stream(x.contiguous(), weight_packed, weight_scale, config)
+        return stream_gemv(x.contiguous(), weight_packed, weight_scale, config)
     if config is not None and not fits(config, k):
         raise GemvError(f"tile {config} does not split K={k} evenly")
     if config is None and interpreted():  # the interpreter has no device to tune on

@@ -20,15 +20,10 @@ torch = pytest.importorskip("torch")
 
 
 def config(**kw):
-    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig
-    from vllm.scalar_type import scalar_types
+    """vLLM's config of a compressed-tensors W4A16 g128 layer (K = 5120, N = 6144), with `kw` changed."""
+    from scripts.measure.gemm_bench import mp_config
 
-    fields = {f.name for f in dataclasses.fields(MPLinearLayerConfig)}
-    base = {"full_weight_shape": (5120, 6144), "partition_weight_shape": (5120, 6144),
-            "weight_type": scalar_types.uint4b8, "act_type": torch.bfloat16, "group_size": 128, "zero_points": False,
-            "has_g_idx": False}
-    base.update(kw)
-    return MPLinearLayerConfig(**{k: v for k, v in base.items() if k in fields})
+    return dataclasses.replace(mp_config(6144, 5120), **kw)
 
 
 def test_the_plugin_puts_the_class_first_only_when_asked(monkeypatch):

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from scripts.common import paths
+from scripts.levers.kernels import sass
 from scripts.levers.kernels import w4a16_gemv as gemv_mod
 from scripts.levers.kernels.w4a16_gemv import Config, GemvError, check, fits
 
@@ -182,8 +183,7 @@ def test_the_kernel_compiles_for_hopper(pairs, m_pad, split_k):
     not read)."""
     from scripts.levers.kernels import gemv_kernel
 
-    sig = {"x_ptr": "*i16" if pairs else "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32",
-           "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+    sig = sass.gemv_signature(pairs)
     consts = {"M_PAD": m_pad, "BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": split_k, "GROUP_K": 128, "PAIRS": pairs,
               "EMULATE": False}
     asm = compile_for_hopper(gemv_kernel.gemv, sig, consts)
@@ -192,22 +192,15 @@ def test_the_kernel_compiles_for_hopper(pairs, m_pad, split_k):
 
 
 def compile_for_hopper(fn, sig: dict, consts: dict, aligned: tuple[str, ...] = ()) -> dict:
-    """Triton's sm_90 compile of a jit function on a CPU (its own ptxas), `aligned` arguments marked as a GPU call
-    specializes them (16-byte aligned pointers, integers that are multiples of 16); its asm (ptx, cubin). Skips where
-    this Triton cannot compile ahead of time or runs the interpreter."""
+    """sass.compile_sm90 (Triton's sm_90 compile on this CPU: ptx, cubin), skipped where this Triton cannot compile
+    ahead of time or runs the interpreter."""
     pytest.importorskip("triton")
     if gemv_mod.interpreted():
         pytest.skip("TRITON_INTERPRET=1: Triton's jit runs the interpreter")
     try:
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as e:
-        pytest.skip(f"this Triton cannot compile ahead of time: {e}")
-    sig = {**sig, **{name: "constexpr" for name in consts}}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(sig) if name in aligned}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32)).asm
+        return sass.compile_sm90(fn, sig, consts, aligned=aligned)
+    except sass.SassError as e:
+        pytest.skip(str(e))
 
 
 @pytest.mark.parametrize("split_k", [1, 4])
@@ -217,11 +210,9 @@ def test_the_stream_form_compiles_for_hopper_with_wide_loads(split_k):
     the PTX's (2026-12-07: without that specialization the pairs form loaded 32 bits a thread at a time)."""
     from scripts.levers.kernels import gemv_kernel
 
-    sig = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "y_ptr": "*bf16",
-           "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_ym": "i32"}
+    sig = sass.stream_signature()
     consts = {"BLOCK_N": 64, "GROUPS": 4, "SPLIT_K": split_k, "AHEAD": 2 if split_k == 1 else 1, "EMULATE": False}
-    aligned = tuple(n for n in sig if n != "stride_sn")
-    ptx = compile_for_hopper(gemv_kernel.gemv_stream, sig, consts, aligned=aligned)["ptx"]
+    ptx = compile_for_hopper(gemv_kernel.gemv_stream, sig, consts, aligned=sass.aligned(sig))["ptx"]
     assert "ld.global.v4.b32" in ptx and "fma.rn.bf16x2" in ptx
     assert ("add.noftz.bf16" in ptx) == (split_k > 1)  # split-K adds into the BF16 output: no float32 pass
 
