@@ -25,9 +25,10 @@
 #                                               # KEEP=1: leave them running, e.g. for `profile`, then `stop`)
 #   SET="…" [ONLY="tag …"] bash scripts/gpu/device.sh profile   # decode-step profiles of running servers (below)
 #   bash scripts/gpu/device.sh stop             # stop every server `start` left running
-#   [ROUNDS=2] [SGL_BUDGET_GB=N] bash scripts/gpu/device.sh cycle V[+K=V] ...   # rounds of start, measure, stop with
-#                                               # one server at a time (only one fits: the 27B shape on an H100);
-#                                               # even rounds reversed, one ladder id (below)
+#   [ROUNDS=2] [SGL_BUDGET_GB=N] [PROFILE_ROUNDS="1"] bash scripts/gpu/device.sh cycle V[+K=V] ...   # rounds of
+#                                               # start, measure, stop with one server at a time (only one fits: the
+#                                               # 27B shape on an H100); even rounds reversed, one ladder id (below);
+#                                               # PROFILE_ROUNDS: `profile` each server of those rounds after its bench
 #   [ONLY="tag …"] [RUNS="fuzz"] bash scripts/gpu/device.sh reliability   # soak, storm and fuzz of the servers `start` left running
 #   [SCALE_ARGS=…] bash scripts/gpu/device.sh scale V   # scripts.measure.scale: one server, replicas behind
 #                                               # vllm-router (its wheels in the payload's whl/), router overhead;
@@ -383,9 +384,16 @@ PY
       for spec in "${order[@]}"; do
         echo "== cycle round $round: $spec $(date +%T)"
         bash "$0" start "$spec"
-        # KEEP and ONLY emptied: the server stops and no other is benched; measure stops it
-        KEEP= ONLY= CYCLE_ROUND=$round ROUNDS=1 bash "$0" measure | tee $RUN/cycle-measure.out
+        # ONLY emptied: no other server is benched; measure stops it, unless this round profiles it (PROFILE_ROUNDS="1
+        # …": with SERVE_PROFILER_CONFIG in SET, `profile` at CONCURRENCY (default 1) after the bench, then `stop`;
+        # its records come back as $OUT/profile-r<round>-<spec's tag>.tar)
+        prof=; [[ " ${PROFILE_ROUNDS:-} " == *" $round "* ]] && prof=1
+        KEEP=$prof ONLY= CYCLE_ROUND=$round ROUNDS=1 bash "$0" measure | tee $RUN/cycle-measure.out
         grep -qE "never became healthy|bench .* failed" $RUN/cycle-measure.out && failed=$((failed + 1))
+        if [ -n "$prof" ]; then
+          TAR=profile-r$round-$(awk '{print $1; exit}' $RUN/servers) CONCURRENCY=${CONCURRENCY:-1} bash "$0" profile
+          bash "$0" stop
+        fi
         # the next start sizes its budget from the memory free: wait (60 s at most) until the stopped one freed it
         for _ in $(seq 60); do [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)" \
           -lt 1024 ] 2>/dev/null && break; sleep 1; done
