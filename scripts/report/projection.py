@@ -15,8 +15,16 @@ fixed cost a 4B has on a 24 GB A10G (600 GB/s). So the 27B ladder measures what 
         TPOT'_cand   = fixed' + W'_cand / (target_gbs x e_cand)
         speedup      = TPOT'_bf16 / TPOT'_cand                  (and at e_cand = e_bf16: a 4-bit kernel as good as BF16's)
 
-It assumes the kernels keep on the target GPU the efficiency they have on the H200 (Marlin was built for Ampere and may
-do better there), and nothing about MTP or batching. Writes results/projection_<target>_<stamp>.md.
+    per kernel (--kernels-from GEMM --kernels K,…: the kernels' own efficiencies, from one GEMM microbench record):
+        e_bf16k, e_k = the BF16 GEMMs' and kernel K's share of that run's copy bandwidth at M = 1 over every layer of the
+                       shape in its form (the record's model rows)
+        weights_bf16 = W'_bf16 / (target_gbs x e_bf16k);  fixed' = fixed / (W_bf16 / (BW x e_bf16)) x weights_bf16
+        TPOT'_K      = fixed' + W'_packed / (target_gbs x e_k) + W'_rest / (target_gbs x e_bf16k)
+                       W'_packed: the candidate's packed 4-bit bytes (its record's I32), W'_rest: the rest (BF16:
+                       the output layer, in_proj_ba, norms, the group scales) read at the BF16 GEMMs' efficiency
+
+It assumes the kernels keep on the target GPU the efficiency they have where they were measured (Marlin was built for
+Ampere and may do better there), and nothing about MTP or batching. Writes results/projection_<target>_<stamp>.md.
 """
 
 from __future__ import annotations
@@ -59,6 +67,18 @@ def project(tpot_ref_ms: float, tpot_cand_ms: float, w_ref: float, w_cand: float
                        "tpot_cand_at_e_bf16_ms": ideal, "speedup_at_e_bf16": bf16 / ideal}}
 
 
+def project_kernel(fixed_ratio: float, w_target_ref: float, packed: float, rest: float, e_bf16: float, e_kernel: float,
+                   target_gbs: float) -> dict:
+    """The target's BF16 and candidate steps (ms) with the candidate's packed 4-bit bytes at the kernel's efficiency
+    and the rest at the BF16 GEMMs' (fixed_ratio: the fit's fixed time over its BF16 weight time). Pure."""
+    bw = target_gbs * 1e9
+    weights = w_target_ref / (bw * e_bf16) * 1e3
+    fixed = fixed_ratio * weights
+    cand = fixed + (packed / (bw * e_kernel) + rest / (bw * e_bf16)) * 1e3
+    return {"fixed_ms": fixed, "tpot_bf16_ms": fixed + weights, "tpot_cand_ms": cand,
+            "speedup": (fixed + weights) / cand, "e_bf16": e_bf16, "e_kernel": e_kernel}
+
+
 def ladder_point(records, variant: str, ladder: str) -> tuple[float, float, float, list[str]]:
     """(median TPOT p50 ms at c=1, weight bytes a step reads, median copy bandwidth bytes/s, record paths) of a variant's
     latency records in one ladder."""
@@ -82,16 +102,37 @@ def weight_bytes(records, variant: str) -> tuple[float, str]:
     return r["summary"]["fixed"]["1"]["roofline"]["weight_bytes"], paths.shown(p)
 
 
-def bf16_efficiency(gemm: Path, shape: str) -> float:
-    """The BF16 GEMMs' share of the copy bandwidth at M = 1 on the shape, from the GEMM microbench's record."""
+def weight_split(records, variant: str) -> tuple[float, float, str]:
+    """(packed 4-bit bytes, the other bytes) a step of the variant reads, from its newest latency record that counted
+    them by dtype (packed: I32)."""
+    rows = [(p, r) for p, r in records if r["variant"] == variant
+            and ((r.get("roofline") or {}).get("bytes") or {}).get("weights", {}).get("by_dtype")]
+    if not rows:
+        raise ProjectionError(f"no latency record of {variant} with its weight bytes by dtype")
+    p, r = rows[-1]
+    by_dtype = r["roofline"]["bytes"]["weights"]["by_dtype"]
+    packed = by_dtype.get("I32", 0)
+    return packed, sum(by_dtype.values()) - packed, paths.shown(p)
+
+
+def kernel_efficiency(gemm: Path, shape: str, kernel: str = "bf16") -> float:
+    """A kernel's share of the copy bandwidth at M = 1 over every layer of the shape, from the GEMM microbench's
+    record (its model row)."""
     try:
         rec = json.loads(gemm.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ProjectionError(f"{gemm}: not a GEMM microbench record ({e})") from None
-    row = next((m for m in rec["summary"]["models"] if m["kernel"] == "bf16" and m["shape"] == shape and m["m"] == 1), None)
+    row = next((m for m in rec["summary"]["models"]
+                if m["kernel"] == kernel and m["shape"] == shape and m["m"] == 1 and m.get("complete", True)), None)
     if row is None:
-        raise ProjectionError(f"{gemm}: no BF16 row of shape {shape} at M = 1")
+        raise ProjectionError(f"{gemm}: no complete row of kernel {kernel}, shape {shape} at M = 1")
     return row["pct_copy"] / 100
+
+
+def gpu_of(gemm: Path) -> str:
+    """The GPU a GEMM microbench record ran on, as its bandwidth measurement names it."""
+    rec = json.loads(gemm.read_text())
+    return (rec.get("bandwidth") or {}).get("device") or "an unnamed GPU"
 
 
 def fit(args) -> tuple[dict, float, dict]:
@@ -104,13 +145,23 @@ def fit(args) -> tuple[dict, float, dict]:
                   "cand": ladder_point(records, args.candidate, args.ladder),
                   "tref": weight_bytes(records, args.target_reference),
                   "tcand": weight_bytes(records, args.target_candidate)}
-        e_ref = bf16_efficiency(args.gemm, args.shape)
+        e_ref = kernel_efficiency(args.gemm, args.shape)
     except (KeyError, TypeError) as err:
         raise ProjectionError(f"the fit's records ({args.ladder}, {paths.shown(args.gemm)}) lack {err}: not records "
                               f"of a roofline ladder and a GEMM microbench") from None
     ref, cand = inputs["ref"], inputs["cand"]
     out = project(ref[0], cand[0], ref[1], cand[1], statistics.median([ref[2], cand[2]]), e_ref, inputs["tref"][0],
                   inputs["tcand"][0], args.target_gbs)
+    if args.kernels_from:
+        packed, rest, inputs["split"] = weight_split(records, args.target_candidate)
+        if not packed:
+            raise ProjectionError(f"{args.target_candidate}: its record counts no packed 4-bit bytes (I32)")
+        inputs["split_bytes"] = (packed, rest)
+        e_bf16k = kernel_efficiency(args.kernels_from, args.shape)
+        ratio = out["fit"]["fixed_ms"] / out["fit"]["weights_ms"]
+        out["kernels"] = {k: project_kernel(ratio, inputs["tref"][0], packed, rest, e_bf16k,
+                                            kernel_efficiency(args.kernels_from, args.shape, k), args.target_gbs)
+                          for k in args.kernels}
     return inputs, e_ref, out
 
 
@@ -140,9 +191,29 @@ def markdown(args, out: dict, inputs: dict) -> str:
         f"{t['speedup']:.2f} |",
         f"| {args.target_candidate}, a 4-bit kernel as good as BF16's (e {f['e_bf16']:.3f}) | "
         f"{t['tpot_cand_at_e_bf16_ms']:.2f} | {1e3 / t['tpot_cand_at_e_bf16_ms']:.1f} | {t['speedup_at_e_bf16']:.2f} |",
+        *kernel_rows(args, out, inputs),
         "", "Beside it: the projection from the 4B's own profile on the H200 (results/gpu-stack-20261128/README.md, its "
         "small GEMMs at e 0.31) and the reference project's 3.45× on an A10G, which stacks AWQ-4bit on Marlin with an "
         "MTP head and batching (this projection has neither).", ""])
+
+
+def kernel_rows(args, out: dict, inputs: dict) -> list[str]:
+    """The per-kernel projection's section (--kernels-from), or nothing."""
+    if "kernels" not in out:
+        return []
+    packed, rest = inputs["split_bytes"]
+    first = next(iter(out["kernels"].values()))
+    lines = ["", f"## Per kernel: the kernels' own efficiencies ({gpu_of(args.kernels_from)}, "
+             f"`{paths.shown(args.kernels_from)}`)", "",
+             f"The same fixed-to-weight ratio; the BF16 step at e_bf16 {first['e_bf16']:.3f} (that run's BF16 GEMMs); "
+             f"{args.target_candidate}'s {packed / 1e9:.2f} GB of packed 4-bit weights at each kernel's e, its other "
+             f"{rest / 1e9:.2f} GB (BF16: the output layer, in_proj_ba, norms, group scales) at e_bf16 "
+             f"(`{inputs['split']}`).", "",
+             "| kernel (every layer of the shape in 4 bits, M = 1) | e | target TPOT BF16 (ms) | target TPOT (ms) | "
+             "× BF16 |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {k} | {r['e_kernel']:.3f} | {r['tpot_bf16_ms']:.2f} | {r['tpot_cand_ms']:.2f} | {r['speedup']:.2f} |"
+              for k, r in out["kernels"].items()]
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-reference", default="qwen35-4b-proxy-bf16")
     p.add_argument("--target-candidate", default="qwen35-4b-proxy-w4a16-marlin")
     p.add_argument("--target-gbs", type=float, default=A10G_GBS, help="the target GPU's bandwidth (default: the A10G)")
+    p.add_argument("--kernels-from", type=Path, help="a GEMM microbench record: project each of --kernels with its "
+                   "own efficiency there (the formula's per-kernel part)")
+    p.add_argument("--kernels", type=lambda v: [k for k in v.split(",") if k], default=["vllm-marlin", "lab-gemv-stream"],
+                   help="the microbench's kernel names (default %(default)s)")
     p.add_argument("--out", type=Path, help="the markdown (default results/projection_<target>_<stamp>.md)")
     return p
 
@@ -169,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out or paths.RESULTS / f"projection_{args.target_candidate}_{now_utc():%Y%m%d-%H%M%S}.md"
     paths.write_text_atomic(path, markdown(args, out, inputs))
     t = out["target"]
+    per_kernel = "".join(f", {k} {r['speedup']:.2f}×" for k, r in out.get("kernels", {}).items())
     print(f"PROJECTION: {args.target_candidate} {t['speedup']:.2f}× {args.target_reference} at {args.target_gbs:g} GB/s "
-          f"({t['speedup_at_e_bf16']:.2f}× with a 4-bit kernel as good as BF16's); wrote {paths.shown(path)}")
+          f"({t['speedup_at_e_bf16']:.2f}× with a 4-bit kernel as good as BF16's{per_kernel}); wrote {paths.shown(path)}")
     return 0
 
 

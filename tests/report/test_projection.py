@@ -31,3 +31,19 @@ def test_the_page_from_the_committed_records(tmp_path):
     assert text.startswith("# PROJECTION (not a measurement)") and "| qwen35-4b-proxy-w4a16-marlin (e_cand" in text
     assert "experiments/qwen35-27b-dummy-bf16/latency_20261128-131823.json" in text
     assert projection.main(["--ladder", "no-such-ladder", "--out", str(out)]) == 2
+
+
+def test_per_kernel_projection_by_hand():
+    # the fit's fixed time is 1/10 of its BF16 weight time; the target: 4 GB at 500 GB/s x 0.8 = 10 ms, fixed 1 ms; the
+    # candidate: 1 GB packed at e 0.5 (4 ms) and 0.5 GB of the rest at e 0.8 (1.25 ms)
+    r = projection.project_kernel(0.1, 4e9, 1e9, 0.5e9, 0.8, 0.5, 500.0)
+    assert r["fixed_ms"] == pytest.approx(1.0) and r["tpot_bf16_ms"] == pytest.approx(11.0)
+    assert r["tpot_cand_ms"] == pytest.approx(1.0 + 4.0 + 1.25) and r["speedup"] == pytest.approx(11.0 / 6.25)
+
+
+def test_the_per_kernel_page_from_the_committed_records(tmp_path):
+    out, gemm = tmp_path / "p.md", "results/gpu-kernels-20261207b/gemm_20261207-102219.json"
+    assert projection.main(["--out", str(out), "--kernels-from", gemm]) == 0
+    text = out.read_text()
+    assert "## Per kernel" in text and "| lab-gemv-stream | 0.681 |" in text and "| vllm-marlin | 0.506 |" in text
+    assert projection.main(["--out", str(out), "--kernels-from", gemm, "--kernels", "no-such-kernel"]) == 2
