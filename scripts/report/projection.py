@@ -208,7 +208,8 @@ def kernel_rows(args, out: dict, inputs: dict) -> list[str]:
              f"The same fixed-to-weight ratio; the BF16 step at e_bf16 {first['e_bf16']:.3f} (that run's BF16 GEMMs); "
              f"{args.target_candidate}'s {packed / 1e9:.2f} GB of packed 4-bit weights at each kernel's e, its other "
              f"{rest / 1e9:.2f} GB (BF16: the output layer, in_proj_ba, norms, group scales) at e_bf16 "
-             f"(`{inputs['split']}`).", "",
+             f"(`{inputs['split']}`). The efficiencies are those of {gpu_of(args.kernels_from)}; the projection assumes "
+             "the kernels keep them on the target GPU.", "",
              "| kernel (every layer of the shape in 4 bits, M = 1) | e | target TPOT BF16 (ms) | target TPOT (ms) | "
              "× BF16 |", "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {k} | {r['e_kernel']:.3f} | {r['tpot_bf16_ms']:.2f} | {r['tpot_cand_ms']:.2f} | {r['speedup']:.2f} |"
