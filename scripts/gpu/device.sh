@@ -377,6 +377,9 @@ PY
     for spec in "$@"; do [ -f "experiments/${spec%%+*}/config.env" ] || {
       echo "cycle: no variant ${spec%%+*} (experiments/${spec%%+*}/config.env)"; exit 2; }; done
     [ -s $RUN/servers ] && { echo "cycle: servers of an earlier start are running (bash $0 stop first)"; exit 2; }
+    [[ "${PROFILE_ROUNDS:-}" =~ ^[0-9\ ]*$ ]] || { echo "cycle: PROFILE_ROUNDS is round numbers apart by spaces (\"1 2\")"; exit 2; }
+    [ -n "${PROFILE_ROUNDS// /}" ] && [[ "${SET:-}" != *SERVE_PROFILER_CONFIG=* ]] && {
+      echo "cycle: PROFILE_ROUNDS needs SERVE_PROFILER_CONFIG in SET (scripts/gpu/README.md, Profiles)"; exit 2; }
     export LADDER_ID=${LADDER_ID:-gpu-$(date +%Y%m%d-%H%M%S)} RES=${RES:-$RUN/res-$(date +%H%M%S)}; t0=$(date +%s)
     failed=0
     for round in $(seq ${ROUNDS:-2}); do
@@ -389,9 +392,13 @@ PY
         # its records come back as $OUT/profile-r<round>-<spec's tag>.tar)
         prof=; [[ " ${PROFILE_ROUNDS:-} " == *" $round "* ]] && prof=1
         KEEP=$prof ONLY= CYCLE_ROUND=$round ROUNDS=1 bash "$0" measure | tee $RUN/cycle-measure.out
-        grep -qE "never became healthy|bench .* failed" $RUN/cycle-measure.out && failed=$((failed + 1))
-        if [ -n "$prof" ]; then
-          TAR=profile-r$round-$(awk '{print $1; exit}' $RUN/servers) CONCURRENCY=${CONCURRENCY:-1} bash "$0" profile
+        benched=1; grep -qE "never became healthy|bench .* failed" $RUN/cycle-measure.out && { failed=$((failed + 1)); benched=; }
+        if [ -n "$prof" ] && [ -s $RUN/servers ]; then  # a spec `start` did not start has no line: nothing to stop
+          if [ -n "$benched" ]; then
+            TAR=profile-r$round-$(awk '{print $1; exit}' $RUN/servers) CONCURRENCY=${CONCURRENCY:-1} bash "$0" profile \
+              | tee $RUN/cycle-profile.out
+            grep -q "profile: some failed" $RUN/cycle-profile.out && failed=$((failed + 1))
+          fi
           bash "$0" stop
         fi
         # the next start sizes its budget from the memory free: wait (60 s at most) until the stopped one freed it
@@ -399,7 +406,7 @@ PY
           -lt 1024 ] 2>/dev/null && break; sleep 1; done
       done
     done
-    echo "cycle $(( $(date +%s) - t0 )) s, $failed bench(es) that did not run"; [ $failed = 0 ] ;;
+    echo "cycle $(( $(date +%s) - t0 )) s, $failed bench(es) or profile(s) that did not run"; [ $failed = 0 ] ;;
   redistill)
     export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1; embedded_gguf
     v=$1; mkdir -p $RUN /root/heads .cache/prompts; rm -f /root/heads/DONE

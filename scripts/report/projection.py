@@ -115,13 +115,20 @@ def weight_split(records, variant: str) -> tuple[float, float, str]:
     return packed, sum(by_dtype.values()) - packed, paths.shown(p)
 
 
-def kernel_efficiency(gemm: Path, shape: str, kernel: str = "bf16") -> float:
-    """A kernel's share of the copy bandwidth at M = 1 over every layer of the shape, from the GEMM microbench's
-    record (its model row)."""
+def load_gemm(gemm: Path) -> dict:
+    """A GEMM microbench record (its model rows checked), or ProjectionError naming the file."""
     try:
         rec = json.loads(gemm.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not text
         raise ProjectionError(f"{gemm}: not a GEMM microbench record ({e})") from None
+    if not isinstance(rec, dict) or not isinstance((rec.get("summary") or {}).get("models"), list):
+        raise ProjectionError(f"{gemm}: not a GEMM microbench record (no summary.models)")
+    return rec
+
+
+def kernel_efficiency(rec: dict, gemm: Path, shape: str, kernel: str = "bf16") -> float:
+    """A kernel's share of the copy bandwidth at M = 1 over every layer of the shape, from the GEMM microbench's
+    record `rec` (read from `gemm`; its model row)."""
     row = next((m for m in rec["summary"]["models"]
                 if m["kernel"] == kernel and m["shape"] == shape and m["m"] == 1 and m.get("complete", True)), None)
     if row is None:
@@ -129,15 +136,16 @@ def kernel_efficiency(gemm: Path, shape: str, kernel: str = "bf16") -> float:
     return row["pct_copy"] / 100
 
 
-def gpu_of(gemm: Path) -> str:
+def gpu_of(rec: dict) -> str:
     """The GPU a GEMM microbench record ran on, as its bandwidth measurement names it."""
-    rec = json.loads(gemm.read_text())
-    return (rec.get("bandwidth") or {}).get("device") or "an unnamed GPU"
+    bandwidth = rec.get("bandwidth")
+    return (bandwidth.get("device") if isinstance(bandwidth, dict) else None) or "an unnamed GPU"
 
 
 def fit(args) -> tuple[dict, float, dict]:
-    """(inputs, e_bf16, project()'s result) for parsed arguments of this module: the ladder's two points, the target
-    rungs' weight bytes, the BF16 GEMMs' efficiency. Records that are not a roofline ladder's end in ProjectionError."""
+    """(inputs, e_bf16, project()'s result, with per_kernel()'s under "kernels" when --kernels-from is given) for
+    parsed arguments of this module: the ladder's two points, the target rungs' weight bytes, the BF16 GEMMs'
+    efficiency. Records that are not a roofline ladder's or a GEMM microbench's end in ProjectionError."""
     wanted = {args.reference, args.candidate, args.target_reference, args.target_candidate}
     records = [(p, r) for p, r in all_records("latency") if r["variant"] in wanted]
     try:
@@ -145,24 +153,32 @@ def fit(args) -> tuple[dict, float, dict]:
                   "cand": ladder_point(records, args.candidate, args.ladder),
                   "tref": weight_bytes(records, args.target_reference),
                   "tcand": weight_bytes(records, args.target_candidate)}
-        e_ref = kernel_efficiency(args.gemm, args.shape)
-    except (KeyError, TypeError) as err:
-        raise ProjectionError(f"the fit's records ({args.ladder}, {paths.shown(args.gemm)}) lack {err}: not records "
-                              f"of a roofline ladder and a GEMM microbench") from None
-    ref, cand = inputs["ref"], inputs["cand"]
-    out = project(ref[0], cand[0], ref[1], cand[1], statistics.median([ref[2], cand[2]]), e_ref, inputs["tref"][0],
-                  inputs["tcand"][0], args.target_gbs)
-    if args.kernels_from:
-        packed, rest, inputs["split"] = weight_split(records, args.target_candidate)
-        if not packed:
-            raise ProjectionError(f"{args.target_candidate}: its record counts no packed 4-bit bytes (I32)")
-        inputs["split_bytes"] = (packed, rest)
-        e_bf16k = kernel_efficiency(args.kernels_from, args.shape)
-        ratio = out["fit"]["fixed_ms"] / out["fit"]["weights_ms"]
-        out["kernels"] = {k: project_kernel(ratio, inputs["tref"][0], packed, rest, e_bf16k,
-                                            kernel_efficiency(args.kernels_from, args.shape, k), args.target_gbs)
-                          for k in args.kernels}
+        e_ref = kernel_efficiency(load_gemm(args.gemm), args.gemm, args.shape)
+        ref, cand = inputs["ref"], inputs["cand"]
+        out = project(ref[0], cand[0], ref[1], cand[1], statistics.median([ref[2], cand[2]]), e_ref, inputs["tref"][0],
+                      inputs["tcand"][0], args.target_gbs)
+        if args.kernels_from:
+            out["kernels"] = per_kernel(args, records, inputs, out)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ProjectionError(f"the fit's records ({args.ladder}, {paths.shown(args.gemm)}"
+                              f"{', ' + paths.shown(args.kernels_from) if args.kernels_from else ''}) lack {err}: not "
+                              f"records of a roofline ladder and a GEMM microbench") from None
     return inputs, e_ref, out
+
+
+def per_kernel(args, records, inputs: dict, out: dict) -> dict:
+    """project_kernel() for each of args.kernels from the record args.kernels_from (the split bytes and that record's
+    GPU join inputs)."""
+    packed, rest, inputs["split"] = weight_split(records, args.target_candidate)
+    if not packed:
+        raise ProjectionError(f"{args.target_candidate}: its record counts no packed 4-bit bytes (I32)")
+    rec = load_gemm(args.kernels_from)
+    inputs["split_bytes"], inputs["kernels_gpu"] = (packed, rest), gpu_of(rec)
+    e_bf16 = kernel_efficiency(rec, args.kernels_from, args.shape)
+    ratio = out["fit"]["fixed_ms"] / out["fit"]["weights_ms"]
+    return {k: project_kernel(ratio, inputs["tref"][0], packed, rest, e_bf16,
+                              kernel_efficiency(rec, args.kernels_from, args.shape, k), args.target_gbs)
+            for k in args.kernels}
 
 
 def markdown(args, out: dict, inputs: dict) -> str:
@@ -203,18 +219,32 @@ def kernel_rows(args, out: dict, inputs: dict) -> list[str]:
         return []
     packed, rest = inputs["split_bytes"]
     first = next(iter(out["kernels"].values()))
-    lines = ["", f"## Per kernel: the kernels' own efficiencies ({gpu_of(args.kernels_from)}, "
-             f"`{paths.shown(args.kernels_from)}`)", "",
-             f"The same fixed-to-weight ratio; the BF16 step at e_bf16 {first['e_bf16']:.3f} (that run's BF16 GEMMs); "
-             f"{args.target_candidate}'s {packed / 1e9:.2f} GB of packed 4-bit weights at each kernel's e, its other "
-             f"{rest / 1e9:.2f} GB (BF16: the output layer, in_proj_ba, norms, group scales) at e_bf16 "
-             f"(`{inputs['split']}`). The efficiencies are those of {gpu_of(args.kernels_from)}; the projection assumes "
-             "the kernels keep them on the target GPU.", "",
+    gpu = inputs["kernels_gpu"]
+    lines = ["", f"## Per kernel: the kernels' own efficiencies ({gpu}, `{paths.shown(args.kernels_from)}`)", "",
+             f"The same fixed-to-weight ratio; the BF16 step at e_bf16 {first['e_bf16']:.3f} (that run's BF16 GEMMs, so "
+             f"its TPOT differs from the table above, which uses the fit's e_bf16); {args.target_candidate}'s "
+             f"{packed / 1e9:.2f} GB of packed 4-bit weights at each kernel's e, its other {rest / 1e9:.2f} GB (the "
+             f"output layer, in_proj_ba, norms, group scales) at e_bf16 (`{inputs['split']}`).", "",
+             f"- The efficiencies are {gpu}'s; the projection assumes the kernels keep them on the target GPU.",
+             f"- They are the {args.shape} shape's rows (every layer in 4 bits, M = 1), the regime a small model has on "
+             "the target (weights ~90 % of the step), not the target model's own layer shapes.",
+             "- A microbench efficiency leaves out what serving adds around a kernel"
+             + (f": Marlin's {out['kernels']['vllm-marlin']['e_kernel']:.3f} here against the serving fit's e_cand "
+                f"{out['fit']['e_cand']:.3f} above (all of the candidate's bytes, the ladder's GPU)"
+                if "vllm-marlin" in out["kernels"] else "")
+             + ". Read these rows as the kernels' ranking and an upper end.", "",
              "| kernel (every layer of the shape in 4 bits, M = 1) | e | target TPOT BF16 (ms) | target TPOT (ms) | "
              "× BF16 |", "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {k} | {r['e_kernel']:.3f} | {r['tpot_bf16_ms']:.2f} | {r['tpot_cand_ms']:.2f} | {r['speedup']:.2f} |"
               for k, r in out["kernels"].items()]
     return lines
+
+
+def kernel_list(value: str) -> list[str]:
+    kernels = [k for k in value.split(",") if k]
+    if not kernels:
+        raise argparse.ArgumentTypeError("name at least one kernel of the GEMM microbench")
+    return kernels
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-gbs", type=float, default=A10G_GBS, help="the target GPU's bandwidth (default: the A10G)")
     p.add_argument("--kernels-from", type=Path, help="a GEMM microbench record: project each of --kernels with its "
                    "own efficiency there (the formula's per-kernel part)")
-    p.add_argument("--kernels", type=lambda v: [k for k in v.split(",") if k], default=["vllm-marlin", "lab-gemv-stream"],
+    p.add_argument("--kernels", type=kernel_list, default=["vllm-marlin", "lab-gemv-stream"],
                    help="the microbench's kernel names (default %(default)s)")
     p.add_argument("--out", type=Path, help="the markdown (default results/projection_<target>_<stamp>.md)")
     return p

@@ -47,3 +47,16 @@ def test_the_per_kernel_page_from_the_committed_records(tmp_path):
     text = out.read_text()
     assert "## Per kernel" in text and "| lab-gemv-stream | 0.681 |" in text and "| vllm-marlin | 0.506 |" in text
     assert projection.main(["--out", str(out), "--kernels-from", gemm, "--kernels", "no-such-kernel"]) == 2
+
+
+@pytest.mark.parametrize("content", ["{not json", '["a list"]', '{"summary": {}}', b"\xff\xfe\x00"])
+def test_a_bad_kernels_record_is_one_line(tmp_path, capsys, content):
+    bad, out = tmp_path / "gemm.json", tmp_path / "p.md"
+    (bad.write_bytes if isinstance(content, bytes) else bad.write_text)(content)
+    assert projection.main(["--out", str(out), "--kernels-from", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "gemm.json" in err and "\n" not in err and not out.exists()
+    assert projection.main(["--out", str(out), "--kernels-from", str(tmp_path / "missing.json")]) == 2
+    with pytest.raises(SystemExit) as e:
+        projection.main(["--kernels", ","])
+    assert e.value.code == 2
