@@ -379,7 +379,7 @@ PY
     [ -s $RUN/servers ] && { echo "cycle: servers of an earlier start are running (bash $0 stop first)"; exit 2; }
     [[ "${PROFILE_ROUNDS:-}" =~ ^[0-9\ ]*$ ]] || { echo "cycle: PROFILE_ROUNDS is round numbers apart by spaces (\"1 2\")"; exit 2; }
     [ -n "${PROFILE_ROUNDS// /}" ] && [[ "${SET:-}" != *SERVE_PROFILER_CONFIG=* ]] && {
-      echo "cycle: PROFILE_ROUNDS needs SERVE_PROFILER_CONFIG in SET (scripts/gpu/README.md, Profiles)"; exit 2; }
+      echo "cycle: PROFILE_ROUNDS needs SERVE_PROFILER_CONFIG in SET (scripts/gpu/README.md, \"Peers, profiles and several rounds\")"; exit 2; }
     export LADDER_ID=${LADDER_ID:-gpu-$(date +%Y%m%d-%H%M%S)} RES=${RES:-$RUN/res-$(date +%H%M%S)}; t0=$(date +%s)
     failed=0
     for round in $(seq ${ROUNDS:-2}); do
