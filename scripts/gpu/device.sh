@@ -69,8 +69,9 @@
 #   bash scripts/gpu/device.sh detach TAG 'COMMAND'   # any command line (make targets, python -m scripts…) in the
 #                                               # background (setsid) in /root/lab, e.g. a scale ladder and `make
 #                                               # failover` back to back; returns after ~15 s
-#   [WAIT=500] bash scripts/gpu/device.sh attach TAG   # its output so far, until it ends or WAIT s pass; what it wrote
-#                                               # (records, server-log tails, output) as $OUT/TAG.tar after every call
+#   [WAIT=500] bash scripts/gpu/device.sh attach TAG [PATH…]   # its output so far, until it ends or WAIT s pass;
+#                                               # what it wrote (records, server-log tails, output) and the PATHs as
+#                                               # $OUT/TAG.tar after every call
 #   [LAB_CACHE_SHIM=1] [FORCE=1] bash scripts/gpu/device.sh startc V TARBALL   # one timed start from a baked
 #                                               # tarball as `scripts.serve --cache` imports it (FORCE=1: its caches
 #                                               # used even where the manifest differs, to see what really hits); the
@@ -648,11 +649,11 @@ PY
     in_background "$tag" "$*"
     sleep ${SETTLE:-15}; tail -20 $RUN/$tag.out ;;
   attach)
-    # [WAIT=500] bash scripts/gpu/device.sh attach TAG: the detached command's output so far, until it ends or WAIT s
-    # pass; what it wrote under experiments/, results/ and eval/optimize/, the tails of the servers' logs
-    # (.cache/**/*.log) and its output come back as $OUT/TAG.tar after every call, so a machine taken back loses no
-    # finished step
-    tag=${1:?TAG}; cd $LAB || exit 1
-    follow_run "$tag" ;;
+    # [WAIT=500] bash scripts/gpu/device.sh attach TAG [PATH…]: the detached command's output so far, until it ends or
+    # WAIT s pass; what it wrote under experiments/, results/ and eval/optimize/, the tails of the servers' logs
+    # (.cache/**/*.log), its output and the PATHs (a folder outside the tree, e.g. a cycle's OUT=/root/meas) come
+    # back as $OUT/TAG.tar after every call, so a machine taken back loses no finished step
+    tag=${1:?TAG}; shift; cd $LAB || exit 1
+    follow_run "$tag" "$@" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

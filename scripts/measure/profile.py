@@ -83,6 +83,10 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("activation", ("silu", "gelu", "act_and_mul", "swiglu", "sigmoid", "mul")),
     ("rope", ("rotary", "rope")),
 )
+# the lab's W4A16 op (scripts/levers/kernels/vllm_kernel.py, torch.library "lab::w4a16_stream_or_marlin"): Inductor
+# names the norm and activation kernels around it after it; its own kernels are the stream form's Triton GEMVs
+LAB_W4A16_OP = "w4a16_stream_or_marlin"
+LAB_W4A16_KERNELS = ("gemv_stream", "gemv")
 GPU_CATS = {"kernel": None, "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 GAPS = "cpu/launch gaps"
 ORDER = ("gemm:linear_attn", "gemm:self_attn", "gemm:mlp", "gemm:lm_head", "gemm:unmapped", "attention", "gdn", "norm",
@@ -126,7 +130,7 @@ def classify(name: str, cat: str = "kernel") -> str:
     if low.startswith("triton_") and not low.startswith("triton_tem"):
         # Inductor names a fused kernel after its nodes' origins: a norm or activation that reads a quantized GEMM's
         # output says "cutlass_scaled_mm" / "machete_mm" without running it (only a template, triton_tem, is a GEMM)
-        for op in ("cutlass_scaled_mm", "scaled_mm", "machete_mm", "marlin_gemm", "gemm"):
+        for op in ("cutlass_scaled_mm", "scaled_mm", "machete_mm", "marlin_gemm", LAB_W4A16_OP, "gemm"):
             low = low.replace(op, "")
     for category, fragments in RULES:
         if any(f in low for f in fragments):
@@ -255,9 +259,11 @@ def weight_bits(members) -> int:
 
 
 def kernel_bits(name: str) -> int:
-    """Weight bits a GEMM kernel reads, from its name: Machete/Marlin/int4 templates 4, FP8/INT8 8, else 16."""
+    """Weight bits a GEMM kernel reads, from its name: Machete/Marlin/int4 templates and the lab's GEMVs 4, FP8/INT8 8,
+    else 16."""
     low = name.lower()
-    if any(f in low for f in ("integer_subbyte<4", "machete", "marlin", "uint4", "int4", "u4b8")):
+    if low in LAB_W4A16_KERNELS or any(f in low for f in ("integer_subbyte<4", "machete", "marlin", "uint4", "int4",
+                                                          "u4b8")):
         return 4
     return 8 if any(f in low for f in ("e4m3", "e5m2", "fp8", "int8", "_s8")) else 16
 
@@ -335,7 +341,8 @@ def weight_catalogue(tensors: dict, config: dict, serve_quantization: str | None
     if out_layer:
         shape = tuple(sorted(out_layer))
         families[("lm_head", shape)] = Family(["lm_head"], {"lm_head": 1},
-                                              sum(served_bytes(d, sh, False) for _, d, sh in out_layer), shape)
+                                              sum(served_bytes(d, sh, False) for _, d, sh in out_layer), shape,
+                                              weight_bits(shape))
     by_kind: Counter = Counter()
     for fam in families.values():
         for kind, n in fam.kinds.items():
@@ -453,7 +460,17 @@ def category_table(events: list[GpuEvent], families: list[Family], annotated_ste
     annotated_steps (vLLM's step annotations) where there are any, else find_steps."""
     if not events:
         raise ProfileError("no GPU kernel events in the trace (was the profiler on during the requests?)")
-    sigs = aggregate(events)
+    start = min(e.ts for e in events)
+    window = max(e.ts + e.dur for e in events) - start
+    busy = busy_union_us([(e.ts, e.ts + e.dur) for e in events])
+    return signature_table(aggregate(events), families, annotated_steps, window, busy,
+                           sum(e.dur for e in events) - busy)
+
+
+def signature_table(sigs: list[SigAgg], families: list[Family], annotated_steps: int, window: float, busy: float,
+                    overlap: float) -> dict:
+    """category_table from kernel signatures already aggregated (a trace's, or a record's signature rows) and the
+    window's length, GPU-busy union and overlap."""
     gemms = [s for s in sigs if s.category == "gemm"]
     by_signature, top = find_steps(gemms, families)
     steps = annotated_steps or by_signature
@@ -477,17 +494,20 @@ def category_table(events: list[GpuEvent], families: list[Family], annotated_ste
         rows.append({"name": s.name, "grid": list(s.grid), "block": list(s.block), "category": s.category,
                      "calls": s.calls, "calls_per_step": round(s.calls / steps, 3), "total_us": round(s.total_us, 3),
                      "mean_us": round(s.mean_us, 3), "family": fam.label if fam else None})
-    start = min(e.ts for e in events)
-    end = max(e.ts + e.dur for e in events)
-    window = end - start
-    busy = busy_union_us([(e.ts, e.ts + e.dur) for e in events])
     totals[GAPS] = window - busy
     per_step = {c: totals.get(c, 0.0) / steps for c in ORDER}
     return {"steps": steps, "steps_signature": top.name if top else None, "steps_by_signature": by_signature,
-            "window_us": window, "busy_us": busy,
-            "overlap_us": sum(e.dur for e in events) - busy, "per_step_us": per_step,
+            "window_us": window, "busy_us": busy, "overlap_us": overlap, "per_step_us": per_step,
             "calls_per_step": {c: n / steps for c, n in calls.items()}, "signatures": rows,
             "unmapped_gemm_signatures": sum(1 for s in gemms if mapping.get((s.name, s.grid, s.block)) is None)}
+
+
+def signatures_of(rows: list[dict]) -> list[SigAgg]:
+    """A record's signature rows (category_table's "signatures") as aggregates, classified by this version's rules."""
+    kept = set(GPU_CATS.values()) - {None}  # memcpy and memset rows: their category came from the trace's
+    return [SigAgg(r["name"], tuple(r["grid"]), tuple(r["block"]),
+                   r["category"] if r["category"] in kept else classify(r["name"]), int(r["calls"]), float(r["total_us"]))
+            for r in rows]
 
 
 def roofline_rows(per_step_us: dict[str, float], bytes_per_step: dict[str, float], bandwidth_gbs: float) -> list[dict]:
@@ -667,6 +687,15 @@ def analyze(events: list[dict], *, families: list[Family], bytes_per_step: dict,
     KV and recurrent-state bytes from config.json, or `states` as given (a re-analysis without the checkpoint)."""
     annotations = step_annotations(events)
     table = category_table(gpu_events(events), families, annotations["steps"])
+    return summarize(table, annotations, launches_per_step(events, table["steps"]), bytes_per_step=bytes_per_step,
+                     config=config, concurrency=concurrency, context_tokens=context_tokens,
+                     kv_cache_dtype=kv_cache_dtype, bandwidth_gbs=bandwidth_gbs, states=states)
+
+
+def summarize(table: dict, annotations: dict, launches: dict, *, bytes_per_step: dict, config: dict | None,
+              concurrency: int, context_tokens: float, kv_cache_dtype: str | None, bandwidth_gbs: float,
+              states: dict | None = None) -> dict:
+    """A category table (category_table or signature_table) with rooflines, the step counts and the step model."""
     steps = table["steps"]
     per_bytes: dict[str, float] = {f"gemm:{k}": v for k, v in bytes_per_step.items() if k != "other_params"}
     if config:
@@ -682,8 +711,7 @@ def analyze(events: list[dict], *, families: list[Family], bytes_per_step: dict,
                                            "annotations": annotations},
             "step_us": step_us, "window_us": table["window_us"], "busy_us": table["busy_us"],
             "overlap_us": table["overlap_us"], "table": roofline_rows(table["per_step_us"], per_bytes, bandwidth_gbs),
-            "calls_per_step": table["calls_per_step"], "state_bytes": states,
-            "launches_per_step": launches_per_step(events, steps),
+            "calls_per_step": table["calls_per_step"], "state_bytes": states, "launches_per_step": launches,
             "unmapped_gemm_signatures": table["unmapped_gemm_signatures"],
             "step_model": step_model(step_us, weight_us, weight_bytes, bandwidth_gbs, concurrency),
             "signatures": table["signatures"]}
@@ -698,7 +726,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--trace", type=Path, help="analyse this trace file instead (one --concurrency level)")
     src.add_argument("--reanalyze", type=Path, metavar="RECORD",
                      help="analyse a profile record's traces again with this version's rules (no checkpoint needed: "
-                          "weights and state bytes come from the record); a new record beside it names both")
+                          "weights and state bytes come from the record; a trace that is not here: the record's "
+                          "signature rows); a new record beside it names both")
     src.add_argument("--project", type=Path, metavar="RECORD",
                      help="no trace: this profile record's step model with the unprofiled TPOT of --tpot-from, "
                           "projected to --target-gbs (a projection, printed as JSON)")
@@ -707,6 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-gbs", type=float, default=A10G_GBS,
                    help="with --project: the target GPU's memory bandwidth (default %(default)g, the A10G)")
     p.add_argument("--trace-dir", type=Path, help="with --reanalyze: the folder holding its trace files")
+    p.add_argument("--bits", action="append", default=[], metavar="UNIT=BITS",
+                   help="with --reanalyze: a family's served weight bits (4, 8 or 16), over the record's (lm_head=4: a "
+                        "4-bit output layer that a record before 2026-12-07 counted as 16-bit)")
     p.add_argument("--reference", type=Path, metavar="RECORD",
                    help="with --reanalyze of a record without weight bits: a 16-bit profile record of the same model")
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated levels (default %(default)s)")
@@ -728,14 +760,16 @@ def new_record(variant, argv: list[str]) -> dict:
     return envelope(KIND, variant, command=command, server_command=None)
 
 
-def record_families(record: dict, reference: dict | None) -> list[Family]:
-    """A record's weight families; weight bits from the record, else from the bytes of the same units in a 16-bit
-    reference record of the same model (ratio > 0.75: 16, > 0.4: 8, else 4). The output layer counts as 16-bit (the
-    project's recipes leave lm_head unquantized; a pruned head has fewer rows, not fewer bits)."""
+def record_families(record: dict, reference: dict | None, bits_of: dict[str, int] | None = None) -> list[Family]:
+    """A record's weight families; weight bits from bits_of (unit -> bits, the label of a family: "lm_head",
+    "mlp.down_proj"), else from the record, else from the bytes of the same units in a 16-bit reference record of the
+    same model (ratio > 0.75: 16, > 0.4: 8, else 4). The output layer counts as 16-bit where nothing says otherwise (a
+    pruned head has fewer rows, not fewer bits; records before 2026-12-07 say 16 for a 4-bit one: bits_of)."""
     ref = {tuple(f["units"]): f["bytes_per_call"] for f in (reference or {}).get("weights", {}).get("families", [])}
+    bits_of = dict(bits_of or {})
     out = []
     for f in record["weights"]["families"]:
-        bits = f.get("bits")
+        bits = bits_of.pop("+".join(sorted(f["units"])), f.get("bits"))
         if bits is None and f["units"] == ["lm_head"]:
             bits = 16
         elif bits is None:
@@ -745,6 +779,20 @@ def record_families(record: dict, reference: dict | None) -> list[Family]:
             ratio = f["bytes_per_call"] / ref[tuple(f["units"])]
             bits = 16 if ratio > 0.75 else 8 if ratio > 0.4 else 4
         out.append(Family(f["units"], f["calls_per_step"], f["bytes_per_call"], (), bits))
+    if bits_of:
+        raise ProfileError(f"--bits {', '.join(bits_of)}: no such family in the record (its families: "
+                           f"{', '.join('+'.join(sorted(f['units'])) for f in record['weights']['families'])})")
+    return out
+
+
+def parse_bits(items: list[str]) -> dict[str, int]:
+    """--bits UNIT=BITS entries as {unit: bits}."""
+    out = {}
+    for item in items:
+        unit, _, bits = item.partition("=")
+        if not unit or bits not in ("4", "8", "16"):
+            raise ProfileError(f"--bits {item!r}: UNIT=4, UNIT=8 or UNIT=16 (UNIT a family, e.g. lm_head)")
+        out[unit] = int(bits)
     return out
 
 
@@ -758,18 +806,31 @@ def reanalyze(variant_name: str, path: Path, args: argparse.Namespace, argv: lis
         record = json.loads(path.read_text())
         if record.get("variant") != variant_name or record.get("schema", {}).get("kind") != KIND:
             raise ProfileError(f"{path}: not a profile record of {variant_name}")
-        families = record_families(record, json.loads(args.reference.read_text()) if args.reference else None)
+        families = record_families(record, json.loads(args.reference.read_text()) if args.reference else None,
+                                   parse_bits(args.bits))
         for row, f in zip(record["weights"]["families"], families, strict=True):
             row["bits"] = f.bits
         results = {}
         for c, old in record["summary"].items():
             trace = (trace_dir or path.parent) / Path(old["trace_file"]).name
-            res = analyze(load_trace(trace), families=families, bytes_per_step=record["weights"]["bytes_per_step"],
-                          config=None, concurrency=int(c), context_tokens=0, kv_cache_dtype=None,
-                          bandwidth_gbs=record["inputs"]["bandwidth_gbs"], states=old.get("state_bytes") or {})
+            sample = next(x for x in record["samples"] if x["concurrency"] == int(c))
+            facts = {"bytes_per_step": record["weights"]["bytes_per_step"], "config": None, "concurrency": int(c),
+                     "context_tokens": 0, "kv_cache_dtype": None, "bandwidth_gbs": record["inputs"]["bandwidth_gbs"],
+                     "states": old.get("state_bytes") or {}}
+            if trace.is_file():
+                res = analyze(load_trace(trace), families=families, **facts)
+            elif trace_dir is None and sample.get("signatures"):
+                # the trace stayed on the GPU machine: the record's signature rows (every kernel's calls and time)
+                # and its window hold what the mapping and the table need
+                annotations = old["steps_from"]["annotations"]
+                table = signature_table(signatures_of(sample["signatures"]), families, annotations["steps"],
+                                        old["window_us"], old["busy_us"], old["overlap_us"])
+                res = summarize(table, annotations, old.get("launches_per_step") or {}, **facts)
+                res["from_signature_rows"] = True
+            else:
+                raise ProfileError(f"no trace {trace} (and no signature rows in the record)")
             res["steps_from"]["tokens"] = old["steps_from"].get("tokens")
             res["trace_file"] = old["trace_file"]
-            sample = next(x for x in record["samples"] if x["concurrency"] == int(c))
             sample["signatures"] = res.pop("signatures")
             results[c] = res
     except (ProfileError, OSError, KeyError, StopIteration, json.JSONDecodeError) as e:

@@ -211,9 +211,11 @@ def ladder_rounds(records: list[tuple[Path, dict]]) -> dict[tuple[tuple[str, str
     return out
 
 
-def speed_interval(rec: dict, ref: dict | None, level: str, rounds: dict) -> SpeedRatio | None:
-    """`rec`'s output tok/s over `ref`'s at one level: paired round by round where both ran in rec's ladder, else the
-    one pair of these two records (one round: no interval)."""
+def speed_interval(rec: dict, ref: dict | None, level: str, rounds: dict, metric=None) -> SpeedRatio | None:
+    """`rec`'s output tok/s (or another speed: metric(record, level), higher is faster) over `ref`'s at one level:
+    paired round by round where both ran in rec's ladder, else the one pair of these two records (one round: no
+    interval)."""
+    metric = metric or throughput
     if ref is None:
         return None
     ladder = rec["inputs"].get("ladder_id")
@@ -221,8 +223,8 @@ def speed_interval(rec: dict, ref: dict | None, level: str, rounds: dict) -> Spe
     theirs = rounds.get((group_key(ref), ref["variant"], ladder), {}) if ref["inputs"].get("ladder_id") == ladder else {}
     shared = sorted(set(mine) & set(theirs))
     if len(shared) > 1:
-        return speed_ratio([(throughput(mine[k], level), throughput(theirs[k], level)) for k in shared])
-    return speed_ratio([(throughput(rec, level), throughput(ref, level))])
+        return speed_ratio([(metric(mine[k], level), metric(theirs[k], level)) for k in shared])
+    return speed_ratio([(metric(rec, level), metric(ref, level))])
 
 
 def faster(row: dict, level: str) -> bool:
@@ -284,6 +286,13 @@ def baseline_of(variant: str, members: dict[str, dict]) -> str | None:
 def throughput(rec: dict | None, level) -> float | None:
     """Output tok/s of a record at one concurrency (None where it was not measured)."""
     return ((rec or {}).get("summary", {}).get(MODE, {}).get(str(level)) or {}).get("output_throughput")
+
+
+def step_rate(rec: dict | None, level) -> float | None:
+    """Decode steps a second of one request at one concurrency, 1000 / TPOT p50 in ms (None where not measured): a
+    ratio of two is the inverse ratio of their TPOTs, the step's speed without the prefill that output tok/s holds."""
+    tpot = ((rec or {}).get("summary", {}).get(MODE, {}).get(str(level)) or {}).get("p50_tpot_ms")
+    return 1000.0 / tpot if tpot else None
 
 
 def speedups(rec: dict, ref: dict | None) -> dict[str, float | None]:
@@ -515,7 +524,9 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
              f"ladder where they were measured in it; mode `{MODE}` (every request generates exactly its max_tokens).",
              "Speedup = output tokens/s of the variant ÷ that of the reference, per concurrency; × BF16 over several",
              "rounds of one ladder: the geometric mean of the per-round ratios [its 95% interval]; one round has no",
-             "interval, and only a lower end above 1.00 names a variant faster. Gate = the parity",
+             "interval, and only a lower end above 1.00 names a variant faster. TPOT × BF16 (GPU tables) = BF16's TPOT",
+             "p50 ÷ the variant's, paired and bounded the same way: the decode step's speed, without the prefill that",
+             "output tokens/s also holds. Gate = the parity",
              "gate's verdict from the variant's quality records made on the table's kind of machine, a GPU or a CPU",
              "(`make gate VARIANT=…`: one-sided 95% bounds; only",
              "`pass` is certified, `inconclusive` and `missing` never count as a pass). % of roofline (GPU tables) =",
@@ -532,8 +543,9 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                   "| variant | engine | parent | weights MiB | KV tokens | " + " | ".join(f"tok/s c={c}" for c in levels)
                   + " | " + " | ".join(f"× parent c={c}" for c in levels)
                   + " | " + " | ".join(f"× BF16 c={c}" for c in LEVELS)
+                  + "".join(f" | TPOT × BF16 c={c}" for c in roof)
                   + "".join(f" | % of roofline c={c}" for c in roof) + " | back-to-back | gate |",
-                  "|" + " --- |" * (5 + 2 * len(levels) + len(LEVELS) + len(roof) + 2)]
+                  "|" + " --- |" * (5 + 2 * len(levels) + len(LEVELS) + 2 * len(roof) + 2)]
         group_rows = []
         # vLLM's variants first, then each peer engine's in their own rows
         for v, r in sorted(members.items(), key=lambda kv: (not engine_label(kv[1]).startswith("vLLM"),
@@ -559,6 +571,8 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                          + " | ".join(fmt(t, '.1f') for t in tput) + " | "
                          + " | ".join(fmt(vs_parent.get(str(c))) for c in levels) + " | "
                          + " | ".join(vs_base_ci[c].text() if vs_base_ci.get(c) else "—" for c in LEVELS)
+                         + "".join(f" | {sr.text() if (sr := speed_interval(r, bref, c, rounds, step_rate)) else '—'}"
+                                   for c in roof)
                          + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof)
                          + f" | {b2b} | {verdicts[v].short(hw)} |")
             row = {"group": (hw, prompts), "device": device, "prompt_set": r["inputs"].get("prompt_set", prompts),

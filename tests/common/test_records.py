@@ -391,6 +391,40 @@ def test_compare_gpu_table_shows_percent_of_roofline_and_a_dash_without_bandwidt
     assert "roofline" not in next(x for x in text.splitlines() if x.startswith("| variant"))
 
 
+def gpu_round(variant: str, ttft_s: float, itl_s: float, k: int) -> dict:
+    """Round k of ladder "G" on a GPU: one request of 10 tokens, its first after ttft_s, the rest itl_s apart."""
+    rec = with_roofline(make_record("smollm2-bf16", ladder="G"), 4.0e12, 2.5)
+    s = RequestSample("p0", ok=True, start_s=0, end_s=ttft_s + 9 * itl_s, prompt_tokens=5, output_tokens=10,
+                      ttft_s=ttft_s, itl_s=[itl_s] * 9)
+    rec["samples"], rec["summary"] = [{"mode": "fixed", "concurrency": 1, "requests": [s.to_json()]}], \
+        {"fixed": {"1": summarize([s])}}
+    rec["variant"], rec["inputs"]["round"] = variant, k
+    if variant != "smollm2-bf16":
+        rec["config"]["PARENT"] = "smollm2-bf16"
+    return rec
+
+
+def test_compare_gpu_table_gives_the_step_ratio_beside_the_output_rate(tmp_path):
+    """A variant whose steps are 2.5x as fast but whose prefill is slower: TPOT x BF16 is BF16's TPOT over its own,
+    paired by round with its interval; x BF16 (output tok/s) holds the slower first token."""
+    exp, when = tmp_path / "experiments", records.now_utc()
+    for k, (ref_itl, fast_itl) in ((1, (0.020, 0.0080)), (2, (0.020, 0.0079))):
+        for rec in (gpu_round("smollm2-bf16", 0.09, ref_itl, k), gpu_round("smollm2-fast", 0.17, fast_itl, k)):
+            records.write_record(rec, exp / rec["variant"], "latency", when=when + dt.timedelta(seconds=k))
+    text, _ = compare.build_report(records.all_records("latency", exp),
+                                   {"smollm2-bf16": compare.Judged("reference"), "smollm2-fast": compare.Judged("n/a")})
+    header = next(x for x in text.splitlines() if x.startswith("| variant")).split(" | ")
+    row = next(x for x in text.splitlines() if x.startswith("| smollm2-fast ")).split(" | ")
+    step = speed_ratio([(1 / 0.0080, 1 / 0.020), (1 / 0.0079, 1 / 0.020)])
+    out = speed_ratio([(10 / (0.17 + 9 * f), 10 / (0.09 + 9 * 0.020)) for f in (0.0080, 0.0079)])
+    assert row[header.index("TPOT × BF16 c=1")] == step.text() and step.ratio > 2.4 and step.lo is not None
+    assert row[header.index("× BF16 c=1")] == out.text() and out.ratio < 2.0
+    cpu = make_record("smollm2-bf16", 1.0)  # a CPU table has no such column
+    records.write_record(cpu, tmp_path / "cpu" / "smollm2-bf16", "latency")
+    text, _ = compare.build_report(records.all_records("latency", tmp_path / "cpu"), {"smollm2-bf16": compare.Judged("reference")})
+    assert "TPOT" not in next(x for x in text.splitlines() if x.startswith("| variant"))
+
+
 def test_a_variant_on_llama_cpp_pythons_server_needs_a_passing_soak_to_be_offered():
     """compare.deployable: the serial llama-cpp-python server is no winner without a passing soak; the variants that
     take it as their reference (chain) are judged before, so the same file served by llama-server stays certified."""

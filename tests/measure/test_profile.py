@@ -5,12 +5,15 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from pathlib import Path
 
 import pytest
 
 from scripts.common.checkpoint import TensorInfo
 from scripts.measure.profile import (
     GAPS,
+    LAB_W4A16_KERNELS,
+    LAB_W4A16_OP,
     Family,
     ProfileError,
     SigAgg,
@@ -70,6 +73,10 @@ def kernel(name, ts, dur, grid=(1, 1, 1), block=(128, 1, 1), cat="kernel"):
     ("triton_red_fused__to_copy_add_fused_add_rms_norm_machete_mm_3", "kernel", "norm"),
     ("triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_max_mul_reciprocal_silu_slice_un", "kernel", "quant"),
     ("triton_tem_fused_mm_0", "kernel", "gemm"),
+    # the lab's W4A16 op: its Triton GEMV is a GEMM, the Inductor kernels named after the op around it are not
+    ("gemv_stream", "kernel", "gemm"),
+    ("triton_red_fused__to_copy_add_fused_add_rms_norm_w4a16_stream_or_marlin_3", "kernel", "norm"),
+    ("triton_poi_fused_mul_silu_slice_w4a16_stream_or_marlin_4", "kernel", "activation"),
     ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<machete::MacheteCollectiveMma<...>>>", "kernel",
      "gemm"),
 ])
@@ -178,6 +185,24 @@ def test_weight_catalogue_untied_head_and_packed_int4():
     assert per_step["lm_head"] == 16 * 4 * 2
     # gate_up: packed 2 x (8 x 1 x 4 B) + scales 2 x (8 x 2 B) = 64 + 32 = 96; down: 4 x 1 x 4 + 4 x 2 = 24
     assert per_step["mlp"] == 2 * (96 + 24)
+
+
+def test_the_lab_kernels_names_are_the_lever_modules():
+    """The names profile.py reads the lab's W4A16 kernels by are those its lever defines (read as text: no GPU
+    imports), and they count as 4-bit reads."""
+    op = Path("scripts/levers/kernels/vllm_kernel.py").read_text()
+    triton = Path("scripts/levers/kernels/gemv_kernel.py").read_text()
+    assert f'"lab::{LAB_W4A16_OP}"' in op
+    assert all(f"def {k}(" in triton and kernel_bits(k) == 4 for k in LAB_W4A16_KERNELS)
+    assert kernel_bits("nvjet_sm90_tst_64x8_64x16_2x1_v_bz_splitK_TNT") == 16
+
+
+def test_a_packed_output_layer_is_a_4_bit_family():
+    t = tensors(**{"lm_head.weight_packed": (16, 1), "lm_head.weight_scale": (16, 1)})
+    t["lm_head.weight_packed"] = TensorInfo("I32", (16, 1), "m")
+    fams, per_step = weight_catalogue(t, {**CONFIG, "tie_word_embeddings": False})
+    (head,) = [f for f in fams if f.units == ["lm_head"]]
+    assert head.bits == 4 and per_step["lm_head"] == 16 * 4 + 16 * 2
 
 
 def fake_model_trace(steps=3, step_us=150.0, with_prefill_sig=False):
@@ -391,6 +416,21 @@ def test_main_analyses_a_trace_of_the_real_smollm2_checkpoint(embedded_weights, 
     assert re_rec["reanalysis"]["of"] == record_path.name and re_rec["hardware"] == rec["hardware"]
     assert re_rec["summary"]["1"]["table"] == r["table"]
     assert main(["smollm2-fp32", "--reanalyze", str(record_path), "--trace-dir", str(tmp_path)]) == 1  # not its record
+    # the trace left behind on the GPU machine: the record's signature rows give the same table
+    assert main(["smollm2-bf16", "--reanalyze", str(record_path), "--out-dir", str(tmp_path / "rows")]) == 0
+    (rows_rec,) = (tmp_path / "rows").glob("profile_*.json")
+    again = json.loads(rows_rec.read_text())["summary"]["1"]
+    assert again["from_signature_rows"] and again["table"] == r["table"] and again["steps"] == 4
+    # --bits: a family's served bits over the record's; the output layer read as 4-bit leaves the 16-bit
+    # nvjet_lm_head signature with no family to take it
+    assert main(["smollm2-bf16", "--reanalyze", str(record_path), "--bits", "lm_head=4",
+                 "--out-dir", str(tmp_path / "bits")]) == 0
+    (bits_rec,) = (tmp_path / "bits").glob("profile_*.json")
+    head = {x["category"]: x for x in json.loads(bits_rec.read_text())["summary"]["1"]["table"]}
+    assert head["gemm:lm_head"]["us_per_step"] == 0 and head["gemm:unmapped"]["us_per_step"] == 40
+    for bad in (["--bits", "lm_head=5"], ["--bits", "no_such=4"]):
+        assert main(["smollm2-bf16", "--reanalyze", str(record_path), *bad, "--out-dir", str(tmp_path / "x")]) == 1
+    assert not (tmp_path / "x").exists()
 
 
 def test_map_gemms_by_weight_bits_and_one_kernel_serving_two_families():
