@@ -479,6 +479,7 @@ def signature_table(sigs: list[SigAgg], families: list[Family], annotated_steps:
     mapping = map_gemms(gemms, families, steps) if families else {}
     totals: Counter = Counter()
     calls: Counter = Counter()
+    read: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # served bits -> [bytes, µs] of mapped GEMMs
     rows = []
     for s in sigs:
         key = (s.name, s.grid, s.block)
@@ -486,6 +487,9 @@ def signature_table(sigs: list[SigAgg], families: list[Family], annotated_steps:
             fam = mapping.get(key)
             for cat, us in split_family_time(s.total_us, fam).items():
                 totals[cat] += us
+            if fam:
+                read[fam.bits][0] += s.calls * fam.bytes_per_call
+                read[fam.bits][1] += s.total_us
             calls["gemm:" + ("+".join(sorted(fam.kinds)) if fam else "unmapped")] += s.calls
         else:
             fam = None
@@ -499,6 +503,7 @@ def signature_table(sigs: list[SigAgg], families: list[Family], annotated_steps:
     return {"steps": steps, "steps_signature": top.name if top else None, "steps_by_signature": by_signature,
             "window_us": window, "busy_us": busy, "overlap_us": overlap, "per_step_us": per_step,
             "calls_per_step": {c: n / steps for c, n in calls.items()}, "signatures": rows,
+            "by_bits": {bits: (b / steps, us / steps) for bits, (b, us) in sorted(read.items())},
             "unmapped_gemm_signatures": sum(1 for s in gemms if mapping.get((s.name, s.grid, s.block)) is None)}
 
 
@@ -508,6 +513,15 @@ def signatures_of(rows: list[dict]) -> list[SigAgg]:
     return [SigAgg(r["name"], tuple(r["grid"]), tuple(r["block"]),
                    r["category"] if r["category"] in kept else classify(r["name"]), int(r["calls"]), float(r["total_us"]))
             for r in rows]
+
+
+def gemm_by_bits(by_bits: dict[int, tuple[float, float]], bandwidth_gbs: float) -> dict[str, dict]:
+    """The mapped weight GEMMs by served weight bits: bytes and µs per step, the rate they read at and its share of the
+    copy bandwidth (the microbench's measure, here inside the served step)."""
+    return {str(bits): {"bytes_per_step": round(b), "us_per_step": round(us, 2),
+                        "gbs": round(b / us / 1e3, 1) if us else None,
+                        "of_bandwidth": round(b / us / 1e3 / bandwidth_gbs, 4) if us and bandwidth_gbs else None}
+            for bits, (b, us) in by_bits.items()}
 
 
 def roofline_rows(per_step_us: dict[str, float], bytes_per_step: dict[str, float], bandwidth_gbs: float) -> list[dict]:
@@ -582,6 +596,11 @@ def markdown(variant: str, gpu: str, results: dict) -> str:
                          f"{(row['share'] or 0) * 100:.1f}% | {mb} | {row['roofline_us'] if row['roofline_us'] is not None else ''} | "
                          f"{row['vs_roofline'] if row['vs_roofline'] is not None else ''} |")
         fit, proj = r["step_model"]["fit"], r["step_model"]["projection"]
+        if r.get("gemm_by_bits"):
+            lines += ["", "Weight GEMMs by served bits (mapped signatures; % of the copy bandwidth): " + "; ".join(
+                f"{bits}-bit {x['bytes_per_step'] / 1e9:.3f} GB/step in {x['us_per_step']:.1f} us, {x['gbs']:,.0f} GB/s"
+                + (f" ({x['of_bandwidth'] * 100:.1f} %)" if x["of_bandwidth"] is not None else "")
+                for bits, x in sorted(r["gemm_by_bits"].items(), key=lambda kv: int(kv[0])) if x["gbs"]) + "."]
         if r.get("launches_per_step"):
             lines += ["", "Host launch calls per step: " + ", ".join(f"{k} {v}" for k, v in r["launches_per_step"].items())
                       + " (a CUDA graph is one cudaGraphLaunch; eager work one kernel launch per kernel)."]
@@ -712,6 +731,7 @@ def summarize(table: dict, annotations: dict, launches: dict, *, bytes_per_step:
             "step_us": step_us, "window_us": table["window_us"], "busy_us": table["busy_us"],
             "overlap_us": table["overlap_us"], "table": roofline_rows(table["per_step_us"], per_bytes, bandwidth_gbs),
             "calls_per_step": table["calls_per_step"], "state_bytes": states, "launches_per_step": launches,
+            "gemm_by_bits": gemm_by_bits(table["by_bits"], bandwidth_gbs),
             "unmapped_gemm_signatures": table["unmapped_gemm_signatures"],
             "step_model": step_model(step_us, weight_us, weight_bytes, bandwidth_gbs, concurrency),
             "signatures": table["signatures"]}

@@ -404,6 +404,11 @@ def test_main_analyses_a_trace_of_the_real_smollm2_checkpoint(embedded_weights, 
     # the tied head: 49152 x 576 x 2 B read once per step, 56.6 µs at 1000 GB/s
     assert rows["gemm:lm_head"]["bytes_per_step"] == 49152 * 576 * 2 and rows["gemm:lm_head"]["roofline_us"] == 56.62
     assert rows[GAPS]["us_per_step"] == 15.0  # three 20 µs gaps in four steps
+    # every weight GEMM mapped, all 16-bit: the bytes of a step over their time, against the 1000 GB/s given
+    read = r["gemm_by_bits"]["16"]
+    weights = sum(rows[f"gemm:{k}"]["bytes_per_step"] for k in ("self_attn", "mlp", "lm_head"))
+    assert read["us_per_step"] == 30 * (3 + 2 + 8 + 5) + 40 and read["bytes_per_step"] == weights
+    assert read["gbs"] == round(weights / 580 / 1e3, 1) and read["of_bandwidth"] == round(weights / 580 / 1e6, 4)
     assert r["step_model"]["projection"]["label"].startswith("projection")
     sig = {s["name"]: s["family"] for s in rec["samples"][0]["signatures"]}
     assert sig["nvjet_gate_up"] == "mlp.gate_up_proj" and sig["nvjet_o"] == "self_attn.o_proj"
@@ -428,6 +433,7 @@ def test_main_analyses_a_trace_of_the_real_smollm2_checkpoint(embedded_weights, 
     (bits_rec,) = (tmp_path / "bits").glob("profile_*.json")
     head = {x["category"]: x for x in json.loads(bits_rec.read_text())["summary"]["1"]["table"]}
     assert head["gemm:lm_head"]["us_per_step"] == 0 and head["gemm:unmapped"]["us_per_step"] == 40
+    assert json.loads(bits_rec.read_text())["summary"]["1"]["gemm_by_bits"]["16"]["us_per_step"] == 540
     for bad in (["--bits", "lm_head=5"], ["--bits", "no_such=4"]):
         assert main(["smollm2-bf16", "--reanalyze", str(record_path), *bad, "--out-dir", str(tmp_path / "x")]) == 1
     assert not (tmp_path / "x").exists()
