@@ -93,7 +93,9 @@ step=${1:?step}; shift
 export PYTHONUNBUFFERED=1 VLLM_TARGET=cuda TRITON_CACHE_AUTOTUNING=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -x /root/sgl-python ] && export LAB_SGLANG_PYTHON=/root/sgl-python  # written by `setup` when SGLang's wheels came
-SITE=/root/site EXTRA=/root/extra FIRST=/root/first QUANT=/root/quant STAGE=/root/stage RUN=/root/run KERNELS=/root/kernels LAB=/root/lab
+# RUN: the servers' pids, logs and states of the steps (LAB_RUN_DIR: another folder, e.g. a test's)
+SITE=/root/site EXTRA=/root/extra FIRST=/root/first QUANT=/root/quant STAGE=/root/stage RUN=${LAB_RUN_DIR:-/root/run}
+KERNELS=/root/kernels LAB=/root/lab
 # every step's packages but calibration's: those replacing the image's or the bundle's first, the bundle, the payload's
 PKGS=$FIRST:$SITE:$EXTRA
 EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|SpecDecoding|draft|mtp|runner|KV cache|memory|Asynchronous scheduling|CUDA graphs"

@@ -88,6 +88,8 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 LAB_W4A16_OP = "w4a16_stream_or_marlin"
 LAB_W4A16_KERNELS = ("gemv_stream", "gemv")
 GPU_CATS = {"kernel": None, "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+TRACE_CATEGORIES = {c for c in GPU_CATS.values() if c}  # categories read from the trace's event category, not a name
+WEIGHT_BITS = (4, 8, 16)  # served weight bits a family can have
 GAPS = "cpu/launch gaps"
 ORDER = ("gemm:linear_attn", "gemm:self_attn", "gemm:mlp", "gemm:lm_head", "gemm:unmapped", "attention", "gdn", "norm",
          "activation", "rope", "quant", "sampling", "memcpy", "memset", "other", GAPS)
@@ -508,16 +510,17 @@ def signature_table(sigs: list[SigAgg], families: list[Family], annotated_steps:
 
 
 def signatures_of(rows: list[dict]) -> list[SigAgg]:
-    """A record's signature rows (category_table's "signatures") as aggregates, classified by this version's rules."""
-    kept = set(GPU_CATS.values()) - {None}  # memcpy and memset rows: their category came from the trace's
+    """A record's signature rows (category_table's "signatures") as aggregates, classified by this version's rules
+    (memcpy and memset rows keep theirs: it came from the trace's event category, which a row does not hold)."""
     return [SigAgg(r["name"], tuple(r["grid"]), tuple(r["block"]),
-                   r["category"] if r["category"] in kept else classify(r["name"]), int(r["calls"]), float(r["total_us"]))
-            for r in rows]
+                   r["category"] if r["category"] in TRACE_CATEGORIES else classify(r["name"]), int(r["calls"]),
+                   float(r["total_us"])) for r in rows]
 
 
 def gemm_by_bits(by_bits: dict[int, tuple[float, float]], bandwidth_gbs: float) -> dict[str, dict]:
     """The mapped weight GEMMs by served weight bits: bytes and µs per step, the rate they read at and its share of the
-    copy bandwidth (the microbench's measure, here inside the served step)."""
+    copy bandwidth (the microbench's measure, here inside the served step). Unmapped GEMM kernels (a cuBLAS split-K
+    reduce after its GEMM) are left out of the time."""
     return {str(bits): {"bytes_per_step": round(b), "us_per_step": round(us, 2),
                         "gbs": round(b / us / 1e3, 1) if us else None,
                         "of_bandwidth": round(b / us / 1e3 / bandwidth_gbs, 4) if us and bandwidth_gbs else None}
@@ -596,11 +599,13 @@ def markdown(variant: str, gpu: str, results: dict) -> str:
                          f"{(row['share'] or 0) * 100:.1f}% | {mb} | {row['roofline_us'] if row['roofline_us'] is not None else ''} | "
                          f"{row['vs_roofline'] if row['vs_roofline'] is not None else ''} |")
         fit, proj = r["step_model"]["fit"], r["step_model"]["projection"]
-        if r.get("gemm_by_bits"):
+        read = [(bits, x) for bits, x in sorted((r.get("gemm_by_bits") or {}).items(), key=lambda kv: int(kv[0]))
+                if x["gbs"]]
+        if read:
             lines += ["", "Weight GEMMs by served bits (mapped signatures; % of the copy bandwidth): " + "; ".join(
                 f"{bits}-bit {x['bytes_per_step'] / 1e9:.3f} GB/step in {x['us_per_step']:.1f} us, {x['gbs']:,.0f} GB/s"
-                + (f" ({x['of_bandwidth'] * 100:.1f} %)" if x["of_bandwidth"] is not None else "")
-                for bits, x in sorted(r["gemm_by_bits"].items(), key=lambda kv: int(kv[0])) if x["gbs"]) + "."]
+                + (f" ({x['of_bandwidth'] * 100:.1f} %)" if x["of_bandwidth"] is not None else "") for bits, x in read)
+                      + "."]
         if r.get("launches_per_step"):
             lines += ["", "Host launch calls per step: " + ", ".join(f"{k} {v}" for k, v in r["launches_per_step"].items())
                       + " (a CUDA graph is one cudaGraphLaunch; eager work one kernel launch per kernel)."]
@@ -756,9 +761,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-gbs", type=float, default=A10G_GBS,
                    help="with --project: the target GPU's memory bandwidth (default %(default)g, the A10G)")
     p.add_argument("--trace-dir", type=Path, help="with --reanalyze: the folder holding its trace files")
-    p.add_argument("--bits", action="append", default=[], metavar="UNIT=BITS",
-                   help="with --reanalyze: a family's served weight bits (4, 8 or 16), over the record's (lm_head=4: a "
-                        "4-bit output layer that a record before 2026-12-07 counted as 16-bit)")
+    p.add_argument("--bits", action="append", default=[], type=bits_entry, metavar="UNIT=BITS",
+                   help="with --reanalyze: a family's served weight bits, over the record's (lm_head=4: a 4-bit output "
+                        "layer that a record before 2026-12-07 counted as 16-bit)")
     p.add_argument("--reference", type=Path, metavar="RECORD",
                    help="with --reanalyze of a record without weight bits: a 16-bit profile record of the same model")
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated levels (default %(default)s)")
@@ -805,14 +810,22 @@ def record_families(record: dict, reference: dict | None, bits_of: dict[str, int
     return out
 
 
-def parse_bits(items: list[str]) -> dict[str, int]:
-    """--bits UNIT=BITS entries as {unit: bits}."""
-    out = {}
-    for item in items:
-        unit, _, bits = item.partition("=")
-        if not unit or bits not in ("4", "8", "16"):
-            raise ProfileError(f"--bits {item!r}: UNIT=4, UNIT=8 or UNIT=16 (UNIT a family, e.g. lm_head)")
-        out[unit] = int(bits)
+def bits_entry(item: str) -> tuple[str, int]:
+    """One --bits UNIT=BITS entry (argparse type: a malformed one is a usage error)."""
+    unit, _, bits = item.partition("=")
+    if not unit or bits not in {str(b) for b in WEIGHT_BITS}:
+        raise argparse.ArgumentTypeError(f"{item!r}: UNIT=BITS, BITS one of {', '.join(map(str, WEIGHT_BITS))} "
+                                         "(UNIT a family of the record, e.g. lm_head)")
+    return unit, int(bits)
+
+
+def parse_bits(entries: list[tuple[str, int]]) -> dict[str, int]:
+    """--bits entries as {unit: bits}; a unit named twice is refused."""
+    out: dict[str, int] = {}
+    for unit, bits in entries:
+        if unit in out:
+            raise ProfileError(f"--bits names {unit} twice")
+        out[unit] = bits
     return out
 
 
@@ -845,16 +858,28 @@ def reanalyze(variant_name: str, path: Path, args: argparse.Namespace, argv: lis
                 annotations = old["steps_from"]["annotations"]
                 table = signature_table(signatures_of(sample["signatures"]), families, annotations["steps"],
                                         old["window_us"], old["busy_us"], old["overlap_us"])
-                res = summarize(table, annotations, old.get("launches_per_step") or {}, **facts)
+                # launches a step as recorded, over this analysis's step count (the rules may count other steps)
+                per = old["steps"] / table["steps"]
+                launches = {k: round(v * per, 2) for k, v in (old.get("launches_per_step") or {}).items()}
+                res = summarize(table, annotations, launches, **facts)
                 res["from_signature_rows"] = True
+            elif trace_dir is not None:
+                raise ProfileError(f"no trace {trace} in --trace-dir"
+                                   + (" (leave it out to use the record's signature rows)"
+                                      if sample.get("signatures") else ""))
             else:
-                raise ProfileError(f"no trace {trace} (and no signature rows in the record)")
+                raise ProfileError(f"no trace {trace}, and {path} has no signature rows to analyse instead")
             res["steps_from"]["tokens"] = old["steps_from"].get("tokens")
             res["trace_file"] = old["trace_file"]
             sample["signatures"] = res.pop("signatures")
             results[c] = res
-    except (ProfileError, OSError, KeyError, StopIteration, json.JSONDecodeError) as e:
+    except (ProfileError, OSError, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (KeyError, StopIteration, TypeError, ValueError, AttributeError) as e:
+        what = f"no {e} in it" if isinstance(e, KeyError) else "no sample of a profiled level" \
+            if isinstance(e, StopIteration) else f"a malformed field ({e})"
+        print(f"error: {path}: {what}: not a profile record this version reads", file=sys.stderr)
         return 1
     record["summary"] = results
     record["steps_rule"], record["mapping_rule"] = STEPS_RULE, MAPPING_RULE
@@ -895,7 +920,10 @@ def print_projection(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.bits and not args.reanalyze:
+        parser.error("--bits needs --reanalyze")
     if args.reanalyze:
         return reanalyze(args.variant, args.reanalyze, args, argv)
     if args.project:

@@ -559,6 +559,7 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
             vs_parent, vs_base = speedups(r, pref), speedups(r, bref)
             vs_parent = {**vs_parent, **{c: sr.ratio for c in vs_parent if (sr := speed_interval(r, pref, c, rounds))}}
             vs_base_ci = {c: speed_interval(r, bref, c, rounds) for c in LEVELS}
+            vs_base_step = {c: speed_interval(r, bref, c, rounds, step_rate) for c in roof}
             vs_base = {**vs_base, **{c: sr.ratio for c, sr in vs_base_ci.items() if sr}}
             refs = [x for x in (pref, bref) if x]
             b2b = "yes" if refs and ladder and all(x["inputs"].get("ladder_id") == ladder for x in refs) else (
@@ -571,13 +572,12 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                          + " | ".join(fmt(t, '.1f') for t in tput) + " | "
                          + " | ".join(fmt(vs_parent.get(str(c))) for c in levels) + " | "
                          + " | ".join(vs_base_ci[c].text() if vs_base_ci.get(c) else "—" for c in LEVELS)
-                         + "".join(f" | {sr.text() if (sr := speed_interval(r, bref, c, rounds, step_rate)) else '—'}"
-                                   for c in roof)
+                         + "".join(f" | {vs_base_step[c].text() if vs_base_step[c] else '—'}" for c in roof)
                          + "".join(f" | {fmt(roofline_pct(r, c), '.0f')}" for c in roof)
                          + f" | {b2b} | {verdicts[v].short(hw)} |")
             row = {"group": (hw, prompts), "device": device, "prompt_set": r["inputs"].get("prompt_set", prompts),
                    "variant": v, "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
-                   "vs_base_ci": vs_base_ci, "shape_proxy": bool(r.get("shape_proxy")),
+                   "vs_base_ci": vs_base_ci, "vs_base_step": vs_base_step, "shape_proxy": bool(r.get("shape_proxy")),
                    "base": base, "b2b": b2b, "ladder": ladder,
                    "tput": {c: throughput(r, c) for c in LEVELS}, "base_tput": {c: throughput(bref, c) for c in LEVELS}}
             rows.append(row)

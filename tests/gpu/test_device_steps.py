@@ -10,9 +10,9 @@ import pytest
 DEVICE = "scripts/gpu/device.sh"
 
 
-def step(*args: str, **env: str) -> subprocess.CompletedProcess:
+def step(*args: str, run_dir, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", DEVICE, *args], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", **env})
+                          env={"PATH": "/usr/bin:/bin", "LAB_RUN_DIR": str(run_dir), **env})
 
 
 @pytest.mark.parametrize("args, env, says", [
@@ -22,12 +22,18 @@ def step(*args: str, **env: str) -> subprocess.CompletedProcess:
     (("qwen35-27b-dummy-bf16",), {"PROFILE_ROUNDS": "1", "SET": "SERVE_KV_CACHE_MEMORY_BYTES=1"},
      "needs SERVE_PROFILER_CONFIG in SET"),
 ])
-def test_cycle_refuses_bad_input_in_one_line(args, env, says):
-    out = step("cycle", *args, **env)
+def test_cycle_refuses_bad_input_in_one_line(args, env, says, tmp_path):
+    out = step("cycle", *args, run_dir=tmp_path, **env)
     assert out.returncode == 2 and says in out.stdout and len(out.stdout.splitlines()) == 1, out
     assert not out.stderr
 
 
-def test_an_unknown_step_is_refused():
-    out = step("no-such-step")
+def test_cycle_refuses_to_run_beside_servers_of_an_earlier_start(tmp_path):
+    (tmp_path / "servers").write_text("qwen35-27b-dummy-bf16 qwen35-27b-dummy-bf16 8200 123 -\n")
+    out = step("cycle", "qwen35-27b-dummy-bf16", run_dir=tmp_path)
+    assert out.returncode == 2 and "servers of an earlier start are running" in out.stdout, out
+
+
+def test_an_unknown_step_is_refused(tmp_path):
+    out = step("no-such-step", run_dir=tmp_path)
     assert out.returncode == 2 and "unknown step no-such-step" in out.stdout

@@ -32,8 +32,10 @@ from scripts.measure.profile import (
     map_gemms,
     newest_trace,
     project,
+    record_families,
     roofline_rows,
     roofline_us,
+    signatures_of,
     split_family_time,
     state_bytes_per_step,
     step_annotations,
@@ -195,6 +197,28 @@ def test_the_lab_kernels_names_are_the_lever_modules():
     assert f'"lab::{LAB_W4A16_OP}"' in op
     assert all(f"def {k}(" in triton and kernel_bits(k) == 4 for k in LAB_W4A16_KERNELS)
     assert kernel_bits("nvjet_sm90_tst_64x8_64x16_2x1_v_bz_splitK_TNT") == 16
+
+
+def test_signature_rows_keep_the_trace_categories_and_are_classified_again():
+    rows = [{"name": "Memcpy DtoD (Device -> Device)", "grid": [], "block": [], "category": "memcpy", "calls": 2,
+             "total_us": 3.0},
+            {"name": "triton_poi_fused_mul_silu_slice_w4a16_stream_or_marlin_4", "grid": [17, 1, 1], "block": [128, 1, 1],
+             "category": "gemm", "calls": 4, "total_us": 6.0}]  # a record's row from before the rule
+    memcpy, act = signatures_of(rows)
+    assert (memcpy.category, memcpy.calls, memcpy.total_us) == ("memcpy", 2, 3.0)
+    assert act.category == "activation" and act.grid == (17, 1, 1)
+
+
+def test_bits_name_a_family_by_its_label_merged_families_too():
+    record = {"weights": {"families": [
+        {"units": ["linear_attn.out_proj", "self_attn.o_proj"], "calls_per_step": {"linear_attn": 3, "self_attn": 1},
+         "bytes_per_call": 100, "bits": 16},
+        {"units": ["lm_head"], "calls_per_step": {"lm_head": 1}, "bytes_per_call": 50, "bits": 16}]}}
+    fams = record_families(record, None, {"linear_attn.out_proj+self_attn.o_proj": 4, "lm_head": 4})
+    assert [f.bits for f in fams] == [4, 4]
+    assert [f.bits for f in record_families(record, None)] == [16, 16]
+    with pytest.raises(ProfileError, match="self_attn.o_proj: no such family"):
+        record_families(record, None, {"self_attn.o_proj": 4})
 
 
 def test_a_packed_output_layer_is_a_4_bit_family():
@@ -376,7 +400,7 @@ def test_trace_files(tmp_path):
         newest_trace(tmp_path, since=gz.stat().st_mtime + 10, wait_s=1.5)
 
 
-def test_main_analyses_a_trace_of_the_real_smollm2_checkpoint(embedded_weights, tmp_path):
+def test_main_analyses_a_trace_of_the_real_smollm2_checkpoint(embedded_weights, tmp_path, capsys):
     """The CLI on a trace shaped like SmolLM2's decode (30 llama layers, tied head), against its real safetensors."""
     ev, t = [], 0.0
     for _ in range(4):
@@ -434,9 +458,26 @@ def test_main_analyses_a_trace_of_the_real_smollm2_checkpoint(embedded_weights, 
     head = {x["category"]: x for x in json.loads(bits_rec.read_text())["summary"]["1"]["table"]}
     assert head["gemm:lm_head"]["us_per_step"] == 0 and head["gemm:unmapped"]["us_per_step"] == 40
     assert json.loads(bits_rec.read_text())["summary"]["1"]["gemm_by_bits"]["16"]["us_per_step"] == 540
-    for bad in (["--bits", "lm_head=5"], ["--bits", "no_such=4"]):
+    capsys.readouterr()
+    for bad, says in ((["--bits", "no_such=4"], "no such family"), (["--bits", "lm_head=4", "--bits", "lm_head=16"],
+                                                                    "names lm_head twice"),
+                      (["--trace-dir", str(tmp_path / "x")], "leave it out to use the record's signature rows")):
         assert main(["smollm2-bf16", "--reanalyze", str(record_path), *bad, "--out-dir", str(tmp_path / "x")]) == 1
+        err = capsys.readouterr().err
+        assert says in err and len(err.splitlines()) == 1, err
+    for usage in (["--reanalyze", str(record_path), "--bits", "lm_head=5"], ["--trace", "t.json", "--bits", "lm_head=4"]):
+        with pytest.raises(SystemExit) as stop:  # a usage error before any file is read
+            main(["smollm2-bf16", *usage])
+        assert stop.value.code == 2
+    capsys.readouterr()
     assert not (tmp_path / "x").exists()
+    broken = json.loads(record_path.read_text())
+    broken["samples"][0]["signatures"][0]["grid"] = None
+    (tmp_path / "b").mkdir()  # a folder without the trace: the rows are read
+    (tmp_path / "b" / "broken.json").write_text(json.dumps(broken))
+    assert main(["smollm2-bf16", "--reanalyze", str(tmp_path / "b" / "broken.json"), "--out-dir", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert "broken.json: a malformed field" in err and len(err.splitlines()) == 1, err
 
 
 def test_map_gemms_by_weight_bits_and_one_kernel_serving_two_families():
