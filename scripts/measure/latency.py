@@ -157,7 +157,8 @@ def replica_topology(topo: dict) -> dict:
 
 
 def per_server(urls: list[str], before: list) -> list[dict]:
-    """Each server's requests served, prefix-cache hits, prompt and generated tokens between `before` and now."""
+    """Each server's requests served, prefix-cache hits, prompt and generated tokens and the mean time of each request
+    phase (prom.PHASES: the server's TTFT, queue, prefill, decode) between `before` and now."""
     out = []
     for url, b in zip(urls, before, strict=True):
         after = scrape(url)
@@ -166,8 +167,17 @@ def per_server(urls: list[str], before: list) -> list[dict]:
             if b and after else None
         out.append({"url": url, "requests": served,
                     **{k: c.get(k) for k in ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate",
-                                             "prompt_tokens", "generation_tokens")}})
+                                             "prompt_tokens", "generation_tokens", "phase_ms")}})
     return out
+
+
+def phase_line(servers: list[dict]) -> str:
+    """The servers' mean TTFT and prefill in ms as the bench prints them ("" where no server keeps them)."""
+    phases = [s.get("phase_ms") or {} for s in servers]
+    if not any(p.get("ttft") is not None for p in phases):
+        return ""
+    return "  server ttft/prefill ms " + ", ".join(
+        f"{p.get('ttft') or 0:.1f}/{p.get('prefill') or 0:.1f}" for p in phases)
 
 
 def reset_prefix_caches(urls: list[str]) -> None:
@@ -257,8 +267,8 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
             record["summary"].setdefault(mode, {})[str(c)] = summary
             print(f"{mode:7s} c={c:<3d} ok {summary['completed']}/{len(samples)}  out {summary['output_throughput'] or 0:7.1f} tok/s"
                   f"  ttft p50 {summary['median_ttft_ms'] or 0:7.1f} ms  tpot p50 {summary['median_tpot_ms'] or 0:6.1f} ms"
-                  f"  prefix hits {[s['prefix_cache_hit_rate'] and round(s['prefix_cache_hit_rate'], 3) for s in summary['servers']]}",
-                  flush=True)
+                  f"  prefix hits {[s['prefix_cache_hit_rate'] and round(s['prefix_cache_hit_rate'], 3) for s in summary['servers']]}"
+                  + phase_line(summary["servers"]), flush=True)
             if (failure := failure or failed(samples, f"{mode}, c={c}")) and "no longer healthy" in failure:
                 break
         if failure and not is_healthy(base_url, path=health):

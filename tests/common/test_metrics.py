@@ -86,6 +86,23 @@ def test_server_counters_deltas_and_rates():
     assert c["spec_decode_acceptance_per_position"] == pytest.approx([0.8, 0.6, 0.4, 0.2])  # of 10 drafts
 
 
+def phases(ttft_sum: float, prefill_sum: float, n: int) -> str:
+    """Two of vLLM's request phase histograms after n requests (a bucket, the sum, the count)."""
+    out = ""
+    for name, total in (("vllm:time_to_first_token_seconds", ttft_sum), ("vllm:request_prefill_time_seconds",
+                                                                          prefill_sum)):
+        out += (f"# TYPE {name} histogram\n" + f'{name}_bucket{{engine="0",le="+Inf"}} {n}.0\n'
+                + f'{name}_count{{engine="0"}} {n}.0\n' + f'{name}_sum{{engine="0"}} {total}\n')
+    return out
+
+
+def test_server_counters_give_each_request_phase_mean_between_scrapes():
+    c = server_counters(parse(METRICS_BEFORE + phases(0.5, 0.2, 4)), parse(METRICS_BEFORE + phases(1.3, 0.5, 8)))
+    # 4 requests in between: TTFT (1.3 - 0.5) / 4 s, prefill (0.5 - 0.2) / 4 s; no queue or decode histogram kept
+    assert c["phase_ms"] == {"ttft": 200.0, "prefill": 75.0, "queue": None, "decode": None}
+    assert server_counters(parse(METRICS_BEFORE), parse(METRICS_BEFORE))["phase_ms"]["ttft"] is None
+
+
 def test_drift_warnings():
     from scripts.measure.monitor import drift_warnings
 

@@ -71,6 +71,10 @@ def test_short_real_run_writes_valid_record(embedded_server, embedded_weights, t
     assert rec["topology"] == {"router": None, "policy": None, "replicas": 1, "tensor_parallel": 1, "data_parallel": 1,
                                "gpus": 0, "shared_gpu": False}
     assert fixed["1"]["servers"][0]["requests"] == 4 and fixed["1"]["servers"][0]["url"] == embedded_server.base_url
+    # the server's own split of the first token (vLLM's phase histograms over this level's four requests): its prefill
+    # inside its TTFT, its TTFT inside the client's
+    phase = fixed["1"]["servers"][0]["phase_ms"]
+    assert 0 < phase["prefill"] <= phase["ttft"] <= fixed["1"]["mean_ttft_ms"] and phase["queue"] >= 0
     # roofline accounting: SmolLM2's bytes from its headers (tied embedding read as the output layer; 30 layers x K,V x
     # 3 KV heads x 64 x 2 B per token), no bandwidth on a CPU and therefore no ratio, never an assumed figure
     roof = rec["roofline"]
