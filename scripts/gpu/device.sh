@@ -349,7 +349,7 @@ PY
       for _ in $(seq ${WAIT:-120}); do ready $tag || gone $pid && break; sleep 1; done
       mkdir -p $res/$tag
       if ready $tag; then
-        echo "== $tag (round $round) $(date +%T)"
+        echo "== $tag (round ${CYCLE_ROUND:-$round}) $(date +%T)"
         # the bench warms up with 2 requests at c=1; the first c=8 batch of an MTP server stalled 1.8-3.2 s (one-time
         # compilation for the batched shapes, 2026-11-22): PREWARM=1 sends one c=8 round first (record discarded)
         [ -n "${PREWARM:-}" ] && timeout 120 python3 -m scripts.measure.latency "$v" --base-url http://127.0.0.1:$port \

@@ -167,7 +167,7 @@ def per_server(urls: list[str], before: list) -> list[dict]:
             if b and after else None
         out.append({"url": url, "requests": served,
                     **{k: c.get(k) for k in ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate",
-                                             "prompt_tokens", "generation_tokens", "phase_ms")}})
+                                             "prompt_tokens", "generation_tokens", "phase_ms", "phase_requests")}})
     return out
 
 
@@ -177,7 +177,7 @@ def phase_line(servers: list[dict]) -> str:
     if not any(p.get("ttft") is not None for p in phases):
         return ""
     return "  server ttft/prefill ms " + ", ".join(
-        f"{p.get('ttft') or 0:.1f}/{p.get('prefill') or 0:.1f}" for p in phases)
+        "/".join("—" if p.get(k) is None else f"{p[k]:.1f}" for k in ("ttft", "prefill")) for p in phases)
 
 
 def reset_prefix_caches(urls: list[str]) -> None:

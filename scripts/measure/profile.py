@@ -829,6 +829,42 @@ def parse_bits(entries: list[tuple[str, int]]) -> dict[str, int]:
     return out
 
 
+def read_json(path: Path, what: str) -> dict:
+    """A JSON file, or a ProfileError naming it."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ProfileError(f"{path}: {what} does not read ({e})") from None
+
+
+def trace_events(trace: Path) -> list[dict]:
+    """A trace file's events, or a ProfileError naming it (a truncated gzip, not JSON, no traceEvents)."""
+    try:
+        return load_trace(trace)
+    except (OSError, EOFError, ValueError, KeyError) as e:
+        raise ProfileError(f"{trace}: not a trace this version reads ({e!r})") from None
+
+
+def record_levels(record: dict, path: Path, trace_dir: Path | None) -> list[dict]:
+    """What a re-analysis reads of each profiled level of a record: its trace's path, its sample, its signature rows
+    (classified again) and the old summary's window, steps and launches; KeyError and the like where a field is
+    missing or malformed."""
+    levels = []
+    for c, old in record["summary"].items():
+        sample = next(x for x in record["samples"] if x["concurrency"] == int(c))
+        levels.append({"c": c, "old": old, "sample": sample,
+                       "trace": (trace_dir or path.parent) / Path(old["trace_file"]).name,
+                       "rows": signatures_of(sample["signatures"]) if sample.get("signatures") else None,
+                       "window": (float(old["window_us"]), float(old["busy_us"]), float(old["overlap_us"])),
+                       "annotations": old["steps_from"]["annotations"], "steps": int(old["steps"]),
+                       "launches": dict(old.get("launches_per_step") or {}),
+                       "facts": {"bytes_per_step": record["weights"]["bytes_per_step"], "config": None,
+                                 "concurrency": int(c), "context_tokens": 0, "kv_cache_dtype": None,
+                                 "bandwidth_gbs": float(record["inputs"]["bandwidth_gbs"]),
+                                 "states": old.get("state_bytes") or {}}})
+    return levels
+
+
 def reanalyze(variant_name: str, path: Path, args: argparse.Namespace, argv: list[str]) -> int:
     """A profile record's traces analysed again (STEPS_RULE, MAPPING_RULE of this version): the measurement's envelope
     (hardware, versions, git of the run) is kept; `reanalysis` names the record, the command and this checkout."""
@@ -836,50 +872,47 @@ def reanalyze(variant_name: str, path: Path, args: argparse.Namespace, argv: lis
 
     trace_dir, out_dir = args.trace_dir, args.out_dir
     try:
-        record = json.loads(path.read_text())
+        record = read_json(path, "the record")
         if record.get("variant") != variant_name or record.get("schema", {}).get("kind") != KIND:
             raise ProfileError(f"{path}: not a profile record of {variant_name}")
-        families = record_families(record, json.loads(args.reference.read_text()) if args.reference else None,
-                                   parse_bits(args.bits))
+        reference = read_json(args.reference, "--reference") if args.reference else None
+        families = record_families(record, reference, parse_bits(args.bits))
         for row, f in zip(record["weights"]["families"], families, strict=True):
             row["bits"] = f.bits
-        results = {}
-        for c, old in record["summary"].items():
-            trace = (trace_dir or path.parent) / Path(old["trace_file"]).name
-            sample = next(x for x in record["samples"] if x["concurrency"] == int(c))
-            facts = {"bytes_per_step": record["weights"]["bytes_per_step"], "config": None, "concurrency": int(c),
-                     "context_tokens": 0, "kv_cache_dtype": None, "bandwidth_gbs": record["inputs"]["bandwidth_gbs"],
-                     "states": old.get("state_bytes") or {}}
-            if trace.is_file():
-                res = analyze(load_trace(trace), families=families, **facts)
-            elif trace_dir is None and sample.get("signatures"):
-                # the trace stayed on the GPU machine: the record's signature rows (every kernel's calls and time)
-                # and its window hold what the mapping and the table need
-                annotations = old["steps_from"]["annotations"]
-                table = signature_table(signatures_of(sample["signatures"]), families, annotations["steps"],
-                                        old["window_us"], old["busy_us"], old["overlap_us"])
-                # launches a step as recorded, over this analysis's step count (the rules may count other steps)
-                per = old["steps"] / table["steps"]
-                launches = {k: round(v * per, 2) for k, v in (old.get("launches_per_step") or {}).items()}
-                res = summarize(table, annotations, launches, **facts)
-                res["from_signature_rows"] = True
-            elif trace_dir is not None:
-                raise ProfileError(f"no trace {trace} in --trace-dir"
-                                   + (" (leave it out to use the record's signature rows)"
-                                      if sample.get("signatures") else ""))
-            else:
-                raise ProfileError(f"no trace {trace}, and {path} has no signature rows to analyse instead")
-            res["steps_from"]["tokens"] = old["steps_from"].get("tokens")
-            res["trace_file"] = old["trace_file"]
-            sample["signatures"] = res.pop("signatures")
-            results[c] = res
-    except (ProfileError, OSError, json.JSONDecodeError) as e:
+        levels = record_levels(record, path, trace_dir)
+    except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except (KeyError, StopIteration, TypeError, ValueError, AttributeError) as e:
         what = f"no {e} in it" if isinstance(e, KeyError) else "no sample of a profiled level" \
             if isinstance(e, StopIteration) else f"a malformed field ({e})"
         print(f"error: {path}: {what}: not a profile record this version reads", file=sys.stderr)
+        return 1
+    results = {}
+    try:
+        for lv in levels:
+            if lv["trace"].is_file():
+                res = analyze(trace_events(lv["trace"]), families=families, **lv["facts"])
+            elif trace_dir is None and lv["rows"]:
+                # the trace stayed on the GPU machine: the record's signature rows (every kernel's calls and time)
+                # and its window hold what the mapping and the table need
+                table = signature_table(lv["rows"], families, lv["annotations"]["steps"], *lv["window"])
+                # launches a step as recorded, over this analysis's step count (the rules may count other steps)
+                per = lv["steps"] / table["steps"]
+                res = summarize(table, lv["annotations"], {k: round(v * per, 2) for k, v in lv["launches"].items()},
+                                **lv["facts"])
+                res["from_signature_rows"] = True
+            elif trace_dir is not None:
+                raise ProfileError(f"no trace {lv['trace']} in --trace-dir"
+                                   + (" (leave it out to use the record's signature rows)" if lv["rows"] else ""))
+            else:
+                raise ProfileError(f"no trace {lv['trace']}, and {path} has no signature rows to analyse instead")
+            res["steps_from"]["tokens"] = lv["old"]["steps_from"].get("tokens")
+            res["trace_file"] = lv["old"]["trace_file"]
+            lv["sample"]["signatures"] = res.pop("signatures")
+            results[lv["c"]] = res
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
     record["summary"] = results
     record["steps_rule"], record["mapping_rule"] = STEPS_RULE, MAPPING_RULE

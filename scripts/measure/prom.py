@@ -7,9 +7,11 @@ from scripts.common.server import http_get
 
 Samples = dict[str, float]
 
-# vLLM's per-request phase histograms (vllm/v1/metrics/stats.py): time to first token from the request's arrival at the
-# API server; queue = scheduled - queued and prefill = first token - scheduled, both the engine core's timestamps; decode
-# = last token - first token. A client's TTFT less the server's is the API server, tokenizer and stream's share.
+# vLLM's per-request phase histograms (vllm/v1/metrics/stats.py): time to first token from the request's arrival (taken
+# before tokenizing) to the front end's receipt of its first output; queue = scheduled - queued and prefill = first token
+# - scheduled, both the engine core's timestamps; decode = last token - first token. A client's TTFT less the server's is
+# the HTTP request's parsing before arrival, then detokenizing, streaming and the network. TTFT is observed at the first
+# token, the others when a request finishes: their counts (phase_requests) say which requests each mean covers.
 PHASES = {"ttft": "vllm:time_to_first_token_seconds", "queue": "vllm:request_queue_time_seconds",
           "prefill": "vllm:request_prefill_time_seconds", "decode": "vllm:request_decode_time_seconds"}
 
@@ -46,14 +48,16 @@ def _delta(before: Samples, after: Samples, name: str) -> float | None:
     return after[name] - before.get(name, 0.0)
 
 
-def phase_means_ms(before: Samples, after: Samples) -> dict[str, float | None]:
-    """Mean ms of each request phase (PHASES) between two scrapes, from its histogram's sum and count deltas; None where
-    no request passed the phase in between or the server keeps no such histogram."""
-    out: dict[str, float | None] = {}
+def phase_means_ms(before: Samples, after: Samples) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """Mean ms of each request phase (PHASES) between two scrapes, from its histogram's sum and count deltas (None where
+    no request passed the phase in between or the server keeps no such histogram), and those counts."""
+    means: dict[str, float | None] = {}
+    counts: dict[str, float | None] = {}
     for key, name in PHASES.items():
         n, total = _delta(before, after, f"{name}_count"), _delta(before, after, f"{name}_sum")
-        out[key] = round(1000.0 * total / n, 3) if n and total is not None else None
-    return out
+        means[key] = round(1000.0 * total / n, 3) if n and total is not None else None
+        counts[key] = n
+    return means, counts
 
 
 def server_counters(before, after) -> dict:
@@ -77,8 +81,8 @@ def server_counters(before, after) -> dict:
         "spec_decode_drafts": _delta(b, a, "vllm:spec_decode_num_drafts_total"),
         "spec_decode_draft_tokens": _delta(b, a, "vllm:spec_decode_num_draft_tokens_total"),
         "spec_decode_accepted_tokens": _delta(b, a, "vllm:spec_decode_num_accepted_tokens_total"),
-        "phase_ms": phase_means_ms(b, a),
     }
+    out["phase_ms"], out["phase_requests"] = phase_means_ms(b, a)
     out["kv_cache_tokens"] = (out["kv_cache_blocks"] * out["kv_block_size"]
                               if out["kv_cache_blocks"] and out["kv_block_size"] else None)
     q, h = out["prefix_cache_queries"], out["prefix_cache_hits"]

@@ -100,6 +100,7 @@ def test_server_counters_give_each_request_phase_mean_between_scrapes():
     c = server_counters(parse(METRICS_BEFORE + phases(0.5, 0.2, 4)), parse(METRICS_BEFORE + phases(1.3, 0.5, 8)))
     # 4 requests in between: TTFT (1.3 - 0.5) / 4 s, prefill (0.5 - 0.2) / 4 s; no queue or decode histogram kept
     assert c["phase_ms"] == {"ttft": 200.0, "prefill": 75.0, "queue": None, "decode": None}
+    assert c["phase_requests"] == {"ttft": 4.0, "prefill": 4.0, "queue": None, "decode": None}
     assert server_counters(parse(METRICS_BEFORE), parse(METRICS_BEFORE))["phase_ms"]["ttft"] is None
 
 

@@ -75,6 +75,9 @@ def test_short_real_run_writes_valid_record(embedded_server, embedded_weights, t
     # inside its TTFT, its TTFT inside the client's
     phase = fixed["1"]["servers"][0]["phase_ms"]
     assert 0 < phase["prefill"] <= phase["ttft"] <= fixed["1"]["mean_ttft_ms"] and phase["queue"] >= 0
+    assert set(fixed["1"]["servers"][0]["phase_requests"].values()) == {4.0}
+    assert bench_latency.phase_line([{"phase_ms": phase}, {"phase_ms": {"ttft": None}}]).endswith(
+        f"{phase['ttft']:.1f}/{phase['prefill']:.1f}, —/—")
     # roofline accounting: SmolLM2's bytes from its headers (tied embedding read as the output layer; 30 layers x K,V x
     # 3 KV heads x 64 x 2 B per token), no bandwidth on a CPU and therefore no ratio, never an assumed figure
     roof = rec["roofline"]

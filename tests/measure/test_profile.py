@@ -465,10 +465,11 @@ def test_main_analyses_a_trace_of_the_real_smollm2_checkpoint(embedded_weights, 
         assert main(["smollm2-bf16", "--reanalyze", str(record_path), *bad, "--out-dir", str(tmp_path / "x")]) == 1
         err = capsys.readouterr().err
         assert says in err and len(err.splitlines()) == 1, err
-    for usage in (["--reanalyze", str(record_path), "--bits", "lm_head=5"], ["--trace", "t.json", "--bits", "lm_head=4"]):
+    for usage, says in ((["--reanalyze", str(record_path), "--bits", "lm_head=5"], "BITS one of 4, 8, 16"),
+                        (["--trace", "t.json", "--bits", "lm_head=4"], "--bits needs --reanalyze")):
         with pytest.raises(SystemExit) as stop:  # a usage error before any file is read
             main(["smollm2-bf16", *usage])
-        assert stop.value.code == 2
+        assert stop.value.code == 2 and says in capsys.readouterr().err
     capsys.readouterr()
     assert not (tmp_path / "x").exists()
     broken = json.loads(record_path.read_text())
@@ -478,6 +479,14 @@ def test_main_analyses_a_trace_of_the_real_smollm2_checkpoint(embedded_weights, 
     assert main(["smollm2-bf16", "--reanalyze", str(tmp_path / "b" / "broken.json"), "--out-dir", str(tmp_path / "x")]) == 1
     err = capsys.readouterr().err
     assert "broken.json: a malformed field" in err and len(err.splitlines()) == 1, err
+    (tmp_path / "b" / "not-json.json").write_text("{")  # files that do not read are named, the trace too
+    (tmp_path / "b" / trace.name).write_text('{"no": "events"}')
+    for bad, says in ((["--reanalyze", str(tmp_path / "b" / "not-json.json")], "not-json.json: the record does not read"),
+                      (["--reanalyze", str(record_path), "--trace-dir", str(tmp_path / "b")],
+                       f"{trace.name}: not a trace this version reads")):
+        assert main(["smollm2-bf16", *bad, "--out-dir", str(tmp_path / "x")]) == 1
+        err = capsys.readouterr().err
+        assert says in err and len(err.splitlines()) == 1, err
 
 
 def test_map_gemms_by_weight_bits_and_one_kernel_serving_two_families():
