@@ -9,7 +9,9 @@ comparable. A ratio is marked back-to-back only when both records come from one 
 A ratio to the BF16 reference is the geometric mean of its per-round ratios where the ladder ran in several rounds
 (`make eval-latency-ladder ROUNDS=2`, `make optimize`: records paired by inputs.round, else by their order in the
 ladder) with its 95% interval (scripts/common/metrics.py: speed_ratio); a variant is named faster only when the lower
-end is above 1.00. One round has no interval and certifies no speedup; an interval holding 1.00 is a tie.
+end is above 1.00. One round has no interval and certifies no speedup; an interval holding 1.00 is a tie. GPU tables
+also give TPOT × BF16 (BF16's TPOT p50 over the variant's, paired the same way): the decode step's speed, which output
+tok/s mixes with the first token's time.
 The gate column is the parity gate's verdict (scripts/common/gate.py) from the variant's quality records: only a
 variant whose every criterion passes is certified. A GPU table's gate reads the records made on GPUs and a CPU table's
 those made on CPUs (a GPU server's parity is judged against BF16 on a GPU, not on the CPU); a pass judged on another
