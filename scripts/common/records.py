@@ -124,6 +124,15 @@ def read_counters(variant) -> dict[str, Any]:
     return {k: json.loads(p.read_text()) for k, p in counter_files(variant).items() if p.exists()}
 
 
+def read_json(path: Path, what: str, error: type[Exception] = ValueError) -> Any:
+    """A JSON file's content, or `error` in one line naming the file and what it should be (missing, unreadable, not
+    text, not JSON)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not text
+        raise error(f"{path}: {what} does not read ({e})") from None
+
+
 class RecordError(RuntimeError):
     """A record that could not be written (a full disk, a read-only folder); one line. Nothing was written."""
 

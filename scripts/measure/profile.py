@@ -56,7 +56,7 @@ from scripts.common import paths
 from scripts.common.checkpoint import DTYPE_BYTES, QUANT_SUFFIXES, CheckpointError, read_checkpoint
 from scripts.common.hardware import A10G_GBS
 from scripts.common.loadgen import PromptSetError, load_prompts, openai_client, stream_one
-from scripts.common.records import envelope, save_record
+from scripts.common.records import envelope, read_json, save_record
 from scripts.common.server import ServerError, http_get, http_post
 from scripts.common.variants import VariantError, load_variant, parse_overrides
 
@@ -829,14 +829,6 @@ def parse_bits(entries: list[tuple[str, int]]) -> dict[str, int]:
     return out
 
 
-def read_json(path: Path, what: str) -> dict:
-    """A JSON file, or a ProfileError naming it."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ProfileError(f"{path}: {what} does not read ({e})") from None
-
-
 def trace_events(trace: Path) -> list[dict]:
     """A trace file's events, or a ProfileError naming it (a truncated gzip, not JSON, no traceEvents)."""
     try:
@@ -872,10 +864,10 @@ def reanalyze(variant_name: str, path: Path, args: argparse.Namespace, argv: lis
 
     trace_dir, out_dir = args.trace_dir, args.out_dir
     try:
-        record = read_json(path, "the record")
+        record = read_json(path, "the record", ProfileError)
         if record.get("variant") != variant_name or record.get("schema", {}).get("kind") != KIND:
             raise ProfileError(f"{path}: not a profile record of {variant_name}")
-        reference = read_json(args.reference, "--reference") if args.reference else None
+        reference = read_json(args.reference, "--reference", ProfileError) if args.reference else None
         families = record_families(record, reference, parse_bits(args.bits))
         for row, f in zip(record["weights"]["families"], families, strict=True):
             row["bits"] = f.bits

@@ -30,14 +30,13 @@ Ampere and may do better there), and nothing about MTP or batching. Writes resul
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 from scripts.common import paths
 from scripts.common.hardware import A10G_GBS
-from scripts.common.records import all_records, git_state, now_utc
+from scripts.common.records import all_records, git_state, now_utc, read_json
 
 
 class ProjectionError(ValueError):
@@ -117,10 +116,7 @@ def weight_split(records, variant: str) -> tuple[float, float, str]:
 
 def load_gemm(gemm: Path) -> dict:
     """A GEMM microbench record (its model rows checked), or ProjectionError naming the file."""
-    try:
-        rec = json.loads(gemm.read_text())
-    except (OSError, ValueError) as e:  # ValueError: not JSON, or not text
-        raise ProjectionError(f"{gemm}: not a GEMM microbench record ({e})") from None
+    rec = read_json(gemm, "a GEMM microbench record", ProjectionError)
     if not isinstance(rec, dict) or not isinstance((rec.get("summary") or {}).get("models"), list):
         raise ProjectionError(f"{gemm}: not a GEMM microbench record (no summary.models)")
     return rec
