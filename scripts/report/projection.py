@@ -43,6 +43,18 @@ class ProjectionError(ValueError):
     pass
 
 
+def read_ms(nbytes: float, gbs: float, efficiency: float) -> float:
+    """Time in ms to read nbytes at efficiency x gbs GB/s."""
+    return nbytes / (gbs * 1e9 * efficiency) * 1e3
+
+
+def target_bf16(fixed_ratio: float, w_target_ref: float, e_bf16: float, target_gbs: float) -> tuple[float, float]:
+    """(fixed ms, weight ms) of the target's BF16 step: its weights at e_bf16 of target_gbs, its fixed time in the
+    fit's ratio to them (fixed_ratio: the fit's fixed time over its BF16 weight time)."""
+    weights = read_ms(w_target_ref, target_gbs, e_bf16)
+    return fixed_ratio * weights, weights
+
+
 def project(tpot_ref_ms: float, tpot_cand_ms: float, w_ref: float, w_cand: float, bw: float, e_ref: float,
             w_target_ref: float, w_target_cand: float, target_gbs: float) -> dict:
     """The fit on the measured shape and the projection to the target (bytes in bytes, bandwidths in bytes/s except
@@ -53,12 +65,10 @@ def project(tpot_ref_ms: float, tpot_cand_ms: float, w_ref: float, w_cand: float
         raise ProjectionError(f"the fit has no room: fixed {fixed:.3f} ms from TPOT {tpot_ref_ms:.3f} ms and "
                               f"{weights_ms:.3f} ms of BF16 weights; candidate TPOT {tpot_cand_ms:.3f} ms")
     e_cand = w_cand / (bw * (tpot_cand_ms - fixed) / 1e3)
-    target_bw = target_gbs * 1e9
-    weights_target = w_target_ref / (target_bw * e_ref) * 1e3
-    fixed_target = fixed / weights_ms * weights_target
+    fixed_target, weights_target = target_bf16(fixed / weights_ms, w_target_ref, e_ref, target_gbs)
     bf16 = fixed_target + weights_target
-    cand = fixed_target + w_target_cand / (target_bw * e_cand) * 1e3
-    ideal = fixed_target + w_target_cand / (target_bw * e_ref) * 1e3
+    cand = fixed_target + read_ms(w_target_cand, target_gbs, e_cand)
+    ideal = fixed_target + read_ms(w_target_cand, target_gbs, e_ref)
     return {"fit": {"fixed_ms": fixed, "weights_ms": weights_ms, "fixed_share": fixed / tpot_ref_ms, "e_bf16": e_ref,
                     "e_cand": e_cand, "measured_speedup": tpot_ref_ms / tpot_cand_ms},
             "target": {"fixed_ms": fixed_target, "tpot_bf16_ms": bf16, "tpot_cand_ms": cand,
@@ -70,10 +80,8 @@ def project_kernel(fixed_ratio: float, w_target_ref: float, packed: float, rest:
                    target_gbs: float) -> dict:
     """The target's BF16 and candidate steps (ms) with the candidate's packed 4-bit bytes at the kernel's efficiency
     and the rest at the BF16 GEMMs' (fixed_ratio: the fit's fixed time over its BF16 weight time). Pure."""
-    bw = target_gbs * 1e9
-    weights = w_target_ref / (bw * e_bf16) * 1e3
-    fixed = fixed_ratio * weights
-    cand = fixed + (packed / (bw * e_kernel) + rest / (bw * e_bf16)) * 1e3
+    fixed, weights = target_bf16(fixed_ratio, w_target_ref, e_bf16, target_gbs)
+    cand = fixed + read_ms(packed, target_gbs, e_kernel) + read_ms(rest, target_gbs, e_bf16)
     return {"fixed_ms": fixed, "tpot_bf16_ms": fixed + weights, "tpot_cand_ms": cand,
             "speedup": (fixed + weights) / cand, "e_bf16": e_bf16, "e_kernel": e_kernel}
 
@@ -271,9 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out or paths.RESULTS / f"projection_{args.target_candidate}_{now_utc():%Y%m%d-%H%M%S}.md"
     paths.write_text_atomic(path, markdown(args, out, inputs))
     t = out["target"]
-    per_kernel = "".join(f", {k} {r['speedup']:.2f}×" for k, r in out.get("kernels", {}).items())
+    kernels = "".join(f", {k} {r['speedup']:.2f}×" for k, r in out.get("kernels", {}).items())
     print(f"PROJECTION: {args.target_candidate} {t['speedup']:.2f}× {args.target_reference} at {args.target_gbs:g} GB/s "
-          f"({t['speedup_at_e_bf16']:.2f}× with a 4-bit kernel as good as BF16's{per_kernel}); wrote {paths.shown(path)}")
+          f"({t['speedup_at_e_bf16']:.2f}× with a 4-bit kernel as good as BF16's{kernels}); wrote {paths.shown(path)}")
     return 0
 
 
