@@ -285,15 +285,20 @@ def baseline_of(variant: str, members: dict[str, dict]) -> str | None:
     return root
 
 
+def level_of(rec: dict | None, level) -> dict:
+    """A record's fixed-length summary at one concurrency ({} where it was not measured)."""
+    return ((rec or {}).get("summary", {}).get(MODE, {}).get(str(level))) or {}
+
+
 def throughput(rec: dict | None, level) -> float | None:
     """Output tok/s of a record at one concurrency (None where it was not measured)."""
-    return ((rec or {}).get("summary", {}).get(MODE, {}).get(str(level)) or {}).get("output_throughput")
+    return level_of(rec, level).get("output_throughput")
 
 
 def step_rate(rec: dict | None, level) -> float | None:
     """Decode steps a second of one request at one concurrency, 1000 / TPOT p50 in ms (None where not measured): a
     ratio of two is the inverse ratio of their TPOTs, the step's speed without the prefill that output tok/s holds."""
-    tpot = ((rec or {}).get("summary", {}).get(MODE, {}).get(str(level)) or {}).get("p50_tpot_ms")
+    tpot = level_of(rec, level).get("p50_tpot_ms")
     return 1000.0 / tpot if tpot else None
 
 
@@ -306,7 +311,7 @@ def speedups(rec: dict, ref: dict | None) -> dict[str, float | None]:
 def roofline_pct(rec: dict, level) -> float | None:
     """The step's roofline time as a % of its TPOT p50 (100 %: every step as fast as its bytes at the copy bandwidth
     measured in the same run); None where the record has no bandwidth measurement (never an assumed one)."""
-    lv = (rec.get("summary", {}).get(MODE, {}).get(str(level)) or {}).get("roofline") or {}
+    lv = level_of(rec, level).get("roofline") or {}
     x = lv.get("tpot_over_roofline")
     return 100 / x if x else None
 
@@ -579,7 +584,7 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                          + f" | {b2b} | {verdicts[v].short(hw)} |")
             row = {"group": (hw, prompts), "device": device, "prompt_set": r["inputs"].get("prompt_set", prompts),
                    "variant": v, "engine": engine_label(r), "levels": levels, "throughput": tput, "vs_base": vs_base,
-                   "vs_base_ci": vs_base_ci, "vs_base_step": vs_base_step, "shape_proxy": bool(r.get("shape_proxy")),
+                   "vs_base_ci": vs_base_ci, "shape_proxy": bool(r.get("shape_proxy")),
                    "base": base, "b2b": b2b, "ladder": ladder,
                    "tput": {c: throughput(r, c) for c in LEVELS}, "base_tput": {c: throughput(bref, c) for c in LEVELS}}
             rows.append(row)
