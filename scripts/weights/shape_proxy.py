@@ -291,8 +291,14 @@ def write_config_only(spec: str, out: Path) -> dict:
     (with the recipe's quantization_config), the real Qwen3.5 tokenizer, and one sparse safetensors file whose header
     lists the exact tensors (so the roofline counts the bytes a step reads) and whose data is never written. vLLM
     serves it with `--load-format dummy` (SERVE_LOAD_FORMAT=dummy): random weights made on the GPU, speed only."""
+    from scripts.levers.quantize.calibrate import load_recipe
+
     name, _, recipe = spec.partition(":")
     cfg = build_config(name)
+    if recipe and cfg.tie_word_embeddings and load_recipe(recipe)[0].get("quantize_lm_head"):
+        # a 4-bit output layer is no longer the embedding: the calibrate lever unties it (calibrate.py) and so does
+        # the config-only form, whose header then lists the output layer's own packed tensors (the 4B's tied head)
+        cfg.tie_word_embeddings = cfg.get_text_config().tie_word_embeddings = False
     shapes = parameter_shapes(cfg)
     tensors = {k: ("BF16", s) for k, s in shapes.items()}
     if recipe:

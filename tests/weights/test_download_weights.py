@@ -129,6 +129,24 @@ def test_config_only_checkpoint_writes_no_weights_and_describes_them(tmp_path):
     assert CompressedTensorsConfig.from_config(qc).target_scheme_map
 
 
+def test_config_only_4bit_output_layer_unties_a_tied_shape(tmp_path):
+    """config-only:qwen35-tiny:gptq-w4a16-gdn-head on a shape that ties its output layer to the embedding (the 4B's):
+    the 4-bit output layer is written as its own packed tensors beside the BF16 embedding and the config says untied,
+    as the calibrate lever's checkpoint does; without the head recipe the shape stays tied."""
+    from scripts.common.checkpoint import read_checkpoint
+
+    make_shape_proxy.write_config_only("qwen35-tiny:gptq-w4a16-gdn-head", tmp_path / "h")
+    report = read_checkpoint(tmp_path / "h")
+    assert report.config["tie_word_embeddings"] is False and report.config["text_config"]["tie_word_embeddings"] is False
+    t = report.tensors
+    assert t["lm_head.weight_packed"].dtype == "I32" and t["model.language_model.embed_tokens.weight"].dtype == "BF16"
+    assert t["lm_head.weight_packed"].shape[0] == t["model.language_model.embed_tokens.weight"].shape[0]
+    targets = [x for g in report.config["quantization_config"]["config_groups"].values() for x in g["targets"]]
+    assert "re:^lm_head$" in targets
+    make_shape_proxy.write_config_only("qwen35-tiny:gptq-w4a16-gdn", tmp_path / "n")
+    assert read_checkpoint(tmp_path / "n").config["text_config"]["tie_word_embeddings"] is True
+
+
 def test_config_only_fp8_static_describes_e4m3_weights_and_static_scales(tmp_path):
     """config-only:qwen35-tiny:fp8-w8a8-static: E4M3 weights with a scale a channel and one static input scale a
     layer (what llm-compressor's float-quantized checkpoint stores), which vLLM's parser maps to its static FP8 W8A8
