@@ -16,6 +16,10 @@ Scale: `--repeat K` sends every prompt K times (high concurrency levels stay ful
 levels with Poisson arrivals (seeded), and every level records each server's prefix-cache hits. Every record names
 its topology (tensor and data parallel size, replicas, router and policy, GPUs): one server unless `--topology` names
 the file `make serve-replicas` writes, in which case requests go to the router and every replica's /metrics is read.
+
+`--client vllm-bench` (a vLLM server) sends and times the requests with vLLM's own `bench serve` instead (random
+prompts, `--vllm-bench-shape IN,OUT` tokens, `--limit` requests a level, fixed length: scripts/measure/vllm_bench.py):
+the same record, beside the lab's client's.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from scripts.common.server import Server, ServerError, group_rss_mib, http_post,
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
 from scripts.measure.kernel_log import kernels_by_family
 from scripts.measure.prom import scrape, server_counters
+from scripts.measure import vllm_bench
 from scripts.measure.roofline import for_bench, level_roofline, mean_decode_context
 from scripts.serve.launch import variant_server
 from scripts.serve.replicas import ReplicaError, parallel_size, parallelism, read_topology
@@ -57,6 +62,7 @@ from scripts.serve.replicas import ReplicaError, parallel_size, parallelism, rea
 DEFAULT_CONCURRENCY = "1,4,8"
 MODES = ("fixed", "natural")
 WARMUP_REQUESTS = 2
+VLLM_BENCH_REQUESTS = 16  # --client vllm-bench: requests a level without --limit
 
 
 class BenchError(RuntimeError):
@@ -136,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-ttft-ms", type=float, help="with --slo-tpot-ms: every level's goodput, the requests served "
                    "within both targets (per request) and their rate, beside its raw throughput")
     p.add_argument("--slo-tpot-ms", type=float)
+    p.add_argument("--client", choices=("lab", "vllm-bench"), default="lab", help="who sends and times the requests: "
+                   "the lab's client (default) or vLLM's own `bench serve` (a vLLM server; fixed length only)")
+    p.add_argument("--vllm-bench-shape", default="256,128", help="with --client vllm-bench: prompt and output tokens "
+                   "a request, IN,OUT (default %(default)s, random token ids, seed 0)")
     return p
 
 
@@ -201,6 +211,15 @@ def level_summary(samples, duration: float, urls: list[str], before: list, gpus:
 def measure(args, variant, base_url: str, server: Server | None, topo: dict | None = None) -> dict:
 
     rows, info = load_prompts(args.prompts, args.limit)
+    if vllm_client := args.client == "vllm-bench":
+        if variant.engine != "vllm":
+            raise BenchError(f"--client vllm-bench: {variant.name} is served by {variant.engine}; vLLM's bench serve "
+                             "drives a vLLM server")
+        if args.request_rate or args.repeat > 1 or args.topology or args.max_tokens_cap or args.modes != "fixed":
+            raise BenchError("--client vllm-bench runs closed-loop fixed-length levels of one server: leave out "
+                             "--request-rate, --repeat, --topology and --max-tokens-cap, and give --modes fixed")
+        shape = vllm_bench.parse_shape(args.vllm_bench_shape)
+        info = vllm_bench.prompt_set(shape, args.limit or VLLM_BENCH_REQUESTS)
     rows = repeat_rows(rows, args.repeat)
     if args.session_header:
         rows = with_sessions(rows)
@@ -214,7 +233,7 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
         raise BenchError(f"--request-rate {args.request_rate!r}: rates must be > 0")
     record = envelope("latency", variant, command=[sys.executable, "-m", "scripts.measure.latency", *sys.argv[1:]],
                       server_command=server.argv if server else None)
-    record["inputs"] = {**info, "modes": modes, "concurrency": levels, "max_tokens_cap": args.max_tokens_cap,
+    record["inputs"] = {**info, "client": args.client, "modes": modes, "concurrency": levels, "max_tokens_cap": args.max_tokens_cap,
                         "temperature": 0, "warmup_requests": WARMUP_REQUESTS, "base_url": base_url,
                         "repeat": args.repeat, "requests_per_level": len(rows),
                         "prefix_cache_reset_per_level": args.reset_prefix_cache,
@@ -256,8 +275,14 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
             if args.reset_prefix_cache:
                 reset_prefix_caches(urls)
             before = [scrape(u) for u in urls]
-            samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap, fixed)
+            if vllm_client:  # vLLM's bench serve sends and times this level's requests
+                peer = vllm_bench.run_levels(base_url, model[0], str(variant.model), shape, info["num_prompts"], [c])[c]
+                samples, duration = vllm_bench.samples_of(peer), peer["duration"]
+            else:
+                samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap, fixed)
             summary = level_summary(samples, duration, urls, before, gpus, slo)
+            if vllm_client:
+                summary["vllm_bench"] = vllm_bench.headline(peer)
             if facts := record["roofline"]["bytes"]:
                 bw = (record["roofline"]["bandwidth"] or {}).get("bytes_per_s")
                 ctx = mean_decode_context([(s.prompt_tokens, s.output_tokens) for s in samples if s.ok])
@@ -350,7 +375,8 @@ def run_variant(name: str, args, ladder_id: str | None = None) -> int:
         record["inputs"]["ladder_id"] = ladder_id
         if args.round:
             record["inputs"]["round"] = args.round
-    except (BenchError, PromptSetError, VariantError, ServerError, CheckpointError, ReplicaError, ValueError) as e:
+    except (BenchError, PromptSetError, VariantError, ServerError, CheckpointError, ReplicaError, ValueError,
+            vllm_bench.VllmBenchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if (path := save_record(record, args.out_dir or variant.path, "latency")) is None:

@@ -91,6 +91,46 @@ def test_short_real_run_writes_valid_record(embedded_server, embedded_weights, t
     assert lv["step_bytes"] > roof["bytes"]["weights"]["total"] and lv["tpot_over_roofline"] is None
 
 
+def test_vllm_bench_client_writes_the_same_record(embedded_server, tmp_path, capsys):
+    """--client vllm-bench: vLLM's own bench serve sends and times the level (random prompts of the asked shape,
+    exactly the asked output tokens), the lab summarizes vLLM's per-request timings as its own client's, and vLLM's
+    headline figures sit beside them; the record names a prompt set of its own (compare tables it apart)."""
+    code = bench_latency.main(["smollm2-bf16", "--base-url", embedded_server.base_url, "--client", "vllm-bench",
+                               "--vllm-bench-shape", "24,6", "--limit", "3", "--concurrency", "2", "--modes", "fixed",
+                               "--out-dir", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    (path,) = tmp_path.glob("latency_*.json")
+    assert check_schemas.check_file(path) == []
+    rec = json.loads(path.read_text())
+    assert rec["inputs"]["client"] == "vllm-bench" and rec["inputs"]["prompt_set"] == "vllm-bench-random-24-6"
+    lvl = rec["summary"]["fixed"]["2"]
+    assert lvl["completed"] == 3 and lvl["total_output_tokens"] == 3 * 6
+    reqs = rec["samples"][0]["requests"]
+    assert all(r["prompt_tokens"] == 24 and r["ttft_s"] > 0 and len(r["itl_s"]) == 5 for r in reqs)
+    peer = lvl["vllm_bench"]
+    assert peer["completed"] == 3 and peer["median_tpot_ms"] == pytest.approx(lvl["median_tpot_ms"], rel=0.02)
+    # bad input: another engine's variant, or a mode vLLM's bench does not have
+    assert bench_latency.main(["smollm2-bf16", "--base-url", embedded_server.base_url, "--client", "vllm-bench",
+                               "--modes", "fixed,natural"]) == 1
+    assert "give --modes fixed" in capsys.readouterr().err
+    assert bench_latency.main(["smollm2-bf16", "--client", "vllm-bench", "--modes", "fixed",
+                               "--vllm-bench-shape", "24"]) == 1
+    assert "IN,OUT" in capsys.readouterr().err
+
+
+def test_vllm_bench_samples_from_an_older_result_without_latencies():
+    """A release whose detailed result has no latencies or start times: a request ends at its TTFT plus its gaps; a
+    failed request stays a failure."""
+    from scripts.measure.vllm_bench import VllmBenchError, samples_of
+
+    got = samples_of({"ttfts": [0.1, 0.0], "itls": [[0.01, 0.02], []], "input_lens": [5, 5], "output_lens": [3, 0],
+                      "errors": ["", "boom"]})
+    assert got[0].ok and got[0].e2el_s == pytest.approx(0.13) and got[0].tpot_s == pytest.approx(0.015)
+    assert not got[1].ok and got[1].error == "boom"
+    with pytest.raises(VllmBenchError, match="no per-request data"):
+        samples_of({"completed": 0})
+
+
 def test_open_loop_levels_and_repeats(embedded_server, tmp_path):
     """--repeat multiplies the requests of every level; --request-rate adds Poisson levels in rate_sweep; with an SLO
     every level records its goodput (a TTFT target of an hour: every request is within it); a session header rides
