@@ -52,9 +52,9 @@ from scripts.common.metrics import goodput, round_orders, summarize
 from scripts.common.records import envelope, now_utc, read_counters, reset_counters, save_record
 from scripts.common.server import Server, ServerError, group_rss_mib, http_post, is_healthy, stays_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
+from scripts.measure import vllm_bench
 from scripts.measure.kernel_log import kernels_by_family
 from scripts.measure.prom import scrape, server_counters
-from scripts.measure import vllm_bench
 from scripts.measure.roofline import for_bench, level_roofline, mean_decode_context
 from scripts.serve.launch import variant_server
 from scripts.serve.replicas import ReplicaError, parallel_size, parallelism, read_topology
