@@ -15,7 +15,8 @@ Every CUDA GPU gets: an FP8 KV cache, max_num_seqs and CUDA-graph capture sizes 
 n-gram speculation, the checkpoint's own MTP head where it carries one; W4A16 (GPTQ, group 128 where K allows) on
 vLLM's choice and on each other kernel it admits, and on the lab's own kernel class (scripts/levers/kernels/
 vllm_kernel.py, the rung's ENV_LAB_W4A16_KERNEL=stream: it holds the 4-bit weights twice) where that class admits
-every layer; FP8 W8A8 with static activation scales where the scheme's capability allows, else FP8 weights served
+every layer, and on it the same weights with the output layer in 4 bits too (`w4a16-stream-head`, the recipe's -head
+form) where the class takes the output layer's shape; FP8 W8A8 with static activation scales where the scheme's capability allows, else FP8 weights served
 weight-only and W8A8 INT8; W4A8 where its scheme and kernel allow; SGLang serving the BF16 weights
 where SGLang is installed. The plan module adds the pruned output layer and committed EAGLE-3 heads on every machine.
 A shape proxy (random weights) gets its quantized forms written config-only (served with vLLM's random weights) and
@@ -51,6 +52,7 @@ GROUP = 128  # the group size of the W4A16 and W4A8 recipes (gptq-w4a16, rtn-w4a
 # a layer whose module name ends so is a linear layer the quantization recipes take (lm_head and embeddings are not)
 LINEAR_SUFFIXES = ("proj", "fc1", "fc2", "c_fc", "c_proj", "query_key_value", "dense", "in_proj_qkvz", "in_proj_ba")
 W4A16 = "W4A16 (GPTQ, group 128 or the largest power of two that divides K)"
+HEAD_4BIT = "the output layer in 4 bits (W4A16 on the lab's stream kernel)"
 
 
 class GpuPlanError(ValueError):
@@ -169,6 +171,41 @@ def lab_kernel_verdict(shapes: dict[str, tuple[int, int]], cc: int) -> str | Non
     except ImportError as e:  # a vLLM whose kernel modules moved
         return f"the lab's kernel class does not import with this vLLM: {one_line(e)}"
     return class_verdict(LabStreamLinearKernel, shapes, cc)
+
+
+def output_layer_shape(model_dir: Path) -> tuple[int, int] | None:
+    """(N vocabulary rows, K hidden) of the checkpoint's output layer: lm_head's weight, else (a tied output layer)
+    the decoder's embedding; None where neither is stored."""
+    embedding = None
+    for f in sorted(model_dir.glob("*.safetensors")):
+        for name, t in read_safetensors_header(f).items():
+            if len(t.shape) != 2:
+                continue
+            if name == "lm_head.weight":
+                return t.shape[0], t.shape[1]
+            if name.endswith("embed_tokens.weight") and not any(x in name for x in ("visual", "vision", "mtp.")):
+                embedding = embedding or (t.shape[0], t.shape[1])
+    return embedding
+
+
+def output_layer_rung(base: str, recipe: str, quant: dict[str, str], shape: str | None, model_dir: Path,
+                      layers: dict[str, tuple[int, int]], cc: int, made: str) -> tuple | str:
+    """The W4A16 stream rung with the output layer in 4 bits too (the recipe's `-head` form: quantize_lm_head, a tied
+    output layer untied), its own checkpoint on the same kernel class, judged against the BF16 reference: the
+    template, or why not (no such recipe, no output layer stored, or the class refuses its shape)."""
+    head = f"{recipe}-head"
+    try:
+        load_recipe(head)
+    except CalibrateError:
+        return f"no recipe {head} (the {recipe} recipe with quantize_lm_head)"
+    if (lm := output_layer_shape(model_dir)) is None:
+        return "the checkpoint stores no output layer or embedding"
+    if why := lab_kernel_verdict({**layers, "lm_head": lm}, cc):
+        return why
+    rung = quantized(base, "w4a16-head", head, quant, shape)
+    return (f"W4A16 with the output layer ({lm[0]} x {lm[1]}) in 4 bits too (GPTQ, {made}), on the lab's stream "
+            "kernel", "vllm", {**rung, "PARENT": f"{base}-w4a16-stream", "ENV_LAB_W4A16_KERNEL": "stream",
+                               "GATE_REFERENCE": f"{base}-bf16"}, [])
 
 
 def scheme_capabilities() -> dict[str, int]:
@@ -294,8 +331,15 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
             if (why := lab_kernel_verdict(targeted(shapes, recipe), cc)) is None:
                 out["w4a16-stream"] = ("W4A16 (GPTQ) on the lab's stream kernel at one token a step, Marlin above "
                                        "(LAB_W4A16_KERNEL=stream)", "vllm", *on_w4a16({"ENV_LAB_W4A16_KERNEL": "stream"}))
+                head = output_layer_rung(base, recipe, quant, shape, model_dir, targeted(shapes, recipe), cc, made)
+                if isinstance(head, str):
+                    left.append({"lever": HEAD_4BIT, "why": head})
+                else:
+                    out["w4a16-stream-head"] = head
             else:
                 left.append({"lever": "W4A16 on the lab's stream kernel", "why": why})
+                left.append({"lever": HEAD_4BIT, "why": "it is served by the lab's stream kernel, which this GPU or "
+                             "model does not take (above)"})
     if cc >= caps["fp8_w8a8"]:
         out["fp8-static"] = (f"FP8 W8A8, static per-tensor activation scales ({made}): vLLM's norm and "
                              "activation fusions apply", "vllm",

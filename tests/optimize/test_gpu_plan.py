@@ -32,8 +32,9 @@ def device(monkeypatch):
     return set_cc
 
 
-def checkpoint(tmp_path, kv_out: int, mtp: bool = False):
-    """A two-layer checkpoint: attention q/k/v/o and the MLP, hidden 256, MLP 512; k_proj's and v_proj's N = kv_out."""
+def checkpoint(tmp_path, kv_out: int, mtp: bool = False, vocab: int = 1000, tied: bool = False):
+    """A two-layer checkpoint: attention q/k/v/o and the MLP, hidden 256, MLP 512; k_proj's and v_proj's N = kv_out;
+    an output layer of `vocab` rows (none stored where tied: the embedding is)."""
     import torch
     from safetensors.torch import save_file
 
@@ -44,11 +45,11 @@ def checkpoint(tmp_path, kv_out: int, mtp: bool = False):
               f"{p}.self_attn.v_proj.weight": torch.zeros(kv_out, 256), f"{p}.self_attn.o_proj.weight": torch.zeros(256, 256),
               f"{p}.mlp.gate_proj.weight": torch.zeros(512, 256), f"{p}.mlp.up_proj.weight": torch.zeros(512, 256),
               f"{p}.mlp.down_proj.weight": torch.zeros(256, 512)}
-    t |= {"model.embed_tokens.weight": torch.zeros(1000, 256), "lm_head.weight": torch.zeros(1000, 256)}
+    t |= {"model.embed_tokens.weight": torch.zeros(vocab, 256), **({} if tied else {"lm_head.weight": torch.zeros(vocab, 256)})}
     if mtp:
         t["mtp.layers.0.mlp.down_proj.weight"] = torch.zeros(256, 512)
     save_file({k: v.to(torch.bfloat16) for k, v in t.items()}, str(tmp_path / "model.safetensors"))
-    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, **({"mtp_num_hidden_layers": 1} if mtp else {})}
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": vocab, **({"mtp_num_hidden_layers": 1} if mtp else {})}
     (tmp_path / "config.json").write_text(json.dumps(config))
     return tmp_path, config
 
@@ -187,6 +188,40 @@ def test_gated_deltanet_projections_go_to_4_bits_where_the_model_has_them(tmp_pa
     monkeypatch.setattr(gpu, "linear_shapes", own)  # the checkpoint's own layers: attention and MLP only
     out, _ = gpu.templates("m", REF, folder, config, 90, [1, 8])
     assert out["w4a16"][2]["CALIBRATE_RECIPE"] == "gptq-w4a16" and "Gated-DeltaNet" not in out["w4a16"][0]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_output_layer_in_4_bits_on_the_labs_kernel(tmp_path, device, tied):
+    """w4a16-stream-head: the recipe's -head form (its own checkpoint, the output layer untied where tied) on the lab's
+    kernel class, a lever on the stream rung judged against BF16; proposed only where the class (Marlin for batches)
+    takes the output layer's shape, read from lm_head or, tied, from the embedding."""
+    device(90)
+    out, left = plan_for(90, *checkpoint(tmp_path, 256, vocab=1024, tied=tied), device)
+    lever, engine, cfg, needs = out["w4a16-stream-head"]
+    assert "(1024 x 256)" in lever and engine == "vllm" and needs == []
+    assert cfg["CALIBRATE_RECIPE"] == "gptq-w4a16-head" and cfg["MODEL"] == "weights/m-w4a16-head"
+    assert cfg["PARENT"] == "m-w4a16-stream" and cfg["GATE_REFERENCE"] == "m-bf16" and cfg["ENV_LAB_W4A16_KERNEL"] == "stream"
+    assert "SERVE_LINEAR_BACKEND" not in cfg and cfg["GATE_MAX_MEAN_KLD"] == "0.05"
+    assert gpu.HEAD_4BIT not in left
+
+
+def test_the_output_layer_stays_bf16_where_the_labs_kernel_refuses_it(tmp_path, device, monkeypatch):
+    """An output layer whose K the calibrate lever gives a group below 128 (K = 320), or a GPU the lab's class does not
+    take: the lever is left out with the reason. A shape proxy's head rung is written config-only."""
+    folder, config = checkpoint(tmp_path, 256, vocab=1024)
+    out, left = plan_for(75, folder, config, device)
+    assert "w4a16-stream-head" not in out and "lab's stream kernel" in left[gpu.HEAD_4BIT]
+    monkeypatch.setattr(gpu, "output_layer_shape", lambda _: (1024, 320))
+    out, left = plan_for(90, folder, config, device)
+    assert "w4a16-stream-head" not in out and "w4a16-stream" in out
+    assert left[gpu.HEAD_4BIT] == ("LabStreamLinearKernel cannot implement lm_head (N=1024, K=320): group size 64: the "
+                                   "stream form reads groups of 128")
+    monkeypatch.undo()
+    device(90)
+    out, _ = gpu.templates("p", {**REF, "SOURCE": "config-only:qwen35-4b", "SHAPE_PROXY": "1"}, folder, config, 90, [1])
+    cfg = out["w4a16-stream-head"][2]
+    assert cfg["SOURCE"] == "config-only:qwen35-4b:gptq-w4a16-head" and cfg["SERVE_LOAD_FORMAT"] == "dummy"
+    assert "CALIBRATE_RECIPE" not in cfg
 
 
 def test_the_labs_kernel_is_judged_by_its_own_check(device):
