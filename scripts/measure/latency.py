@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "candidate and its reference; make compare pairs their records by round for the ratio's interval)")
     p.add_argument("--base-url", help="measure a running server instead of starting one")
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated levels (default %(default)s)")
-    p.add_argument("--modes", default=",".join(MODES), help="fixed,natural")
+    p.add_argument("--modes", help="fixed,natural (default both; with --client vllm-bench fixed)")
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     p.add_argument("--limit", type=int, help="use the first N prompts only")
     p.add_argument("--max-tokens-cap", type=int, help="cap every request's max_tokens (short smoke runs)")
@@ -211,15 +211,9 @@ def level_summary(samples, duration: float, urls: list[str], before: list, gpus:
 def measure(args, variant, base_url: str, server: Server | None, topo: dict | None = None) -> dict:
 
     rows, info = load_prompts(args.prompts, args.limit)
-    if vllm_client := args.client == "vllm-bench":
-        if variant.engine != "vllm":
-            raise BenchError(f"--client vllm-bench: {variant.name} is served by {variant.engine}; vLLM's bench serve "
-                             "drives a vLLM server")
-        if args.request_rate or args.repeat > 1 or args.topology or args.max_tokens_cap or args.modes != "fixed":
-            raise BenchError("--client vllm-bench runs closed-loop fixed-length levels of one server: leave out "
-                             "--request-rate, --repeat, --topology and --max-tokens-cap, and give --modes fixed")
-        shape = vllm_bench.parse_shape(args.vllm_bench_shape)
-        info = vllm_bench.prompt_set(shape, args.limit or VLLM_BENCH_REQUESTS)
+    if vllm_client := args.client == "vllm-bench":  # its arguments checked before the server started (check_client)
+        tokenizer = paths.resolve_model(variant.resolved.get("TOKENIZER", variant.resolved["MODEL"]))
+        info = vllm_bench.prompt_set(args.vllm_shape, args.limit or VLLM_BENCH_REQUESTS, Path(tokenizer))
     rows = repeat_rows(rows, args.repeat)
     if args.session_header:
         rows = with_sessions(rows)
@@ -233,9 +227,10 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
         raise BenchError(f"--request-rate {args.request_rate!r}: rates must be > 0")
     record = envelope("latency", variant, command=[sys.executable, "-m", "scripts.measure.latency", *sys.argv[1:]],
                       server_command=server.argv if server else None)
-    record["inputs"] = {**info, "client": args.client, "modes": modes, "concurrency": levels, "max_tokens_cap": args.max_tokens_cap,
-                        "temperature": 0, "warmup_requests": WARMUP_REQUESTS, "base_url": base_url,
-                        "repeat": args.repeat, "requests_per_level": len(rows),
+    record["inputs"] = {**info, "client": args.client, "modes": modes, "concurrency": levels,
+                        "max_tokens_cap": args.max_tokens_cap, "temperature": 0, "warmup_requests": WARMUP_REQUESTS,
+                        "base_url": base_url, "repeat": args.repeat,
+                        "requests_per_level": info["num_prompts"] if vllm_client else len(rows),
                         "prefix_cache_reset_per_level": args.reset_prefix_cache,
                         "session_header": SESSION_HEADER if args.session_header else None,
                         "slo": {"ttft_ms": slo[0], "tpot_ms": slo[1]} if slo else None}
@@ -276,8 +271,14 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
                 reset_prefix_caches(urls)
             before = [scrape(u) for u in urls]
             if vllm_client:  # vLLM's bench serve sends and times this level's requests
-                peer = vllm_bench.run_levels(base_url, model[0], str(variant.model), shape, info["num_prompts"], [c])[c]
-                samples, duration = vllm_bench.samples_of(peer), peer["duration"]
+                try:
+                    peer = vllm_bench.run_level(base_url, model[0], tokenizer, args.vllm_shape, info["num_prompts"], c)
+                    samples, duration = vllm_bench.samples_of(peer), peer["duration"]
+                except vllm_bench.VllmBenchError as e:
+                    if not record["samples"]:  # no level measured: one line, no record
+                        raise
+                    failure = failure or str(e)  # the levels measured are kept, the record marked failed
+                    break
             else:
                 samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap, fixed)
             summary = level_summary(samples, duration, urls, before, gpus, slo)
@@ -351,12 +352,34 @@ def sglang_acceptance(log_text: str) -> dict:
             "spec_decode_source": f"SGLang's log: the mean accept len of {len(lens)} decode-batch lines"}
 
 
+def check_client(args, variant) -> None:
+    """--client vllm-bench's arguments, before any server starts: a vLLM server's one model, closed-loop fixed-length
+    levels (vLLM's bench has no natural mode, Poisson sweep, repeat, session header or router topology here); sets
+    args.vllm_shape and the default modes."""
+    args.modes = args.modes or ("fixed" if args.client == "vllm-bench" else ",".join(MODES))
+    if args.client != "vllm-bench":
+        return
+    args.vllm_shape = vllm_bench.parse_shape(args.vllm_bench_shape)
+    if variant.engine != "vllm":
+        raise BenchError(f"--client vllm-bench: {variant.name} is served by {variant.engine}; vLLM's bench serve "
+                         "drives a vLLM server")
+    if len(variant.request_models) > 1:
+        raise BenchError(f"--client vllm-bench: {variant.name} serves {len(variant.request_models)} models (adapters); "
+                         "vLLM's bench sends to one: use the lab's client")
+    if (args.request_rate or args.repeat > 1 or args.topology or args.max_tokens_cap or args.session_header
+            or args.modes != "fixed"):
+        raise BenchError("--client vllm-bench runs closed-loop fixed-length levels of one server: leave out "
+                         "--request-rate, --repeat, --topology, --max-tokens-cap and --session-header, and --modes "
+                         "other than fixed")
+
+
 def run_variant(name: str, args, ladder_id: str | None = None) -> int:
     """Measure one variant (starting its server unless --base-url) and write its record. Returns an exit code."""
     try:
         if (args.slo_ttft_ms is None) != (args.slo_tpot_ms is None):
             raise BenchError("--slo-ttft-ms and --slo-tpot-ms go together (goodput counts requests within both)")
         variant = load_variant(name, overrides=parse_overrides(args.set))
+        check_client(args, variant)
         args.served_model = variant.request_models
         reset_counters(variant)
         topo = read_topology(args.topology) if args.topology else None

@@ -15,12 +15,13 @@ Every CUDA GPU gets: an FP8 KV cache, max_num_seqs and CUDA-graph capture sizes 
 n-gram speculation, the checkpoint's own MTP head where it carries one; W4A16 (GPTQ, group 128 where K allows) on
 vLLM's choice and on each other kernel it admits, and on the lab's own kernel class (scripts/levers/kernels/
 vllm_kernel.py, the rung's ENV_LAB_W4A16_KERNEL=stream: it holds the 4-bit weights twice) where that class admits
-every layer, and on it the same weights with the output layer in 4 bits too (`w4a16-stream-head`, the recipe's -head
-form) where the class takes the output layer's shape; FP8 W8A8 with static activation scales where the scheme's capability allows, else FP8 weights served
-weight-only and W8A8 INT8; W4A8 where its scheme and kernel allow; SGLang serving the BF16 weights
-where SGLang is installed. The plan module adds the pruned output layer and committed EAGLE-3 heads on every machine.
-A shape proxy (random weights) gets its quantized forms written config-only (served with vLLM's random weights) and
-no speculation; on Qwen3.5's Gated-DeltaNet layers W4A16 takes their projections too (gptq-w4a16-gdn).
+every layer, and on that class a checkpoint with the output layer in 4 bits too (`w4a16-stream-head`, the recipe's
+-head form) where the class takes the output layer's shape; FP8 W8A8 with static activation scales where the scheme's
+capability allows, else FP8 weights served weight-only and W8A8 INT8; W4A8 where its scheme and kernel allow; SGLang
+serving the BF16 weights where SGLang is installed. The plan module adds the pruned output layer and committed EAGLE-3
+heads on every machine. A shape proxy (random weights) gets its quantized forms written config-only (served with
+vLLM's random weights) and no speculation; on Qwen3.5's Gated-DeltaNet layers W4A16 takes their projections too
+(gptq-w4a16-gdn).
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def output_layer_shape(model_dir: Path) -> tuple[int, int] | None:
         for name, t in read_safetensors_header(f).items():
             if len(t.shape) != 2:
                 continue
-            if name == "lm_head.weight":
+            if name.endswith("lm_head.weight") and "mtp." not in name:
                 return t.shape[0], t.shape[1]
             if name.endswith("embed_tokens.weight") and not any(x in name for x in ("visual", "vision", "mtp.")):
                 embedding = embedding or (t.shape[0], t.shape[1])

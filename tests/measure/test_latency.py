@@ -109,13 +109,17 @@ def test_vllm_bench_client_writes_the_same_record(embedded_server, tmp_path, cap
     assert all(r["prompt_tokens"] == 24 and r["ttft_s"] > 0 and len(r["itl_s"]) == 5 for r in reqs)
     peer = lvl["vllm_bench"]
     assert peer["completed"] == 3 and peer["median_tpot_ms"] == pytest.approx(lvl["median_tpot_ms"], rel=0.02)
-    # bad input: another engine's variant, or a mode vLLM's bench does not have
-    assert bench_latency.main(["smollm2-bf16", "--base-url", embedded_server.base_url, "--client", "vllm-bench",
-                               "--modes", "fixed,natural"]) == 1
-    assert "give --modes fixed" in capsys.readouterr().err
-    assert bench_latency.main(["smollm2-bf16", "--client", "vllm-bench", "--modes", "fixed",
-                               "--vllm-bench-shape", "24"]) == 1
+    # bad input, refused before any server starts: a mode vLLM's bench does not have, a shape without IN,OUT, a
+    # variant another engine serves
+    assert bench_latency.main(["smollm2-bf16", "--client", "vllm-bench", "--modes", "fixed,natural"]) == 1
+    assert "--modes other than fixed" in capsys.readouterr().err
+    assert bench_latency.main(["smollm2-bf16", "--client", "vllm-bench", "--vllm-bench-shape", "24"]) == 1
     assert "IN,OUT" in capsys.readouterr().err
+    assert bench_latency.main(["smollm2-sglang", "--client", "vllm-bench"]) == 1
+    assert "is served by sglang" in capsys.readouterr().err
+
+
+OLD = {"ttfts": [0.1, 0.0], "itls": [[0.01, 0.02], []], "input_lens": [5, 5], "output_lens": [3, 0], "errors": ["", "boom"]}
 
 
 def test_vllm_bench_samples_from_an_older_result_without_latencies():
@@ -123,12 +127,15 @@ def test_vllm_bench_samples_from_an_older_result_without_latencies():
     failed request stays a failure."""
     from scripts.measure.vllm_bench import VllmBenchError, samples_of
 
-    got = samples_of({"ttfts": [0.1, 0.0], "itls": [[0.01, 0.02], []], "input_lens": [5, 5], "output_lens": [3, 0],
-                      "errors": ["", "boom"]})
+    got = samples_of(OLD)
     assert got[0].ok and got[0].e2el_s == pytest.approx(0.13) and got[0].tpot_s == pytest.approx(0.015)
     assert not got[1].ok and got[1].error == "boom"
+    assert got[1].error == "boom" and samples_of({**OLD, "errors": ["", "Traceback\n  ...\nTimeoutError: read"]})[
+        1].error == "TimeoutError: read"  # the last line of a traceback
     with pytest.raises(VllmBenchError, match="no per-request data"):
         samples_of({"completed": 0})
+    with pytest.raises(VllmBenchError, match="not as many output_lens"):
+        samples_of({**OLD, "output_lens": [3]})
 
 
 def test_open_loop_levels_and_repeats(embedded_server, tmp_path):
