@@ -62,7 +62,6 @@ from scripts.serve.replicas import ReplicaError, parallel_size, parallelism, rea
 DEFAULT_CONCURRENCY = "1,4,8"
 MODES = ("fixed", "natural")
 WARMUP_REQUESTS = 2
-VLLM_BENCH_REQUESTS = 16  # --client vllm-bench: requests a level without --limit
 
 
 class BenchError(RuntimeError):
@@ -144,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--client", choices=("lab", "vllm-bench"), default="lab", help="who sends and times the requests: "
                    "the lab's client (default) or vLLM's own `bench serve` (a vLLM server; fixed length only)")
-    p.add_argument("--vllm-bench-shape", default="256,128", help="with --client vllm-bench: prompt and output tokens "
-                   "a request, IN,OUT (default %(default)s, random token ids, seed 0)")
+    p.add_argument("--vllm-bench-shape", default=vllm_bench.SHAPE, help="with --client vllm-bench: prompt and output "
+                   f"tokens a request, IN,OUT (default %(default)s, random token ids, seed {vllm_bench.SEED})")
     return p
 
 
@@ -213,7 +212,7 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
     rows, info = load_prompts(args.prompts, args.limit)
     if vllm_client := args.client == "vllm-bench":  # its arguments checked before the server started (check_client)
         tokenizer = paths.resolve_model(variant.resolved.get("TOKENIZER", variant.resolved["MODEL"]))
-        info = vllm_bench.prompt_set(args.vllm_shape, args.limit or VLLM_BENCH_REQUESTS, Path(tokenizer))
+        info = vllm_bench.prompt_set(args.vllm_shape, args.limit or vllm_bench.REQUESTS, Path(tokenizer))
     rows = repeat_rows(rows, args.repeat)
     if args.session_header:
         rows = with_sessions(rows)

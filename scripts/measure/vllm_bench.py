@@ -24,6 +24,8 @@ from pathlib import Path
 from scripts.common.metrics import RequestSample
 
 SEED = 0
+SHAPE = "256,128"  # --vllm-bench-shape's default: prompt and output tokens a request
+REQUESTS = 16  # requests a level without --limit
 # vLLM's headline figures kept beside the lab's summary of the same requests (names as vLLM writes them)
 HEADLINE = ("completed", "duration", "output_throughput", "median_ttft_ms", "median_tpot_ms", "mean_tpot_ms",
             "median_itl_ms", "p99_tpot_ms")
@@ -53,7 +55,7 @@ def parse_shape(text: str) -> tuple[int, int]:
     try:
         a, b = (int(x) for x in text.split(","))
     except ValueError:
-        raise ValueError(f"--vllm-bench-shape {text!r}: give prompt and output tokens as IN,OUT (e.g. 256,128)") \
+        raise ValueError(f"--vllm-bench-shape {text!r}: give prompt and output tokens as IN,OUT (e.g. {SHAPE})") \
             from None
     if a < 1 or b < 2:
         raise ValueError(f"--vllm-bench-shape {text!r}: at least 1 prompt token and 2 output tokens (TPOT needs two)")

@@ -307,7 +307,8 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
         # BF16, the 4B shape's W4A16 step still read 4.64 of BF16's 8.44 GB on the H200 (results/gpu-optimize-20261129)
         recipe = "gptq-w4a16-gdn" if set(targeted(shapes, "gptq-w4a16-gdn")) > set(targeted(shapes, "gptq-w4a16")) \
             else "gptq-w4a16"
-        kernels = kernel_verdicts(targeted(shapes, recipe), cc)
+        layers = targeted(shapes, recipe)  # the layers the recipe quantizes: what every 4-bit kernel must take
+        kernels = kernel_verdicts(layers, cc)
         admitted = [b for b, why in kernels.items() if why is None]
         w4 = quantized(base, "w4a16", recipe, quant, shape)
         if not admitted:
@@ -329,10 +330,10 @@ def templates(base: str, ref: dict[str, str], model_dir: Path, config: dict, cc:
                                      *on_w4a16({"SERVE_LINEAR_BACKEND": b}))
             left += [{"lever": f"W4A16 on the {b} kernel", "why": why} for b, why in kernels.items() if why]
             # the lab's own kernel: the stream form at M = 1, Marlin above (results/gpu-27b-20261207/)
-            if (why := lab_kernel_verdict(targeted(shapes, recipe), cc)) is None:
+            if (why := lab_kernel_verdict(layers, cc)) is None:
                 out["w4a16-stream"] = ("W4A16 (GPTQ) on the lab's stream kernel at one token a step, Marlin above "
                                        "(LAB_W4A16_KERNEL=stream)", "vllm", *on_w4a16({"ENV_LAB_W4A16_KERNEL": "stream"}))
-                head = output_layer_rung(base, recipe, quant, shape, model_dir, targeted(shapes, recipe), cc, made)
+                head = output_layer_rung(base, recipe, quant, shape, model_dir, layers, cc, made)
                 if isinstance(head, str):
                     left.append({"lever": HEAD_4BIT, "why": head})
                 else:
