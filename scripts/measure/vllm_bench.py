@@ -9,7 +9,9 @@ lab's fixed mode) at `--max-concurrency` c. vLLM's detailed result is read back 
 TTFTs, inter-token gaps, latencies, output lengths and errors), so the summary is computed as the lab's client's is;
 vLLM's own headline figures are kept beside it (`vllm_bench`) as vLLM printed them. Records of this client name their
 prompt set `vllm-bench-random-<in>-<out>`, hashed from the dataset's parameters and the tokenizer its token ids are
-drawn from: `make compare` tables them apart from the lab's prompt sets.
+drawn from: `make compare` tables them apart from the lab's prompt sets. Before its timed requests, vLLM's bench sends
+its first prompt once untimed (its ready check), so with prefix caching that prompt's timed request finds its prefix
+cached: one TTFT of a level may read low; its TPOT is unaffected.
 """
 
 from __future__ import annotations
@@ -138,7 +140,10 @@ def run_level(base_url: str, model: str, tokenizer: str, shape: tuple[int, int],
         if not f.exists():
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
             raise VllmBenchError(f"vLLM's bench serve wrote no result at c={c} (exit {proc.returncode}): {tail[0]}")
-        result = json.loads(f.read_text())
+        try:
+            result = json.loads(f.read_text())
+        except (OSError, ValueError) as e:  # a result cut short (its process killed while writing it)
+            raise VllmBenchError(f"vLLM's result at c={c} does not read as JSON: {e}") from None
     if not isinstance(result.get("duration"), (int, float)) or result["duration"] <= 0:
         raise VllmBenchError(f"vLLM's result at c={c} states no duration: an unknown result format")
     return result

@@ -193,7 +193,9 @@ def output_layer_rung(base: str, recipe: str, quant: dict[str, str], shape: str 
                       layers: dict[str, tuple[int, int]], cc: int, made: str) -> tuple | str:
     """The W4A16 stream rung with the output layer in 4 bits too (the recipe's `-head` form: quantize_lm_head, a tied
     output layer untied), its own checkpoint on the same kernel class, judged against the BF16 reference: the
-    template, or why not (no such recipe, no output layer stored, or the class refuses its shape)."""
+    template, or why not (no such recipe, no output layer stored, or the class refuses its shape). Its checkpoint is
+    calibrated from the BF16 weights (PARENT the BF16 reference: the stream rung's is already 4-bit); a shape proxy's,
+    written config-only, names the stream rung as its PARENT, the one lever it adds."""
     head = f"{recipe}-head"
     try:
         load_recipe(head)
@@ -204,9 +206,10 @@ def output_layer_rung(base: str, recipe: str, quant: dict[str, str], shape: str 
     if why := lab_kernel_verdict({**layers, "lm_head": lm}, cc):
         return why
     rung = quantized(base, "w4a16-head", head, quant, shape)
+    if "CALIBRATE_RECIPE" not in rung:  # written config-only: a lever on the stream rung; calibrated, PARENT stays BF16
+        rung["PARENT"] = f"{base}-w4a16-stream"  # (make calibrate reads its source from PARENT's MODEL)
     return (f"W4A16 with the output layer ({lm[0]} x {lm[1]}) in 4 bits too (GPTQ, {made}), on the lab's stream "
-            "kernel", "vllm", {**rung, "PARENT": f"{base}-w4a16-stream", "ENV_LAB_W4A16_KERNEL": "stream",
-                               "GATE_REFERENCE": f"{base}-bf16"}, [])
+            "kernel", "vllm", {**rung, "ENV_LAB_W4A16_KERNEL": "stream", "GATE_REFERENCE": f"{base}-bf16"}, [])
 
 
 def scheme_capabilities() -> dict[str, int]:

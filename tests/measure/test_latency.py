@@ -138,6 +138,18 @@ def test_vllm_bench_samples_from_an_older_result_without_latencies():
         samples_of({**OLD, "output_lens": [3]})
 
 
+def test_a_vllm_bench_result_cut_short_is_one_error(tmp_path, monkeypatch):
+    """A level whose result file is cut short (its process killed while writing it) fails as VllmBenchError, which
+    keeps the earlier levels, not as a JSON traceback."""
+    from scripts.measure import vllm_bench
+
+    cut = ("import json, sys, pathlib; a = json.loads(sys.argv[1]); "
+           "d = pathlib.Path(a[a.index('--result-dir') + 1]); (d / a[a.index('--result-filename') + 1]).write_text('{\"dur')")
+    monkeypatch.setattr(vllm_bench, "RUNNER", cut)
+    with pytest.raises(vllm_bench.VllmBenchError, match="at c=2 does not read as JSON"):
+        vllm_bench.run_level("http://127.0.0.1:9/v1", "m", "t", (8, 4), 2, 2, timeout_s=30)
+
+
 def test_open_loop_levels_and_repeats(embedded_server, tmp_path):
     """--repeat multiplies the requests of every level; --request-rate adds Poisson levels in rate_sweep; with an SLO
     every level records its goodput (a TTFT target of an hour: every request is within it); a session header rides

@@ -193,14 +193,16 @@ def test_gated_deltanet_projections_go_to_4_bits_where_the_model_has_them(tmp_pa
 @pytest.mark.parametrize("tied", [False, True])
 def test_the_output_layer_in_4_bits_on_the_labs_kernel(tmp_path, device, tied):
     """w4a16-stream-head: the recipe's -head form (its own checkpoint, the output layer untied where tied) on the lab's
-    kernel class, a lever on the stream rung judged against BF16; proposed only where the class (Marlin for batches)
+    kernel class, calibrated from BF16 and judged against it; proposed only where the class (Marlin for batches)
     takes the output layer's shape, read from lm_head or, tied, from the embedding."""
     device(90)
     out, left = plan_for(90, *checkpoint(tmp_path, 256, vocab=1024, tied=tied), device)
     lever, engine, cfg, needs = out["w4a16-stream-head"]
     assert "(1024 x 256)" in lever and engine == "vllm" and needs == []
     assert cfg["CALIBRATE_RECIPE"] == "gptq-w4a16-head" and cfg["MODEL"] == "weights/m-w4a16-head"
-    assert cfg["PARENT"] == "m-w4a16-stream" and cfg["GATE_REFERENCE"] == "m-bf16" and cfg["ENV_LAB_W4A16_KERNEL"] == "stream"
+    # calibrated from the BF16 weights: make calibrate reads its source from PARENT's MODEL (the stream rung's is 4-bit)
+    assert cfg["PARENT"] == "m-bf16" and cfg["GATE_REFERENCE"] == "m-bf16" and cfg["ENV_LAB_W4A16_KERNEL"] == "stream"
+    assert out["w4a16-stream"][2]["MODEL"] == "weights/m-w4a16" and "CALIBRATE_RECIPE" not in out["w4a16-stream"][2]
     assert "SERVE_LINEAR_BACKEND" not in cfg and cfg["GATE_MAX_MEAN_KLD"] == "0.05"
     assert gpu.HEAD_4BIT not in left
 
@@ -221,7 +223,7 @@ def test_the_output_layer_stays_bf16_where_the_labs_kernel_refuses_it(tmp_path, 
     out, _ = gpu.templates("p", {**REF, "SOURCE": "config-only:qwen35-4b", "SHAPE_PROXY": "1"}, folder, config, 90, [1])
     cfg = out["w4a16-stream-head"][2]
     assert cfg["SOURCE"] == "config-only:qwen35-4b:gptq-w4a16-head" and cfg["SERVE_LOAD_FORMAT"] == "dummy"
-    assert "CALIBRATE_RECIPE" not in cfg
+    assert "CALIBRATE_RECIPE" not in cfg and cfg["PARENT"] == "p-w4a16-stream"  # nothing calibrated: one lever on it
 
 
 def test_the_labs_kernel_is_judged_by_its_own_check(device):
