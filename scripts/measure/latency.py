@@ -359,6 +359,8 @@ def check_client(args, variant) -> None:
     if args.client != "vllm-bench":
         return
     args.vllm_shape = vllm_bench.parse_shape(args.vllm_bench_shape)
+    if args.limit is not None and args.limit < 1:
+        raise BenchError(f"--client vllm-bench: --limit {args.limit}: requests a level is a count of at least 1")
     if variant.engine != "vllm":
         raise BenchError(f"--client vllm-bench: {variant.name} is served by {variant.engine}; vLLM's bench serve "
                          "drives a vLLM server")

@@ -117,6 +117,8 @@ def test_vllm_bench_client_writes_the_same_record(embedded_server, tmp_path, cap
     assert "IN,OUT" in capsys.readouterr().err
     assert bench_latency.main(["smollm2-sglang", "--client", "vllm-bench"]) == 1
     assert "is served by sglang" in capsys.readouterr().err
+    assert bench_latency.main(["smollm2-bf16", "--client", "vllm-bench", "--limit", "0"]) == 1
+    assert "--limit 0: requests a level is a count of at least 1" in capsys.readouterr().err
 
 
 OLD = {"ttfts": [0.1, 0.0], "itls": [[0.01, 0.02], []], "input_lens": [5, 5], "output_lens": [3, 0], "errors": ["", "boom"]}
