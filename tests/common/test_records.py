@@ -468,6 +468,28 @@ def test_a_ratio_is_read_inside_the_variants_own_ladder(tmp_path):
     assert next(r for r in rows if r["variant"] == "smollm2-bf16")["tput"]["1"] == pytest.approx(40.0)
 
 
+def test_a_later_lease_of_the_reference_leaves_a_ladder_on_its_own_bf16_server(tmp_path):
+    """A ladder of another engine (its BF16 server and a rung on it, L1) without the vLLM reference, which a later lease
+    measures alone (L2): the rung's x BF16 stays against its own ladder's BF16 server, back to back, not against the
+    later lease's record; the BF16 server itself, with no BF16 link in L1, reads the later record as separate runs."""
+    exp = tmp_path / "experiments"
+    when = records.now_utc()
+    other = make_record("smollm2-bf16", 1.0, ladder="L1")
+    other["variant"], other["config"] = "smollm2-sglang", {**other["config"], "ENGINE": "sglang", "PARENT": "smollm2-bf16"}
+    fast = make_record("smollm2-bf16", 1.5, ladder="L1")
+    fast["variant"], fast["config"] = "smollm2-sglang-fast", {**other["config"], "PARENT": "smollm2-sglang",
+                                                               "SGLANG_SPECULATIVE_ALGORITHM": "NEXTN"}
+    later = make_record("smollm2-bf16", 4.0, ladder="L2")
+    for i, rec in enumerate((other, fast, later)):
+        records.write_record(rec, exp / rec["variant"], "latency", when=when + dt.timedelta(seconds=i))
+    judged = {v: compare.Judged("reference") for v in ("smollm2-bf16", "smollm2-sglang", "smollm2-sglang-fast")}
+    _, rows = compare.build_report(records.all_records("latency", exp), judged)
+    row = next(r for r in rows if r["variant"] == "smollm2-sglang-fast")
+    assert row["vs_base"]["1"] == pytest.approx(1.5) and row["b2b"] == "yes"
+    server = next(r for r in rows if r["variant"] == "smollm2-sglang")
+    assert server["vs_base"]["1"] == pytest.approx(0.25) and server["b2b"] == "no (separate runs)"
+
+
 def test_the_reference_is_found_through_a_parent_not_measured_in_the_group(tmp_path):
     """A llama-server rung whose parent (the llama-cpp-python variant of the same file) has no latency record there:
     its × BF16 is still read against the reference its config.env chain leads to."""
