@@ -20,6 +20,9 @@ the file `make serve-replicas` writes, in which case requests go to the router a
 `--client vllm-bench` (a vLLM server) sends and times the requests with vLLM's own `bench serve` instead (random
 prompts, `--vllm-bench-shape IN,OUT` tokens, `--limit` requests a level, fixed length: scripts/measure/vllm_bench.py):
 the same record, beside the lab's client's.
+
+On a GPU host each fixed level also records what every GPU ran at meanwhile (`gpu_clocks`: SM clock min / p50 / max,
+power, temperature and the share of samples NVML gave each reason for lower clocks; scripts/measure/gpu_clocks.py).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from scripts.common.metrics import goodput, round_orders, summarize
 from scripts.common.records import envelope, now_utc, read_counters, reset_counters, save_record
 from scripts.common.server import Server, ServerError, group_rss_mib, http_post, is_healthy, stays_healthy
 from scripts.common.variants import VariantError, list_variants, load_variant, parse_overrides
-from scripts.measure import vllm_bench
+from scripts.measure import gpu_clocks, vllm_bench
 from scripts.measure.kernel_log import kernels_by_family
 from scripts.measure.prom import scrape, server_counters
 from scripts.measure.roofline import for_bench, level_roofline, mean_decode_context
@@ -196,6 +199,12 @@ def reset_prefix_caches(urls: list[str]) -> None:
                              "VLLM_SERVER_DEV_MODE=1 (--set ENV_VLLM_SERVER_DEV_MODE=1) or leave out --reset-prefix-cache")
 
 
+def clock_line(gpus: list[dict] | None) -> str:
+    """The level's SM clock p50 and clock reasons on each GPU, for the progress line ('' off a GPU)."""
+    return "".join(f"  sm MHz p50 {g['sm_mhz']['p50']:.0f}" + (f" ({', '.join(g['reasons'])})" if g.get("reasons") else "")
+                   for g in gpus or () if g.get("sm_mhz"))
+
+
 def level_summary(samples, duration: float, urls: list[str], before: list, gpus: int, slo: tuple | None) -> dict:
     summary = summarize(samples, duration)
     summary["servers"] = per_server(urls, before)
@@ -269,6 +278,7 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
             if args.reset_prefix_cache:
                 reset_prefix_caches(urls)
             before = [scrape(u) for u in urls]
+            clocks = gpu_clocks.start() if record["hardware"].get("gpu") else None  # what the GPU ran at meanwhile
             if vllm_client:  # vLLM's bench serve sends and times this level's requests
                 try:
                     peer = vllm_bench.run_level(base_url, model[0], tokenizer, args.vllm_shape, info["num_prompts"], c)
@@ -277,10 +287,14 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
                     if not record["samples"]:  # no level measured: one line, no record
                         raise
                     failure = failure or str(e)  # the levels measured are kept, the record marked failed
+                    if clocks:
+                        clocks.stop()
                     break
             else:
                 samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap, fixed)
             summary = level_summary(samples, duration, urls, before, gpus, slo)
+            if clocks:
+                summary["gpu_clocks"] = clocks.stop()
             if vllm_client:
                 summary["vllm_bench"] = vllm_bench.headline(peer)
             if facts := record["roofline"]["bytes"]:
@@ -293,7 +307,7 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
             print(f"{mode:7s} c={c:<3d} ok {summary['completed']}/{len(samples)}  out {summary['output_throughput'] or 0:7.1f} tok/s"
                   f"  ttft p50 {summary['median_ttft_ms'] or 0:7.1f} ms  tpot p50 {summary['median_tpot_ms'] or 0:6.1f} ms"
                   f"  prefix hits {[s['prefix_cache_hit_rate'] and round(s['prefix_cache_hit_rate'], 3) for s in summary['servers']]}"
-                  + phase_line(summary["servers"]), flush=True)
+                  + phase_line(summary["servers"]) + clock_line(summary.get("gpu_clocks")), flush=True)
             if (failure := failure or failed(samples, f"{mode}, c={c}")) and "no longer healthy" in failure:
                 break
         if failure and not is_healthy(base_url, path=health):
