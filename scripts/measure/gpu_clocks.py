@@ -4,7 +4,8 @@ host). A step time that changes between rounds of one unchanged server is then r
 
     sampler = start()          # None where NVML is missing or finds no GPU (a CPU host)
     ... the level's requests ...
-    summary["gpu_clocks"] = sampler.stop()   # one entry a GPU: samples, SM MHz min / p50 / max, reasons' shares
+    summary["gpu_clocks"] = sampler.stop(last_s)   # one entry a GPU: samples, SM MHz min / p50 / max, reasons' shares
+                                                   # (last_s: of the level's request window only)
 
 NVML comes from vLLM's bundled copy (vllm.third_party.pynvml, as vLLM itself reads it) or nvidia-ml-py's `pynvml`.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 
 INTERVAL_S = 0.1
 # NVML's clocks-event (formerly throttle) reason bits, nvml.h nvmlClocksEventReason*
@@ -51,7 +53,7 @@ class Sampler:
 
     def __init__(self, read, interval_s: float = INTERVAL_S) -> None:
         self.read, self.interval_s = read, interval_s
-        self.samples: list[list[tuple]] = []
+        self.samples: list[tuple[float, tuple]] = []  # (monotonic time, the GPUs' reads)
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -60,18 +62,22 @@ class Sampler:
     def _run(self) -> None:
         while True:
             try:
-                self.samples.append(self.read())
+                self.samples.append((time.monotonic(), self.read()))
             except Exception as e:  # noqa: BLE001 (NVML errors are its own exception class)
                 self.error = f"{type(e).__name__}: {e}"
                 return
             if self._stop.wait(self.interval_s):
                 return
 
-    def stop(self) -> list[dict]:
+    def stop(self, last_s: float | None = None) -> list[dict]:
+        """One summary a GPU; `last_s`: of the samples of the last last_s seconds only (a level whose requests took
+        that long at the end of a longer call: vLLM's bench starts a process and checks the server first)."""
         self._stop.set()
         self._thread.join(timeout=5)
-        gpus = len(self.samples[0]) if self.samples else 0
-        out = [summarize([s[i] for s in self.samples]) for i in range(gpus)]
+        end = time.monotonic()
+        reads = [r for t, r in list(self.samples) if last_s is None or t >= end - last_s]
+        gpus = min(map(len, reads)) if reads else 0
+        out = [summarize([r[i] for r in reads]) for i in range(gpus)]
         if self.error:
             out = [{**g, "error": self.error} for g in out] or [{"samples": 0, "error": self.error}]
         return out
@@ -94,19 +100,30 @@ def nvml():
 
 
 def reader(nv):
-    """A read of every GPU NVML sees: (SM MHz, memory MHz, power W, temperature C, reason mask) each."""
-    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
-    reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    """A read of every GPU NVML sees: (SM MHz, memory MHz, power W, temperature C, reason mask) each; None where NVML
+    lists no GPU or cannot read the first one (its reasons from the clocks-event call, else the older throttle one)."""
+    try:
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+        if not handles:
+            return None
+        reasons = nv.nvmlDeviceGetCurrentClocksEventReasons
+        try:
+            reasons(handles[0])
+        except Exception:  # noqa: BLE001 (a driver without the clocks-event call)
+            reasons = nv.nvmlDeviceGetCurrentClocksThrottleReasons
 
-    def read() -> tuple:
-        return tuple((nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
-                      nv.nvmlDeviceGetPowerUsage(h) / 1000, nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
-                      int(reasons(h))) for h in handles)
-    return read if handles else None
+        def read() -> tuple:
+            return tuple((nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+                          nv.nvmlDeviceGetPowerUsage(h) / 1000, nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+                          int(reasons(h))) for h in handles)
+        read()
+        return read
+    except Exception:  # noqa: BLE001 (no permission, a lost GPU: the bench goes on without clocks)
+        return None
 
 
 def start() -> Sampler | None:
-    """A sampler of every GPU of this host, or None where NVML is missing or sees no GPU."""
+    """A sampler of every GPU of this host, or None where NVML is missing, sees no GPU or cannot read one."""
     if (nv := nvml()) is None or (read := reader(nv)) is None:
         return None
     return Sampler(read)

@@ -21,8 +21,9 @@ the file `make serve-replicas` writes, in which case requests go to the router a
 prompts, `--vllm-bench-shape IN,OUT` tokens, `--limit` requests a level, fixed length: scripts/measure/vllm_bench.py):
 the same record, beside the lab's client's.
 
-On a GPU host each fixed level also records what every GPU ran at meanwhile (`gpu_clocks`: SM clock min / p50 / max,
-power, temperature and the share of samples NVML gave each reason for lower clocks; scripts/measure/gpu_clocks.py).
+On a GPU host each concurrency level (not the rate sweep) also records what every GPU ran at meanwhile
+(`gpu_clocks`: SM clock min / p50 / max, power, temperature and the share of samples NVML gave each reason for lower
+clocks; scripts/measure/gpu_clocks.py).
 """
 
 from __future__ import annotations
@@ -279,22 +280,25 @@ def measure(args, variant, base_url: str, server: Server | None, topo: dict | No
                 reset_prefix_caches(urls)
             before = [scrape(u) for u in urls]
             clocks = gpu_clocks.start() if record["hardware"].get("gpu") else None  # what the GPU ran at meanwhile
-            if vllm_client:  # vLLM's bench serve sends and times this level's requests
-                try:
-                    peer = vllm_bench.run_level(base_url, model[0], tokenizer, args.vllm_shape, info["num_prompts"], c)
-                    samples, duration = vllm_bench.samples_of(peer), peer["duration"]
-                except vllm_bench.VllmBenchError as e:
-                    if not record["samples"]:  # no level measured: one line, no record
-                        raise
-                    failure = failure or str(e)  # the levels measured are kept, the record marked failed
-                    if clocks:
-                        clocks.stop()
-                    break
-            else:
-                samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap, fixed)
+            duration = None
+            try:
+                if vllm_client:  # vLLM's bench serve sends and times this level's requests
+                    try:
+                        peer = vllm_bench.run_level(base_url, model[0], tokenizer, args.vllm_shape, info["num_prompts"], c)
+                        samples, duration = vllm_bench.samples_of(peer), peer["duration"]
+                    except vllm_bench.VllmBenchError as e:
+                        if not record["samples"]:  # no level measured: one line, no record
+                            raise
+                        failure = failure or str(e)  # the levels measured are kept, the record marked failed
+                        break
+                else:
+                    samples, duration = run_level(client, model, rows, mode, c, args.max_tokens_cap, fixed)
+            finally:  # the lab's client's level is the whole call; vLLM's bench's its last `duration` seconds (before
+                # them its process starts and checks the server)
+                ran_at = clocks.stop(duration if vllm_client else None) if clocks else None
             summary = level_summary(samples, duration, urls, before, gpus, slo)
-            if clocks:
-                summary["gpu_clocks"] = clocks.stop()
+            if ran_at:
+                summary["gpu_clocks"] = ran_at
             if vllm_client:
                 summary["vllm_bench"] = vllm_bench.headline(peer)
             if facts := record["roofline"]["bytes"]:

@@ -290,16 +290,16 @@ def ladder_baseline(variant: str, base: str | None, group, ladder: str | None, m
     """The BF16 reference a variant's ratios read: `base` where it was measured in the variant's ladder (or the variant
     is of no ladder), else the nearest link of its PARENT chain that serves the unchanged BF16 weights and was measured
     there (another engine's BF16 server, say), so that a later lease's record of `base` never replaces a reference of
-    the variant's own ladder; else `base` (its newest record: separate runs)."""
+    the variant's own ladder (of several, the one nearest `base`); else `base` (its newest record: separate runs)."""
     if not ladder or base is None or (group, base, ladder) in in_ladder:
         return base
-    seen, current = {variant}, members[variant]["config"].get("PARENT")
-    while current and current not in seen and current != base:
+    seen, current, found = {variant}, members[variant]["config"].get("PARENT"), None
+    while current and current not in seen and current != base:  # the match nearest `base` wins
         seen.add(current)
         if (group, current, ladder) in in_ladder and bf16_server(current, configs):
-            return current
+            found = current
         current = members[current]["config"].get("PARENT") if current in members else configured_parent(current)
-    return base
+    return found or base
 
 
 def level_of(rec: dict | None, level) -> dict:
@@ -579,8 +579,8 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
             parent = r["config"].get("PARENT")
             ladder = r["inputs"].get("ladder_id")
             base = baseline_of(v, members)
-            local_base = ladder_baseline(v, base, (hw, prompts), ladder, members, in_ladder, configs)
-            pref, bref = (reference_record(x, (hw, prompts), ladder, members, in_ladder) for x in (parent, local_base))
+            base = ladder_baseline(v, base, (hw, prompts), ladder, members, in_ladder, configs)  # its ladder's own
+            pref, bref = (reference_record(x, (hw, prompts), ladder, members, in_ladder) for x in (parent, base))
             vs_parent, vs_base = speedups(r, pref), speedups(r, bref)
             vs_parent = {**vs_parent, **{c: sr.ratio for c in vs_parent if (sr := speed_interval(r, pref, c, rounds))}}
             vs_base_ci = {c: speed_interval(r, bref, c, rounds) for c in LEVELS}

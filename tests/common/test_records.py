@@ -485,9 +485,23 @@ def test_a_later_lease_of_the_reference_leaves_a_ladder_on_its_own_bf16_server(t
     judged = {v: compare.Judged("reference") for v in ("smollm2-bf16", "smollm2-sglang", "smollm2-sglang-fast")}
     _, rows = compare.build_report(records.all_records("latency", exp), judged)
     row = next(r for r in rows if r["variant"] == "smollm2-sglang-fast")
-    assert row["vs_base"]["1"] == pytest.approx(1.5) and row["b2b"] == "yes"
+    assert row["vs_base"]["1"] == pytest.approx(1.5) and row["b2b"] == "yes" and row["base"] == "smollm2-sglang"
     server = next(r for r in rows if r["variant"] == "smollm2-sglang")
     assert server["vs_base"]["1"] == pytest.approx(0.25) and server["b2b"] == "no (separate runs)"
+    # a longer chain in the same ladder: a quantized rung and a settings-only engine rung between the rung and the
+    # BF16 server; the reference is the BF16 server nearest the base, never the quantized rung
+    links = {"smollm2-sglang-open": ({**other["config"], "PARENT": "smollm2-sglang", "REQUEST_GUARD": "0"}, 1.2),
+             "smollm2-sglang-int4": ({**other["config"], "PARENT": "smollm2-sglang-open", "CALIBRATE_RECIPE": "w4a16"}, 2.0)}
+    for i, (name, (config, x)) in enumerate(links.items()):
+        rec = make_record("smollm2-bf16", x, ladder="L1")
+        rec["variant"], rec["config"] = name, config
+        records.write_record(rec, exp / name, "latency", when=when + dt.timedelta(seconds=10 + i))
+    fast["config"]["PARENT"] = "smollm2-sglang-int4"
+    records.write_record(fast, exp / fast["variant"], "latency", when=when + dt.timedelta(seconds=20))
+    judged |= {v: compare.Judged("reference") for v in links}
+    _, rows = compare.build_report(records.all_records("latency", exp), judged)
+    row = next(r for r in rows if r["variant"] == "smollm2-sglang-fast")
+    assert row["base"] == "smollm2-sglang" and row["vs_base"]["1"] == pytest.approx(1.5)
 
 
 def test_the_reference_is_found_through_a_parent_not_measured_in_the_group(tmp_path):
