@@ -30,8 +30,10 @@ Status, the first rule that applies:
   error (<why>)             the gate refuses to pair its records (GateError).
 
 × BF16 c=1 / c=8: output tok/s of the variant's newest comparable latency record (fixed length, status ok, not behind
-a router) over that of its BF16 root's newest record on the same hardware and prompt set, exactly as `make compare`
-computes it (compare.comparable_groups: a failed newest record on a machine leaves the variant uncompared there);
+a router) over that of its BF16 reference on the same hardware and prompt set, exactly as `make compare` computes it
+(compare.comparable_groups: a failed newest record on a machine leaves the variant uncompared there; the reference's
+record of the variant's own ladder where it was measured there, else the ladder's BF16 server of another engine
+nearest it, else the reference's newest record);
 "measured on" names that hardware. "—" where there is no such pair (never measured, or no BF16 root measured there).
 """
 
@@ -67,6 +69,10 @@ from scripts.report.compare import (
     comparable_groups,
     group_key,
     judge,
+    ladder_baseline,
+    ladder_records,
+    newest_configs,
+    reference_record,
     speedups,
 )
 
@@ -144,10 +150,12 @@ def speed(latency: list[tuple[Path, dict]]) -> dict[str, tuple[str, dict[str, fl
         g = group_key(r)
         if groups.get(g, {}).get(r["variant"]) is r:
             newest[r["variant"]] = (g, r)
+    in_ladder, configs = ladder_records(latency), newest_configs(latency)
     out = {}
     for v, (g, r) in newest.items():
-        base = baseline_of(v, groups[g])
-        ratios = speedups(r, groups[g][base]) if base else {}
+        ladder = r["inputs"].get("ladder_id")
+        base = ladder_baseline(v, baseline_of(v, groups[g]), g, ladder, groups[g], in_ladder, configs)
+        ratios = speedups(r, reference_record(base, g, ladder, groups[g], in_ladder)) if base else {}
         out[v] = (g[0], {c: ratios.get(c) for c in LEVELS})
     return out
 

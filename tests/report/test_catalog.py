@@ -23,9 +23,9 @@ def variant(root: Path, name: str, *lines: str, parent: str | None = "x-bf16") -
 
 
 def latency(root: Path, name: str, stamp: str, c1: float, c8: float, hardware: dict = CPU, parent: str | None = None,
-            status: str = "ok") -> None:
+            status: str = "ok", ladder: str | None = None) -> None:
     rec = {"variant": name, "status": status, "hardware": hardware, "config": {"PARENT": parent} if parent else {},
-           "inputs": {"prompt_set_sha256": "a" * 64},
+           "inputs": {"prompt_set_sha256": "a" * 64, **({"ladder_id": ladder} if ladder else {})},
            "summary": {"fixed": {"1": {"output_throughput": c1}, "8": {"output_throughput": c8}}}}
     (root / name / f"latency_{stamp}.json").write_text(json.dumps(rec))
 
@@ -121,6 +121,14 @@ def test_ratio_to_bf16_from_the_newest_comparable_record_on_the_same_hardware(tr
     # as in `make compare`, a failed newest record on a machine makes the variant not comparable there
     latency(tree, "x-int8-eagle2", "20261104-000000", 1.0, 1.0, parent="x-int8", status="failed")
     assert by_name(tree)["x-int8-eagle2"].vs_bf16 == {"1": None, "8": None}
+
+
+def test_a_ratio_reads_the_reference_of_the_variants_own_ladder(tree):
+    """As `make compare`: BF16 measured again in a later ladder without x-int8 leaves x-int8's ratio on its own ladder."""
+    latency(tree, "x-bf16", "20261105-000000", 12.0, 48.0, ladder="L1")
+    latency(tree, "x-int8", "20261105-000100", 18.0, 96.0, parent="x-bf16", ladder="L1")
+    latency(tree, "x-bf16", "20261106-000000", 36.0, 36.0, ladder="L2")
+    assert by_name(tree)["x-int8"].vs_bf16 == {"1": 1.5, "8": 2.0}
 
 
 def test_table_is_aligned_sorted_and_counted(tree, capsys):
