@@ -12,6 +12,7 @@ NVML comes from vLLM's bundled copy (vllm.third_party.pynvml, as vLLM itself rea
 
 from __future__ import annotations
 
+import functools
 import statistics
 import threading
 import time
@@ -122,8 +123,12 @@ def reader(nv):
         return None
 
 
+@functools.cache
+def host_reader():
+    """This host's reader (`reader`), set up once a process: NVML initialised and its GPUs listed once, not per level."""
+    return None if (nv := nvml()) is None else reader(nv)
+
+
 def start() -> Sampler | None:
     """A sampler of every GPU of this host, or None where NVML is missing, sees no GPU or cannot read one."""
-    if (nv := nvml()) is None or (read := reader(nv)) is None:
-        return None
-    return Sampler(read)
+    return None if (read := host_reader()) is None else Sampler(read)

@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from scripts.common.checkpoint import sha256_file
 from scripts.common.metrics import RequestSample
 
 SEED = 0
@@ -67,7 +68,7 @@ def parse_shape(text: str) -> tuple[int, int]:
 def tokenizer_digest(tokenizer: Path) -> str | None:
     """sha256 of the tokenizer's vocabulary file (tokenizer.json), None where it has none."""
     f = tokenizer / "tokenizer.json"
-    return hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None
+    return sha256_file(f) if f.is_file() else None
 
 
 def prompt_set(shape: tuple[int, int], n: int, tokenizer: Path) -> dict:

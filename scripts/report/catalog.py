@@ -63,7 +63,6 @@ from scripts.common.variants import (
 from scripts.report.compare import (
     LEVELS,
     Judged,
-    baseline_of,
     by_variant,
     chain,
     comparable_groups,
@@ -154,7 +153,7 @@ def speed(latency: list[tuple[Path, dict]]) -> dict[str, tuple[str, dict[str, fl
     out = {}
     for v, (g, r) in newest.items():
         ladder = r["inputs"].get("ladder_id")
-        base = ladder_baseline(v, baseline_of(v, groups[g]), g, ladder, groups[g], in_ladder, configs)
+        base = ladder_baseline(v, g, ladder, groups[g], in_ladder, configs)
         ratios = speedups(r, reference_record(base, g, ladder, groups[g], in_ladder)) if base else {}
         out[v] = (g[0], {c: ratios.get(c) for c in LEVELS})
     return out

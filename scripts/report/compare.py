@@ -285,12 +285,14 @@ def baseline_of(variant: str, members: dict[str, dict]) -> str | None:
     return root
 
 
-def ladder_baseline(variant: str, base: str | None, group, ladder: str | None, members: dict[str, dict],
-                    in_ladder: dict, configs: dict[str, dict[str, str]]) -> str | None:
-    """The BF16 reference a variant's ratios read: `base` where it was measured in the variant's ladder (or the variant
-    is of no ladder), else the nearest link of its PARENT chain that serves the unchanged BF16 weights and was measured
-    there (another engine's BF16 server, say), so that a later lease's record of `base` never replaces a reference of
-    the variant's own ladder (of several, the one nearest `base`); else `base` (its newest record: separate runs)."""
+def ladder_baseline(variant: str, group, ladder: str | None, members: dict[str, dict], in_ladder: dict,
+                    configs: dict[str, dict[str, str]]) -> str | None:
+    """The BF16 reference a variant's ratios read: its root `base` (baseline_of) where it was measured in the variant's
+    ladder (or the variant is of no ladder), else the nearest link of its PARENT chain that serves the unchanged BF16
+    weights and was measured there (another engine's BF16 server, say), so that a later lease's record of `base` never
+    replaces a reference of the variant's own ladder (of several, the one nearest `base`); else `base` (its newest
+    record: separate runs)."""
+    base = baseline_of(variant, members)
     if not ladder or base is None or (group, base, ladder) in in_ladder:
         return base
     seen, current, found = {variant}, members[variant]["config"].get("PARENT"), None
@@ -578,8 +580,7 @@ def build_report(records: list[tuple[Path, dict]], judged: dict[str, Judged],
                 continue
             parent = r["config"].get("PARENT")
             ladder = r["inputs"].get("ladder_id")
-            base = baseline_of(v, members)
-            base = ladder_baseline(v, base, (hw, prompts), ladder, members, in_ladder, configs)  # its ladder's own
+            base = ladder_baseline(v, (hw, prompts), ladder, members, in_ladder, configs)
             pref, bref = (reference_record(x, (hw, prompts), ladder, members, in_ladder) for x in (parent, base))
             vs_parent, vs_base = speedups(r, pref), speedups(r, bref)
             vs_parent = {**vs_parent, **{c: sr.ratio for c in vs_parent if (sr := speed_interval(r, pref, c, rounds))}}
