@@ -7,7 +7,8 @@
         --bandwidth-gbs 2900                                   # re-analyse a trace already written, no server
     python -m scripts.measure.profile qwen35-4b-proxy-fp8-static-v64k --concurrency 1 \
         --project experiments/…/profile_X.json --tpot-from experiments/…/latency_A.json …/latency_B.json
-                                                               # the A10G projection with the unprofiled TPOT
+                                                # the unprofiled step split (weight GEMMs, other kernels, GPU idle)
+                                                # and the A10G projection with the unprofiled TPOT
 
 The server must run with vLLM's profiler on (0.26: `--profiler-config`, i.e. SERVE_PROFILER_CONFIG, the same value
 the server was started with; it also mounts /start_profile and /stop_profile). The first example's value records
@@ -570,7 +571,10 @@ def project(profile: dict, tpots_ms: list[float], concurrency: int = 1, target_g
     """The step model of a profile record with the step's unprofiled time: step_us = the median of `tpots_ms` (TPOT
     p50 of latency records at the same concurrency, no profiler attached), of which the weight GEMMs take what the
     profile measured (every gemm:* row, unmapped signatures included); fixed = the rest, projected to target_gbs.
-    The profiled step carries the profiler's own host gaps, so its fixed part overstates the real one."""
+    The profiled step carries the profiler's own host gaps, so its fixed part overstates the real one. The profiler
+    adds host time, not GPU time, so the fixed part splits further where the profile has its GPU-busy union:
+    other_kernels_us = busy per step - weight GEMMs (every other kernel and copy), host_us = step_us - busy per step
+    (the unprofiled step's time with the GPU idle, waiting on the host: scheduling, launches, output processing)."""
     if str(concurrency) not in profile.get("summary", {}):
         raise ProfileError(f"the profile has no level c={concurrency} (it has c={', '.join(profile.get('summary', {}))})")
     summary = profile["summary"][str(concurrency)]
@@ -583,6 +587,13 @@ def project(profile: dict, tpots_ms: list[float], concurrency: int = 1, target_g
     out = step_model(step_us, gemm_us, weight_bytes, profile["inputs"]["bandwidth_gbs"], concurrency, target_gbs)
     out["fit"]["step_us"] = round(step_us, 2)
     out["fit"]["tpots_ms"] = [round(t, 3) for t in tpots_ms]
+    if summary.get("busy_us") and summary.get("steps"):
+        busy = summary["busy_us"] / summary["steps"]
+        out["split"] = {"weight_gemms_us": round(gemm_us, 2), "other_kernels_us": round(busy - gemm_us, 2),
+                        "host_us": round(step_us - busy, 2), "gpu_busy_us": round(busy, 2),
+                        "formula": "step_us = weight_gemms_us + other_kernels_us + host_us; gpu_busy_us = the "
+                                   "profile's GPU-busy union per step; host_us = step_us - gpu_busy_us (negative: "
+                                   "the unprofiled step is shorter than the profiled GPU work)"}
     return out
 
 
@@ -755,7 +766,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "signature rows); a new record beside it names both")
     src.add_argument("--project", type=Path, metavar="RECORD",
                      help="no trace: this profile record's step model with the unprofiled TPOT of --tpot-from, "
-                          "projected to --target-gbs (a projection, printed as JSON)")
+                          "split into weight GEMMs, other kernels and time with the GPU idle, and projected to "
+                          "--target-gbs (a projection), printed as JSON")
     p.add_argument("--tpot-from", type=Path, nargs="+", metavar="LATENCY",
                    help="with --project: latency records of the variant (their fixed-length TPOT p50, median)")
     p.add_argument("--target-gbs", type=float, default=A10G_GBS,

@@ -345,8 +345,14 @@ def test_projection_takes_the_unprofiled_tpot_and_every_gemm_row(tmp_path, capsy
     m = project(prof, [3.9, 4.4, 4.0])
     assert m["fit"]["step_us"] == 4000 and m["fit"]["fixed_us"] == 1000 and m["fit"]["bandwidth_gbs"] == 3000.0
     assert m["projection"]["step_us_at_peak"] == pytest.approx(16000.0)
+    assert "split" not in m  # a profile without its GPU-busy union: no three-way split
     with pytest.raises(ProfileError, match="not above the profiled weight GEMMs"):
         project(prof, [2.5])
+    # with the busy union (3 steps, 3300 µs of GPU work each): 4000 = 3000 GEMMs + 300 other kernels + 700 host
+    split = project({**prof, "summary": {"1": {**prof["summary"]["1"], "busy_us": 9900.0, "steps": 3}}},
+                    [3.9, 4.4, 4.0])["split"]
+    assert (split["weight_gemms_us"], split["other_kernels_us"], split["host_us"], split["gpu_busy_us"]) == \
+        (3000, 300, 700, 3300)
     # the command: records of the named variant only, one JSON answer
     (tmp_path / "p.json").write_text(json.dumps(prof))
     lat = {"variant": "v", "summary": {"fixed": {"1": {"p50_tpot_ms": 4.0}}}}
