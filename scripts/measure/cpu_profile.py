@@ -44,8 +44,9 @@ from scripts.common.checkpoint import CheckpointError, read_checkpoint
 from scripts.common.engines import ENGINES, EngineError, python_of, vllm_cpu_cores
 from scripts.common.loadgen import PromptSetError, load_prompts
 from scripts.common.records import envelope, finish_record
-from scripts.common.server import ServerError, group_pids
+from scripts.common.server import ServerError
 from scripts.common.variants import VariantError, load_variant, serving_target
+from scripts.measure.host_sample import HOST_RULES, HostSampleError, find_py_spy, sampled_pass, server_processes
 from scripts.measure.profile import (
     DTYPE_BYTES,
     ProfileError,
@@ -77,24 +78,6 @@ OP_RULE = ("a CPU op's self time (duration minus its children's on the same thre
 STEPS_RULE = ("a step is the period between the starts of consecutive execute_* annotations (vLLM's per-step "
               "annotation); the profiler window skips the first DELAY_STEPS steps of each level")
 GEMM_SCOPES = {"forward": "gemm:layers", "postprocess": "gemm:lm_head", "draft": "gemm:draft"}
-# Parts of a process's busy samples: the first rule with a fragment in any frame of the stack decides; (part, fragments)
-HOST_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # the engine core's wait for the worker process (multiproc executor): a spin on a shared-memory queue
-    # (sched_yield in a loop), busy time that competes for a core
-    ("waiting for the worker (shared-memory spin)", ("spincondition.wait", "acquire_read")),
-    ("detokenization", ("detokeniz", "tokenizers", "decode_token", "convert_ids_to_tokens", "incremental")),
-    ("scheduler", ("scheduler.schedule", "sched/", "kv_cache_manager", "block_pool", "update_from_output")),
-    ("sampling", ("sample_tokens", "sampler")),
-    ("model step", ("execute_model", "model_runner", "_model_forward", "compile_fx", "torch/")),
-    ("IPC (ZeroMQ, msgpack, shared memory)", ("zmq", "msgspec", "serial_utils", "core_client", "process_input_socket",
-                                              "process_output_socket", "pickle", "messagequeue")),
-    ("output processing", ("output_processor", "outputs.py", "logprobs")),
-    ("request preprocessing", ("chat_template", "renderer", "input_processor", "preprocess", "jinja", "tokeniz")),
-    ("HTTP and streaming", ("serving_chat", "serving_completion", "serving_engine", "starlette", "uvicorn", "fastapi",
-                            "h11", "httptools", "sse", "streaming", "json")),
-    ("asyncio loop", ("asyncio", "uvloop", "selectors")),
-)
-SAMPLE_RATE_HZ = 250
 
 PEER_SNIPPET = r"""
 import json, sys, time
@@ -196,30 +179,6 @@ def step_table(events: list[dict]) -> dict:
     return {"periods": n, "step_us": period_us, "per_step_us": dict(sorted(table.items(), key=lambda kv: -kv[1]))}
 
 
-# ------------------------------------------------------------------------------------------------ pure: py-spy
-def host_part(stack: str) -> str:
-    """The part of one collapsed py-spy stack (frames root;...;leaf): the first HOST_RULES part with a fragment in any
-    of its frames."""
-    low = stack.lower()
-    for part, fragments in HOST_RULES:
-        if any(f in low for f in fragments):
-            return part
-    return "other"
-
-
-def host_split(raw: str, rate_hz: float, tokens: int) -> dict:
-    """Busy ms per generated token by part, from py-spy's raw output (idle threads excluded by py-spy)."""
-    samples: Counter = Counter()
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if stack and count.isdigit():
-            samples[host_part(stack)] += int(count)
-    total = sum(samples.values())
-    ms = {k: round(v / rate_hz * 1000 / max(tokens, 1), 3) for k, v in samples.most_common()}
-    return {"samples": total, "busy_ms_per_token": round(total / rate_hz * 1000 / max(tokens, 1), 3),
-            "parts_ms_per_token": ms}
-
-
 # ------------------------------------------------------------------------------------------------ pure: bytes
 def weight_bytes(tensors: dict, config: dict) -> dict:
     """Bytes of weights read per decoded token: the layers' matrices, the LM head (the embedding when tied), and
@@ -289,50 +248,6 @@ def peer_timing(model: Path, threads: int, output_tokens: int, prompt: str) -> d
     return out
 
 
-def server_processes(server) -> dict[str, int]:
-    """PIDs of the API server (the started process), vLLM's engine core (titled VLLM::EngineCore) and, with the
-    multiprocessing executor, the worker that runs the model (titled VLLM::Worker...): the server's process group."""
-    found = {"api_server": server.pid}
-    for pid in group_pids(server.pid):  # started in its own session: the group is the server's
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "EngineCore" in title:
-            found["engine_core"] = pid
-        elif "Worker" in title:
-            found["worker"] = pid
-    return found
-
-
-def sampled_pass(base: str, model: str, rows: list[dict], c: int, output_tokens: int, pids: dict[str, int],
-                 folder: Path) -> dict:
-    """c unprofiled requests while py-spy samples each server process; the client's TPOT and each process's split."""
-    samples = run_requests(base, model, short_prompts(rows, c, output_tokens))  # how long one pass takes
-    duration = max(int(max(s.end_s for s in samples)) + 2, 3)
-    procs = {}
-    for name, pid in pids.items():
-        out = folder / f"pyspy-{name}-c{c}.txt"
-        procs[name] = (subprocess.Popen([str(paths.ROOT / ".venv" / "bin" / "py-spy"), "record", "-p", str(pid), "-d",
-                                         str(duration), "-r", str(SAMPLE_RATE_HZ), "-f", "raw", "-o", str(out),
-                                         "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out)
-    time.sleep(0.5)
-    samples = run_requests(base, model, short_prompts(rows, c, output_tokens))
-    tokens = sum(s.output_tokens for s in samples)
-    if bad := [s for s in samples if not s.ok]:
-        raise ServerError(f"{len(bad)} of {c} requests failed; first: {bad[0].error}")
-    tpots = sorted(s.tpot_s for s in samples if s.tpot_s is not None)
-    result = {"tokens": tokens, "tpot_ms_p50_under_pyspy": round(tpots[len(tpots) // 2] * 1e3, 3) if tpots else None,
-              "tok_s": round(tokens / max(s.end_s for s in samples), 2), "sampling_s": duration, "processes": {}}
-    for name, (proc, out) in procs.items():
-        _, err = proc.communicate(timeout=duration + 60)
-        if proc.returncode or not out.exists():
-            raise ProfileError(f"py-spy on the {name} failed: {(err.decode(errors='replace').strip().splitlines() or ['?'])[-1]}")
-        # tokens generated while py-spy sampled: the pass began 0.5 s into the window and ends inside it
-        result["processes"][name] = host_split(out.read_text(), SAMPLE_RATE_HZ, tokens)
-    return result
-
-
 # ------------------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
     p = window_parser(__doc__, concurrency="1,8", port=8132)
@@ -357,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ProfileError(f"the peer's GGUF {peer.resolved['MODEL']} is missing: make export-gguf VARIANT={peer.name}")
         report = read_checkpoint(Path(variant.model))
         rows, _ = load_prompts(args.prompts)
-    except (ProfileError, VariantError, PromptSetError, CheckpointError, ValueError) as e:
+        py_spy = find_py_spy(None)
+    except (ProfileError, VariantError, PromptSetError, CheckpointError, ValueError, HostSampleError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     folder.mkdir(parents=True, exist_ok=True)
@@ -398,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[str(c)] = {"steps": table["periods"], "step_us": round(table["step_us"], 1),
                                    "table": floor_rows(per, weight, bw["engine"]["read_gbs"]),
                                    "step_model": step_model(table["step_us"], gemm_us, sum(weight.values()), bw)}
-                host[str(c)] = sampled_pass(base, model, rows, c, args.output_tokens, pids, folder)
+                host[str(c)] = sampled_pass(base, model, rows, c, args.output_tokens, pids, folder, py_spy)
                 top = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in list(per.items())[:7])
                 print(f"c={c}: {table['step_us'] / 1e3:.2f} ms/step profiled ({top}); TPOT p50 under py-spy "
                       f"{host[str(c)]['tpot_ms_p50_under_pyspy']} ms", flush=True)

@@ -37,3 +37,11 @@ def test_cycle_refuses_to_run_beside_servers_of_an_earlier_start(tmp_path):
 def test_an_unknown_step_is_refused(tmp_path):
     out = step("no-such-step", run_dir=tmp_path)
     assert out.returncode == 2 and "unknown step no-such-step" in out.stdout
+
+
+def test_hostsample_refuses_without_py_spy_before_sampling(tmp_path):
+    # the payload without py-spy's wheel: one line naming what to carry, no server touched ($EXTRA is /root/extra)
+    (tmp_path / "servers").write_text("qwen35-4b-dummy-bf16 qwen35-4b-dummy-bf16 8200 123 -\n")
+    out = step("hostsample", run_dir=tmp_path)
+    assert out.returncode == 1 and out.stdout.strip().startswith("py-spy missing") and "whl/" in out.stdout, out
+    assert len(out.stdout.splitlines()) == 1 and not list(tmp_path.glob("host-res-*"))

@@ -1,4 +1,5 @@
-"""The CPU step profile's pure parts: self times from nested trace events, categories, py-spy parts, weight bytes."""
+"""The CPU step profile's pure parts: self times from nested trace events, categories, weight bytes (its py-spy parts:
+tests/measure/test_host_sample.py)."""
 
 from __future__ import annotations
 
@@ -59,20 +60,6 @@ def test_step_table_accounts_for_the_whole_period():
 def test_step_table_refuses_an_empty_window():
     with pytest.raises(cp.ProfileError, match="fewer than two engine step"):
         cp.step_table([step(0)])
-
-
-def test_host_parts_and_split():
-    spin = "run_busy_loop (vllm/v1/engine/core.py:1);MessageQueue.acquire_read (shm.py:1);SpinCondition.wait (shm.py:2)"
-    sched = "EngineCore.step (core.py:1);Scheduler.schedule (sched/scheduler.py:3);OpOverloadPacket.__call__ (torch/_ops.py:1)"
-    detok = "output_handler (async_llm.py:1);IncrementalDetokenizer.update (vllm/v1/engine/detokenizer.py:9)"
-    assert cp.host_part(spin) == "waiting for the worker (shared-memory spin)"
-    assert cp.host_part(sched) == "scheduler"
-    assert cp.host_part(detok) == "detokenization"
-    assert cp.host_part("main (x.py:1)") == "other"
-    split = cp.host_split(f"{spin} 50\n{sched} 25\nnot a line\n", rate_hz=100, tokens=10)
-    assert split["samples"] == 75
-    assert split["busy_ms_per_token"] == 75.0
-    assert split["parts_ms_per_token"]["scheduler"] == 25.0
 
 
 def test_weight_bytes_count_the_tied_embedding_once_as_the_lm_head():
