@@ -554,10 +554,15 @@ PY
       [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && continue
       ready $tag || { echo "== $tag is not ready"; continue; }
       xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
-      api=$(pgrep -P $pid | head -1); echo "== $tag $(date +%T)"  # $pid is the wrapper's; its child leads the group
-      timeout 300 python3 -m scripts.measure.host_sample "$v" --base-url http://127.0.0.1:$port --server-pid ${api:-$pid} \
+      # $pid is the wrapper's (scripts.serve); its child, the API server, leads the server's process group
+      api=$(pgrep -P $pid | head -1); [ -n "$api" ] || { echo "== $tag: no server process under pid $pid"; continue; }
+      echo "== $tag $(date +%T)"; mkdir -p $res/$tag
+      timeout 300 python3 -m scripts.measure.host_sample "$v" --base-url http://127.0.0.1:$port --server-pid $api \
         --py-spy $EXTRA/bin/py-spy --concurrency ${CONCURRENCY:-1} ${HOST_ARGS:-} "${vs[@]}" "${xs[@]}" \
-        --out-dir $res/$tag < /dev/null 2>&1 | tail -12
+        --out-dir $res/$tag < /dev/null > $res/$tag/host_sample.out 2>&1; echo "host_sample rc=$?"
+      tail -12 $res/$tag/host_sample.out
+      # each server's record comes back even if a later one outlasts the call
+      mkdir -p $OUT/$tag && cp $res/$tag/* $OUT/$tag/
     done 3< $RUN/servers
     tar cf $OUT/${TAR:-hostsample}.tar -C $res . && ls -lR $res | head -20; echo "hostsample $(( $(date +%s) - t0 )) s" ;;
   bake)

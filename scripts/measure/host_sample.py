@@ -6,19 +6,22 @@ engine core, a worker) during c concurrent greedy requests of exactly --output-t
         --server-pid 1330 --py-spy /root/extra/bin/py-spy                    # a running server (the GPU machine)
 
 --server-pid is the API server's pid, the leader of the server's process group (scripts.serve starts it in a session
-of its own); the engine core and a worker are found in that group by their process titles. For each level: one pass
-of the requests to time it, then py-spy (`record -f raw --nonblocking -t`: the process is not paused; threads py-spy
-finds idle are left out) on every process while the same requests run again. Each process's busy time per generated
-token is split by part (HOST_RULES: the first part with a fragment in any frame) and by thread. A thread's share of
-the pass = its busy seconds / the pass's wall time (first request sent to last token): at steady decode, the fraction
-of each step it runs on a CPU. A thread near 1.0 sets the step's pace: on a GPU, the GPU waits on it. py-spy's own
-sampling takes some CPU, so the pass's TPOT is a little slower than a latency run's, which is the speed to quote.
+of its own); the engine core and a worker are found in that group by their process titles (vLLM sets them through
+setproctitle). For each level: one pass of c requests to time it, then py-spy (`record -f raw --nonblocking -t`: the
+process is not paused; threads py-spy finds idle are left out) on every process for about --window-s seconds while
+passes run back to back. Each process's busy time per generated token is split by part (HOST_RULES: the first part
+with a fragment in any frame) and by thread. A thread's share of the passes = its busy seconds / their wall time
+(first request sent to last token): at steady decode, the fraction of each step it runs on a CPU. A CUDA
+synchronization spins on a CPU, so a thread waiting for the GPU looks busy too: its "waiting for the GPU" part says how
+much. A thread near 1.0 whose time is not that wait sets the step's pace: on a GPU, the GPU waits on it. py-spy's own
+sampling takes some CPU, so the passes' TPOT is a little slower than a latency run's, which is the speed to quote.
 Writes experiments/<variant>/hostsample_<stamp>.json (kind "hostsample").
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import subprocess
 import sys
@@ -42,6 +45,8 @@ HOST_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the engine core's wait for the worker process (multiproc executor): a spin on a shared-memory queue
     # (sched_yield in a loop), busy time that competes for a core
     ("waiting for the worker (shared-memory spin)", ("spincondition.wait", "acquire_read")),
+    # a CUDA synchronization spins on a CPU by default: busy in py-spy's eyes, but the GPU's time, not the host's
+    ("waiting for the GPU (synchronize, tolist)", ("synchronize", "tolist", "_to_list")),
     ("detokenization", ("detokeniz", "tokenizers", "decode_token", "convert_ids_to_tokens", "incremental")),
     ("scheduler", ("scheduler.schedule", "sched/", "kv_cache_manager", "block_pool", "update_from_output")),
     ("sampling", ("sample_tokens", "sampler")),
@@ -56,6 +61,8 @@ HOST_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 SAMPLE_RATE_HZ = 250
 WARMUP_TOKENS = 16
+WINDOW_S = 6.0  # seconds py-spy samples each level
+LEAD_S = 0.5  # py-spy's attach before the first pass
 
 
 class HostSampleError(Exception):
@@ -74,11 +81,11 @@ def host_part(stack: str) -> str:
 
 
 def split_thread(stack: str) -> tuple[str | None, str]:
-    """(thread name, the rest) of a stack py-spy wrote with -t ("thread (0x1f): MainThread;frame;..."); (None, stack)
-    without it."""
+    """(thread, the rest) of a stack py-spy wrote with -t ("thread (0x1f): MainThread;frame;...", or "thread (0x1f);..."
+    where the thread has no name: then "thread (0x1f)"); (None, stack) without -t."""
     head, sep, rest = stack.partition(";")
-    if head.startswith("thread (") and "): " in head:
-        return head.split("): ", 1)[1] or head, rest if sep else ""
+    if head.startswith("thread (") and ")" in head:  # py-spy names a thread only where Python knows its name
+        return head.partition("): ")[2] or head, rest if sep else ""
     return None, stack
 
 
@@ -106,7 +113,7 @@ def host_split(raw: str, rate_hz: float, tokens: int) -> dict:
 
 
 def shares(split: dict, tokens: int, wall_s: float) -> dict[str, float]:
-    """Each thread's busy seconds (its ms per token x the pass's tokens) / the pass's wall time ({} without one)."""
+    """Each thread's busy seconds (its ms per token x the passes' tokens) / the passes' wall time ({} without one)."""
     if wall_s <= 0:
         return {}
     return {k: round(v * tokens / 1000 / wall_s, 3) for k, v in split.get("threads_ms_per_token", {}).items()}
@@ -130,36 +137,54 @@ def server_processes(server) -> dict[str, int]:
 
 
 def sampled_pass(base: str, model: str, rows: list[dict], c: int, output_tokens: int, pids: dict[str, int],
-                 folder: Path, py_spy: Path) -> dict:
-    """c unprofiled requests while py-spy samples each server process; the client's TPOT and each process's split."""
-    samples = run_requests(base, model, short_prompts(rows, c, output_tokens))  # how long one pass takes
-    duration = max(int(max(s.end_s for s in samples)) + 2, 3)
-    procs = {}
-    for name, pid in pids.items():
-        out = folder / f"pyspy-{name}-c{c}.txt"
-        procs[name] = (subprocess.Popen([str(py_spy), "record", "-p", str(pid), "-d", str(duration), "-r",
-                                         str(SAMPLE_RATE_HZ), "-f", "raw", "-o", str(out), "--nonblocking", "-t"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out)
-    time.sleep(0.5)
-    samples = run_requests(base, model, short_prompts(rows, c, output_tokens))
-    tokens = sum(s.output_tokens for s in samples)
-    if bad := [s for s in samples if not s.ok]:
+                 folder: Path, py_spy: Path, window_s: float = WINDOW_S) -> dict:
+    """py-spy on each server process for about window_s seconds while passes of c requests run back to back, from
+    LEAD_S in until the next pass would outlast the window (one pass at least): each process's split over the passes'
+    tokens, each thread's share of their wall time, and the client's TPOT. Samples outside the passes (the lead, the
+    tail) count as busy time too: a server that idles without spinning adds next to nothing there."""
+    probe = run_requests(base, model, short_prompts(rows, c, output_tokens))  # how long one pass takes
+    if bad := [s for s in probe if not s.ok]:
         raise ServerError(f"{len(bad)} of {c} requests failed; first: {bad[0].error}")
-    tpots = sorted(s.tpot_s for s in samples if s.tpot_s is not None)
-    tpot_ms = round(tpots[len(tpots) // 2] * 1e3, 3) if tpots else None
-    wall_s = max(s.end_s for s in samples)
-    result = {"tokens": tokens, "tpot_ms_p50_under_pyspy": tpot_ms, "wall_s": round(wall_s, 3),
-              "tok_s": round(tokens / wall_s, 2), "sampling_s": duration, "processes": {}}
-    for name, (proc, out) in procs.items():
-        _, err = proc.communicate(timeout=duration + 60)
-        if proc.returncode or not out.exists():
-            raise ProfileError(f"py-spy on the {name} failed: {(err.decode(errors='replace').strip().splitlines() or ['?'])[-1]}")
-        # tokens generated while py-spy sampled: the pass began 0.5 s into the window and ends inside it
-        split = host_split(out.read_text(), SAMPLE_RATE_HZ, tokens)
-        if thread_shares := shares(split, tokens, wall_s):
-            split["threads_share_of_pass"] = thread_shares
-        result["processes"][name] = split
-    return result
+    pass_s = max(s.end_s for s in probe)
+    duration = max(math.ceil(window_s), math.ceil(LEAD_S + 1.5 * pass_s + 1))  # py-spy takes whole seconds
+    procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+    try:
+        for name, pid in pids.items():
+            out = folder / f"pyspy-{name}-c{c}.txt"
+            procs[name] = (subprocess.Popen([str(py_spy), "record", "-p", str(pid), "-d", str(duration), "-r",
+                                             str(SAMPLE_RATE_HZ), "-f", "raw", "-o", str(out), "--nonblocking", "-t"],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out)
+        time.sleep(LEAD_S)  # py-spy attaches
+        samples, wall_s, t0 = [], 0.0, time.perf_counter()
+        while True:
+            got = run_requests(base, model, short_prompts(rows, c, output_tokens))
+            if bad := [s for s in got if not s.ok]:
+                raise ServerError(f"{len(bad)} of {c} requests failed; first: {bad[0].error}")
+            samples += got
+            wall_s += max(s.end_s for s in got)
+            if LEAD_S + time.perf_counter() - t0 + 1.5 * max(s.end_s for s in got) > duration - 0.2:
+                break
+        tokens = sum(s.output_tokens for s in samples)
+        tpots = sorted(s.tpot_s for s in samples if s.tpot_s is not None)
+        tpot_ms = round(tpots[len(tpots) // 2] * 1e3, 3) if tpots else None
+        result = {"tokens": tokens, "requests": len(samples), "tpot_ms_p50_under_pyspy": tpot_ms,
+                  "wall_s": round(wall_s, 3), "tok_s": round(tokens / wall_s, 2), "sampling_s": duration,
+                  "processes": {}}
+        for name, (proc, out) in procs.items():
+            _, err = proc.communicate(timeout=duration + 60)
+            if proc.returncode or not out.exists():
+                raise ProfileError(f"py-spy on the {name} failed: "
+                                   f"{(err.decode(errors='replace').strip().splitlines() or ['?'])[-1]}")
+            split = host_split(out.read_text(), SAMPLE_RATE_HZ, tokens)
+            if thread_shares := shares(split, tokens, wall_s):
+                split["threads_share_of_pass"] = thread_shares
+            result["processes"][name] = split
+        return result
+    finally:  # a pass that failed leaves no py-spy attached to the server
+        for proc, _ in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def find_py_spy(given: Path | None) -> Path:
@@ -181,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-tokens", type=int, default=96, help="tokens per request (default %(default)s)")
     p.add_argument("--prompts", type=Path, default=paths.EVAL / "prompts" / "latency-v1.jsonl")
     p.add_argument("--py-spy", type=Path, help="py-spy's command (default: on PATH, else .venv/bin/py-spy)")
+    p.add_argument("--window-s", type=float, default=WINDOW_S, help="seconds py-spy samples each level (default "
+                                                                    "%(default)s; longer where one pass is)")
     p.add_argument("--port", type=int, default=8133)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--out-dir", type=Path)
@@ -194,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
         if not levels or min(levels) < 1:
             raise HostSampleError(f"--concurrency {args.concurrency!r}: positive integers")
+        if args.window_s <= 0:
+            raise HostSampleError(f"--window-s {args.window_s}: a positive number of seconds")
         if args.output_tokens < 2:
             raise HostSampleError(f"--output-tokens {args.output_tokens}: at least 2 (a TPOT needs two tokens)")
         if bool(args.base_url) != bool(args.server_pid):
@@ -203,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         py_spy = find_py_spy(args.py_spy)
         variant = load_variant(args.variant, overrides=parse_overrides(args.set))
         rows, _ = load_prompts(args.prompts)
-    except (HostSampleError, VariantError, PromptSetError, ValueError) as e:
+    except (HostSampleError, VariantError, PromptSetError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     folder = paths.CACHE / "host_sample" / f"{variant.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -214,17 +243,22 @@ def main(argv: list[str] | None = None) -> int:
                         "rate_hz": SAMPLE_RATE_HZ, "host_rules": [[c, list(f)] for c, f in HOST_RULES],
                         "warmup": f"1 request, then {max(levels)} at once, {WARMUP_TOKENS} tokens each",
                         "rule": "busy ms per token = a process's (thread's) non-idle py-spy samples / rate / tokens "
-                                "of the pass; a thread's share of the pass = its busy seconds / the pass's wall time "
-                                "(first request sent to last token)"}
+                                "of the passes in py-spy's window; a thread's share = its busy seconds / the passes' wall "
+                                "time (first request sent to last token, summed over passes)", "window_s": args.window_s}
     results: dict = {}
+    error: Exception | None = None
     try:
         with variant_server(variant, base_url=args.base_url, port=args.port, purpose="host_sample") as (base, server):
             pids = server_processes(server or SimpleNamespace(pid=args.server_pid))
+            if variant.engine == "vllm" and "engine_core" not in pids:
+                raise HostSampleError(f"no process titled VLLM::EngineCore in the process group of pid "
+                                      f"{pids['api_server']}: is it the API server's pid (the group's leader)?")
             model = variant.served_name
             run_requests(base, model, short_prompts(rows, 1, WARMUP_TOKENS))
             run_requests(base, model, short_prompts(rows, max(levels), WARMUP_TOKENS))
             for c in levels:
-                res = results[str(c)] = sampled_pass(base, model, rows, c, args.output_tokens, pids, folder, py_spy)
+                res = results[str(c)] = sampled_pass(base, model, rows, c, args.output_tokens, pids, folder, py_spy,
+                                                      args.window_s)
                 for name, split in res["processes"].items():
                     top = ", ".join(f"{k} {v:.2f}" for k, v in list(split["parts_ms_per_token"].items())[:4])
                     busiest = max(split.get("threads_share_of_pass", {}).items(), key=lambda kv: kv[1], default=None)
@@ -232,11 +266,10 @@ def main(argv: list[str] | None = None) -> int:
                           + (f"; busiest thread {busiest[0]} busy {busiest[1]:.0%} of the pass" if busiest else ""),
                           flush=True)
                 print(f"c={c}: TPOT p50 under py-spy {res['tpot_ms_p50_under_pyspy']} ms", flush=True)
-    except (ProfileError, ServerError, CheckpointError, OSError, subprocess.SubprocessError) as e:
-        record["summary"] = results
-        return finish_record(record, args.out_dir or variant.path, KIND, e)
+    except (HostSampleError, ProfileError, ServerError, CheckpointError, OSError, subprocess.SubprocessError) as e:
+        error = e  # the levels measured before it are kept
     record["summary"] = results
-    return finish_record(record, args.out_dir or variant.path, KIND)
+    return finish_record(record, args.out_dir or variant.path, KIND, error)
 
 
 if __name__ == "__main__":
