@@ -105,6 +105,12 @@ EXCERPT="marlin|machete|cutlass|kernel|backend|quantiz|took|compil|speculat|Spec
 sets=(); for kv in ${SET:-}; do sets+=(--set "$kv"); done
 # SET's keys are vLLM's (SERVE_*): a variant served by another engine (ENGINE=sglang) gets none of them
 sets_for() { vs=(); [ -z "$(cfg "$1" ENGINE)" ] || [ "$(cfg "$1" ENGINE)" = vllm ] && vs=("${sets[@]}"); }
+# one line of $RUN/servers in a step's loop (TAG V EXTRA): 1 where ONLY="tag …" leaves TAG out; else xs = the line's
+# own settings (start's V+K=V) and vs = SET's (sets_for), each as --set pairs
+server_sets() {
+  [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]] && return 1
+  xs=(); [ "$3" != "-" ] && for kv in ${3//+/ }; do xs+=(--set "$kv"); done; sets_for "$2"; return 0
+}
 ready() { grep -q "^ready:" "$RUN/$1.serve" 2>/dev/null; }
 cfg() { sed -n "s/^$2=//p" "experiments/$1/config.env"; }
 sgl_alone() { [ -n "${SGL_BUDGET_GB:-}" ] && [ "$(cfg "$1" ENGINE)" = sglang ]; }  # `start`'s SGL_BUDGET_GB (below)
@@ -347,8 +353,7 @@ PY
     [ ${ROUNDS:-1} -gt 1 ] && rargs=(--ladder-id $lid --round $round)
     [ -n "${CYCLE_ROUND:-}" ] && rargs=(--ladder-id $lid --round $CYCLE_ROUND)  # `cycle`: one round of its ladder
     while read -r tag v port pid extra <&3; do
-      [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && continue  # ONLY="tag …": bench just those
-      xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
+      server_sets "$tag" "$v" "$extra" || continue  # ONLY="tag …": bench just those
       for _ in $(seq ${WAIT:-120}); do ready $tag || gone $pid && break; sleep 1; done
       mkdir -p $res/$tag
       if ready $tag; then
@@ -503,9 +508,8 @@ PY
     export PYTHONPATH=$PKGS:$PWD PYTHONFAULTHANDLER=1
     res=$RUN/rel-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
     while read -r tag v port pid extra <&3; do
-      [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && continue
+      server_sets "$tag" "$v" "$extra" || continue
       ready $tag || { echo "== $tag is not ready"; continue; }
-      xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
       url=http://127.0.0.1:$port; mkdir -p $res/$tag; echo "== $tag $(date +%T)"
       # the engine's own process group: scripts.serve starts it in a session of its own (its pid here is the wrapper's,
       # whose 27 MiB the first run sampled as the server's RSS, 2026-12-06)
@@ -551,9 +555,8 @@ PY
     [ -x $EXTRA/bin/py-spy ] || { echo "py-spy missing: add its wheel (requirements/cpu.txt's pin) to the payload's whl/"; exit 1; }
     res=$RUN/host-res-$(date +%H%M%S); mkdir -p $res; t0=$(date +%s)
     while read -r tag v port pid extra <&3; do
-      [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && continue
+      server_sets "$tag" "$v" "$extra" || continue
       ready $tag || { echo "== $tag is not ready"; continue; }
-      xs=(); [ "$extra" != "-" ] && for kv in ${extra//+/ }; do xs+=(--set "$kv"); done; sets_for "$v"
       # $pid is the wrapper's (scripts.serve); its child, the API server, leads the server's process group
       api=$(pgrep -P $pid | head -1); [ -n "$api" ] || { echo "== $tag: no server process under pid $pid"; continue; }
       echo "== $tag $(date +%T)"; mkdir -p $res/$tag

@@ -53,10 +53,9 @@ from scripts.measure.profile import (
     load_trace,
     newest_trace,
     profiled_requests,
-    run_requests,
     short_prompts,
 )
-from scripts.measure.stepsplit import SCOPE_PREFIX, WARMUP_TOKENS, profiled_variant, window_parser
+from scripts.measure.stepsplit import SCOPE_PREFIX, profiled_variant, warm_up, warmup_note, window_parser
 from scripts.serve.launch import variant_server
 
 KIND = "profile"
@@ -288,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     record["inputs"] = {"concurrency": levels, "output_tokens": args.output_tokens, "prompts": args.prompts.name,
                         "profiler_config": prof, "bandwidth_source": "torch on this CPU: a 1 GiB float32 sum (read) "
                         "and copy (read+write), best of 7, in a subprocess", "peer": peer.name if peer else None,
-                        "warmup": f"1 request, then {max(levels)} at once, {WARMUP_TOKENS} tokens each"}
+                        "warmup": warmup_note(levels)}
     try:
         bw = {"engine": None, "all": measure_bandwidth(cores), "one": measure_bandwidth(1)}
         print(f"read bandwidth: 1 thread {bw['one']['read_gbs']:.1f} GB/s, {cores} threads "
@@ -296,15 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         results, host = {}, {}
         with variant_server(variant, base_url=None, port=args.port, purpose="cpu_profile") as (base, server):
             model = variant.served_name
-            run_requests(base, model, short_prompts(rows, 1, WARMUP_TOKENS))
-            run_requests(base, model, short_prompts(rows, max(levels), WARMUP_TOKENS))
+            warm_up(base, model, rows, levels)
             # no binding line and no OMP_NUM_THREADS: the engine core cut torch to one thread
             threads = vllm_cpu_cores(server.log_text(), server.env)["compute_threads"] or 1
             bw["engine"] = bw["one"] if threads == 1 else bw["all"]
             record["inputs"].update(model_threads=threads, model_threads_source="vLLM's OpenMP binding log (core "
                                     "ids of the worker), else the server's OMP_NUM_THREADS (uniprocess executor)",
                                     bandwidth_gbs=round(bw["engine"]["read_gbs"], 2))
-            pids = server_processes(server)
+            pids = server_processes(server.pid)
             for c in levels:
                 since = time.time() - 1
                 profiled_requests(base, model, rows, c, args.output_tokens)

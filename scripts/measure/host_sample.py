@@ -28,15 +28,15 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 from scripts.common import paths
 from scripts.common.checkpoint import CheckpointError
-from scripts.common.loadgen import PromptSetError, load_prompts
+from scripts.common.loadgen import PromptSetError, load_prompts, parse_levels
 from scripts.common.records import envelope, finish_record
 from scripts.common.server import ServerError, group_pids
 from scripts.common.variants import VariantError, load_variant, parse_overrides
 from scripts.measure.profile import ProfileError, run_requests, short_prompts
+from scripts.measure.stepsplit import level_parser, warm_up, warmup_note
 from scripts.serve.launch import variant_server
 
 KIND = "hostsample"
@@ -60,7 +60,6 @@ HOST_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("asyncio loop", ("asyncio", "uvloop", "selectors")),
 )
 SAMPLE_RATE_HZ = 250
-WARMUP_TOKENS = 16
 WINDOW_S = 6.0  # seconds py-spy samples each level
 LEAD_S = 0.5  # py-spy's attach before the first pass
 
@@ -120,11 +119,11 @@ def shares(split: dict, tokens: int, wall_s: float) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ processes
-def server_processes(server) -> dict[str, int]:
-    """PIDs of the API server (the started process), vLLM's engine core (titled VLLM::EngineCore) and, with the
-    multiprocessing executor, the worker that runs the model (titled VLLM::Worker...): the server's process group."""
-    found = {"api_server": server.pid}
-    for pid in group_pids(server.pid):  # started in its own session: the group is the server's
+def server_processes(api_pid: int) -> dict[str, int]:
+    """PIDs of the API server (the started process, `api_pid`), vLLM's engine core (titled VLLM::EngineCore) and, with
+    the multiprocessing executor, the worker that runs the model (titled VLLM::Worker...): the server's process group."""
+    found = {"api_server": api_pid}
+    for pid in group_pids(api_pid):  # started in its own session: the group is the server's
         try:
             title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
@@ -142,10 +141,13 @@ def sampled_pass(base: str, model: str, rows: list[dict], c: int, output_tokens:
     LEAD_S in until the next pass would outlast the window (one pass at least): each process's split over the passes'
     tokens, each thread's share of their wall time, and the client's TPOT. Samples outside the passes (the lead, the
     tail) count as busy time too: a server that idles without spinning adds next to nothing there."""
-    probe = run_requests(base, model, short_prompts(rows, c, output_tokens))  # how long one pass takes
-    if bad := [s for s in probe if not s.ok]:
-        raise ServerError(f"{len(bad)} of {c} requests failed; first: {bad[0].error}")
-    pass_s = max(s.end_s for s in probe)
+    def one_pass() -> list:
+        got = run_requests(base, model, short_prompts(rows, c, output_tokens))
+        if bad := [s for s in got if not s.ok]:
+            raise ServerError(f"{len(bad)} of {c} requests failed; first: {bad[0].error}")
+        return got
+
+    pass_s = max(s.end_s for s in one_pass())  # how long one pass takes
     duration = max(math.ceil(window_s), math.ceil(LEAD_S + 1.5 * pass_s + 1))  # py-spy takes whole seconds
     procs: dict[str, tuple[subprocess.Popen, Path]] = {}
     try:
@@ -157,10 +159,7 @@ def sampled_pass(base: str, model: str, rows: list[dict], c: int, output_tokens:
         time.sleep(LEAD_S)  # py-spy attaches
         samples, wall_s, t0 = [], 0.0, time.perf_counter()
         while True:
-            got = run_requests(base, model, short_prompts(rows, c, output_tokens))
-            if bad := [s for s in got if not s.ok]:
-                raise ServerError(f"{len(bad)} of {c} requests failed; first: {bad[0].error}")
-            samples += got
+            samples += (got := one_pass())
             wall_s += max(s.end_s for s in got)
             if LEAD_S + time.perf_counter() - t0 + 1.5 * max(s.end_s for s in got) > duration - 0.2:
                 break
@@ -198,19 +197,12 @@ def find_py_spy(given: Path | None) -> Path:
 
 # ------------------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("variant")
+    p = level_parser(__doc__, concurrency="1", port=8133)
     p.add_argument("--base-url", help="a running server of the variant (with --server-pid); else it is started here")
     p.add_argument("--server-pid", type=int, help="the running server's API-server pid, leader of its process group")
-    p.add_argument("--concurrency", default="1", help="comma-separated levels (default %(default)s)")
-    p.add_argument("--output-tokens", type=int, default=96, help="tokens per request (default %(default)s)")
-    p.add_argument("--prompts", type=Path, default=paths.EVAL / "prompts" / "latency-v1.jsonl")
     p.add_argument("--py-spy", type=Path, help="py-spy's command (default: on PATH, else .venv/bin/py-spy)")
     p.add_argument("--window-s", type=float, default=WINDOW_S, help="seconds py-spy samples each level (default "
                                                                     "%(default)s; longer where one pass is)")
-    p.add_argument("--port", type=int, default=8133)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
-    p.add_argument("--out-dir", type=Path)
     return p
 
 
@@ -218,9 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
-        levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
-        if not levels or min(levels) < 1:
-            raise HostSampleError(f"--concurrency {args.concurrency!r}: positive integers")
+        levels = parse_levels(args.concurrency)
         if args.window_s <= 0:
             raise HostSampleError(f"--window-s {args.window_s}: a positive number of seconds")
         if args.output_tokens < 2:
@@ -241,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                       server_command=None)
     record["inputs"] = {"concurrency": levels, "output_tokens": args.output_tokens, "prompts": args.prompts.name,
                         "rate_hz": SAMPLE_RATE_HZ, "host_rules": [[c, list(f)] for c, f in HOST_RULES],
-                        "warmup": f"1 request, then {max(levels)} at once, {WARMUP_TOKENS} tokens each",
+                        "warmup": warmup_note(levels),
                         "rule": "busy ms per token = a process's (thread's) non-idle py-spy samples / rate / tokens "
                                 "of the passes in py-spy's window; a thread's share = its busy seconds / the passes' wall "
                                 "time (first request sent to last token, summed over passes)", "window_s": args.window_s}
@@ -249,13 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     error: Exception | None = None
     try:
         with variant_server(variant, base_url=args.base_url, port=args.port, purpose="host_sample") as (base, server):
-            pids = server_processes(server or SimpleNamespace(pid=args.server_pid))
+            pids = server_processes(server.pid if server else args.server_pid)
             if variant.engine == "vllm" and "engine_core" not in pids:
                 raise HostSampleError(f"no process titled VLLM::EngineCore in the process group of pid "
                                       f"{pids['api_server']}: is it the API server's pid (the group's leader)?")
             model = variant.served_name
-            run_requests(base, model, short_prompts(rows, 1, WARMUP_TOKENS))
-            run_requests(base, model, short_prompts(rows, max(levels), WARMUP_TOKENS))
+            warm_up(base, model, rows, levels)
             for c in levels:
                 res = results[str(c)] = sampled_pass(base, model, rows, c, args.output_tokens, pids, folder, py_spy,
                                                       args.window_s)

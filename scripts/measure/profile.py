@@ -574,7 +574,7 @@ def project(profile: dict, tpots_ms: list[float], concurrency: int = 1, target_g
     The profiled step carries the profiler's own host gaps, so its fixed part overstates the real one. The profiler
     adds host time, not GPU time, so the fixed part splits further where the profile has its GPU-busy union:
     other_kernels_us = busy per step - weight GEMMs (every other kernel and copy), host_us = step_us - busy per step
-    (the unprofiled step's time with the GPU idle, waiting on the host: scheduling, launches, output processing)."""
+    (where the GPU's work a step is the profile's: the unprofiled step's time with the GPU idle, waiting on the host)."""
     if str(concurrency) not in profile.get("summary", {}):
         raise ProfileError(f"the profile has no level c={concurrency} (it has c={', '.join(profile.get('summary', {}))})")
     summary = profile["summary"][str(concurrency)]

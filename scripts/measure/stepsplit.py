@@ -75,18 +75,35 @@ def scope_split(events: list[dict]) -> dict:
             "other_ms_per_step": round(period_ms - sum(per.values()), 3)}
 
 
-def window_parser(doc: str, concurrency: str, port: int) -> argparse.ArgumentParser:
-    """The arguments of a profiled window run (this script and scripts.measure.cpu_profile)."""
+def level_parser(doc: str, concurrency: str, port: int) -> argparse.ArgumentParser:
+    """The arguments of a run of fixed-length requests per concurrency level against a variant's server (this script,
+    scripts.measure.cpu_profile and scripts.measure.host_sample)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variant")
     p.add_argument("--concurrency", default=concurrency, help="comma-separated levels (default %(default)s)")
     p.add_argument("--output-tokens", type=int, default=96, help="tokens per request (default %(default)s)")
-    p.add_argument("--window-steps", type=int, default=48, help="engine steps the profiler records per level")
     p.add_argument("--prompts", type=Path, default=paths.EVAL / "prompts" / "latency-v1.jsonl")
     p.add_argument("--port", type=int, default=port)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config.env key")
     p.add_argument("--out-dir", type=Path)
     return p
+
+
+def window_parser(doc: str, concurrency: str, port: int) -> argparse.ArgumentParser:
+    """level_parser's arguments and the profiler's window (this script and scripts.measure.cpu_profile)."""
+    p = level_parser(doc, concurrency, port)
+    p.add_argument("--window-steps", type=int, default=48, help="engine steps the profiler records per level")
+    return p
+
+
+def warm_up(base: str, model: str, rows: list[dict], levels: list[int]) -> None:
+    """One request, then the largest level's count at once, WARMUP_TOKENS tokens each (warmup_note says so)."""
+    run_requests(base, model, short_prompts(rows, 1, WARMUP_TOKENS))
+    run_requests(base, model, short_prompts(rows, max(levels), WARMUP_TOKENS))
+
+
+def warmup_note(levels: list[int]) -> str:
+    return f"1 request, then {max(levels)} at once, {WARMUP_TOKENS} tokens each"
 
 
 def profiled_variant(args: argparse.Namespace, folder: Path):
@@ -123,15 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     record = envelope(KIND, variant, command=[sys.executable, "-m", "scripts.measure.stepsplit", *argv],
                       server_command=None)
     record["inputs"] = {"concurrency": levels, "output_tokens": args.output_tokens, "prompts": args.prompts.name,
-                        "profiler_config": prof, "warmup": f"1 request, then {max(levels)} at once, {WARMUP_TOKENS} "
-                        "tokens each", "rule": "ms per engine step = period between consecutive execute_* annotations; a "
+                        "profiler_config": prof, "warmup": warmup_note(levels), "rule": "ms per engine step = period between consecutive execute_* annotations; a "
                         "scope's = its summed durations within those periods / periods"}
     results = {}
     try:
         with variant_server(variant, base_url=None, port=args.port, purpose="stepsplit") as (base, _):
             model = variant.served_name
-            run_requests(base, model, short_prompts(rows, 1, WARMUP_TOKENS))
-            run_requests(base, model, short_prompts(rows, max(levels), WARMUP_TOKENS))
+            warm_up(base, model, rows, levels)
             for c in levels:
                 since, before = time.time() - 1, scrape(base)
                 samples = profiled_requests(base, model, rows, c, args.output_tokens)

@@ -42,7 +42,7 @@ def test_threads_are_split_off_and_their_share_of_a_step():
 def test_refusals_name_the_argument(tmp_path, capsys):
     fake = tmp_path / "py-spy"
     fake.write_text("")
-    cases = [(["smollm2-bf16", "--concurrency", "0", "--py-spy", str(fake)], "--concurrency '0': positive integers"),
+    cases = [(["smollm2-bf16", "--concurrency", "0", "--py-spy", str(fake)], "--concurrency '0': levels must be >= 1"),
              (["smollm2-bf16", "--base-url", "http://127.0.0.1:1", "--py-spy", str(fake)],
               "--base-url and --server-pid go together"),
              (["smollm2-bf16", "--output-tokens", "1", "--py-spy", str(fake)], "--output-tokens 1: at least 2"),
